@@ -1,0 +1,103 @@
+"""ListOps (LRA; Nangia & Bowman 2018): 10-way classification of nested MAX/MIN/MED/SM expressions.
+
+Command (LRA defaults, the LRA paper's table 1 setting):
+  python scripts/train.py --config configs/listops.py --workdir runs/listops
+
+Presets (``--config configs/listops.py:<preset>``):
+  quick          2-core CPU, ~5 min: short expressions (lengths 20-100), small model. README numbers.
+  tiny           seconds; used by the smoke tests.
+  lra            LRA's own config (6 layers, 512 dims, rsqrt schedule, 5k steps). Default.
+  kernel_learning  "On Learning the Transformer Kernel" tables 4/5 (10k steps, lr 5e-3, 6 layers, CLS);
+                 reproduces its table 2 ListOps column (pick the kernel with --config.model.attention.kind).
+  skyformer      Skyformer table 1 / Spectraformer table 2 shared setting: 2 layers, 64 dims, 128 hidden,
+                 2 heads, mean pooling, 128 features, batch 32, lr 1e-4, 50k steps.
+Expected runtime: quick ~5 min on 2 CPU cores; lra / kernel_learning hours on one GPU.
+The data is generated on first use (seeded) into data_dir/listops, or LRA's released basic_*.tsv are read
+from there.
+"""
+from __future__ import annotations
+
+from configs import common
+
+
+def listops_data(c):
+  c.data.task = 'listops'
+  c.data.max_length = 2000          # LRA: lengths are < 2000 so nothing is truncated
+  c.data.min_gen_length = 500       # generator keeps 500 < length < 2000 (strict), as the LRA generator
+  c.data.max_gen_length = 2000
+  c.data.num_train = 96000
+  c.data.num_val = 2000
+  c.data.num_test = 2000
+  c.data.max_depth = 10
+  c.data.max_args = 10
+  c.data.generator_seed = 0         # the data is a function of this seed and the fields above
+  c.data.generate = True            # generate missing files; False expects LRA's released files
+
+
+def get_config(preset: str = 'lra'):
+  c = common.base_config()
+  listops_data(c)
+  # LRA listops config: 6 x 512, 8 heads, mlp 2048, lr 0.05 rsqrt with 1000 warm-up, 5k steps, batch 32.
+  c.optim.learning_rate = 0.05
+  c.optim.weight_decay = 0.1
+  c.num_train_steps = 5000
+  c.eval_every = 500
+  c.checkpoint_every = 500
+
+  if preset == 'lra':
+    pass
+  elif preset == 'kernel_learning':
+    # Chowdhury et al., "On Learning the Transformer Kernel", table 4 (ListOps column); M from table 5.
+    c.optim.learning_rate = 5e-3
+    c.num_train_steps = 10000
+    c.model.qkv_dim = 512           # 8 heads x 64 (table 4: key/query/value dim 64 per head)
+    c.model.attention.kind = 'gmm-rks'
+    c.model.attention.num_features = 256
+  elif preset == 'skyformer':
+    # Skyformer §5 / Spectraformer table 5: shared small setting, linear decay, no weight decay.
+    c.model.emb_dim = 64
+    c.model.qkv_dim = 64
+    c.model.mlp_dim = 128
+    c.model.num_heads = 2
+    c.model.num_layers = 2
+    c.model.pooling = 'mean'
+    c.model.attention.kind = 'skyformer'
+    c.model.attention.num_features = 128
+    c.model.attention.num_landmarks = 128
+    c.optim.learning_rate = 1e-4
+    c.optim.schedule = 'linear'
+    c.optim.warmup_steps = 1000
+    c.optim.weight_decay = 0.0
+    c.num_train_steps = 50000
+    c.eval_every = 500
+    c.checkpoint_every = 1000
+  elif preset in ('quick', 'tiny'):
+    quick = preset == 'quick'
+    c.data.max_length = 100 if quick else 32
+    c.data.min_gen_length = 20 if quick else 8
+    c.data.max_gen_length = 100 if quick else 32
+    c.data.max_depth = 4 if quick else 3
+    c.data.max_args = 5 if quick else 3
+    c.data.num_train = 20000 if quick else 256
+    c.data.num_val = 1000 if quick else 64
+    c.data.num_test = 1000 if quick else 64
+    c.model.emb_dim = 64 if quick else 16
+    c.model.qkv_dim = 64 if quick else 16
+    c.model.mlp_dim = 128 if quick else 32
+    c.model.num_heads = 4 if quick else 2
+    c.model.num_layers = 2 if quick else 1
+    c.model.pooling = 'mean'
+    c.model.dropout_rate = 0.0 if not quick else 0.1
+    c.model.attention.attention_dropout = 0.0
+    c.optim.schedule = 'cosine'
+    c.optim.learning_rate = 2e-3
+    c.optim.warmup_steps = 200 if quick else 5
+    c.optim.weight_decay = 0.01
+    c.batch_size = 64 if quick else 8
+    c.num_train_steps = 3000 if quick else 12
+    c.eval_every = 500 if quick else 6
+    c.checkpoint_every = 500 if quick else 6
+    c.log_every = 100 if quick else 3
+  else:
+    raise ValueError(f"unknown listops preset {preset!r}; valid: lra, kernel_learning, skyformer, quick, tiny")
+  return common.lock(c)

@@ -1,0 +1,120 @@
+"""Flax Transformer encoders for LRA: a single-input classifier and the Retrieval dual encoder.
+
+Token id 0 is padding everywhere; the key padding mask is ``inputs != 0``. Pooling is masked (CLS token or
+mean over real tokens), so padded positions never reach the classifier.
+
+The dual encoder (LRA Retrieval) encodes each document separately with the same weights and classifies
+``[u, v, u * v, u - v]``: no cross-attention, as LRA requires.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+from kernelformer import registry
+from kernelformer.layers import EncoderBlock, RelativePositionBias
+
+def sinusoidal_positions(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
+  """The sinusoidal table of Vaswani et al. 2017 §3.5, ``[length, dim]``."""
+  pos = np.arange(length)[:, None]
+  div = np.exp(np.arange(0, dim, 2) * -(np.log(max_scale) / dim))
+  table = np.zeros((length, dim), dtype=np.float32)
+  table[:, 0::2] = np.sin(pos * div)
+  table[:, 1::2] = np.cos(pos * div)[:, :dim // 2]
+  return table
+
+
+def uses_position_bias(attention: Mapping[str, Any]) -> bool:
+  """Whether the encoder must create a relative-position bias for this attention config."""
+  spec = registry.get(attention['kind'])
+  wanted = bool(attention.get('rpe')) or spec.requires_position_bias
+  if wanted and not spec.supports_position_bias:
+    raise ValueError(f"attention kind {attention['kind']!r} does not support a relative-position "
+                     "bias (rpe=True); kinds that do: " +
+                     ', '.join(s.name for s in registry.specs() if s.supports_position_bias))
+  return wanted
+
+
+class Encoder(nn.Module):
+  """Embeddings + positions + pre-LN blocks + final LayerNorm + masked pooling -> ``[B, emb_dim]``."""
+
+  vocab_size: int
+  emb_dim: int
+  num_layers: int
+  num_heads: int
+  qkv_dim: int
+  mlp_dim: int
+  attention: Mapping[str, Any]
+  max_length: int
+  dropout_rate: float = 0.1
+  pos_encoding: str = 'sinusoidal'     # 'sinusoidal' | 'learned' | 'none' (RPE carries positions)
+  pooling: str = 'cls'                 # 'cls' | 'mean'
+  rpe_per_layer: bool = False          # Luo et al. share the bias across layers (False)
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs, *, train: bool = False, step=None):
+    deterministic = not train
+    mask = inputs != 0
+    x = nn.Embed(self.vocab_size, self.emb_dim, name='embed',
+                 embedding_init=nn.initializers.normal(stddev=1.0))(inputs)
+    if self.pooling == 'cls':
+      # A learned CLS vector in front; it is a real token, so the mask gets one True column.
+      cls = self.param('cls', nn.initializers.zeros, (1, 1, self.emb_dim), jnp.float32)
+      x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, self.emb_dim)), x], axis=1)
+      mask = jnp.concatenate([jnp.ones((mask.shape[0], 1), bool), mask], axis=1)
+    elif self.pooling != 'mean':
+      raise ValueError(f"pooling must be 'cls' or 'mean', got {self.pooling!r}")
+    length = x.shape[1]
+    if self.pos_encoding == 'sinusoidal':
+      x = x + jnp.asarray(sinusoidal_positions(length, self.emb_dim))[None]
+    elif self.pos_encoding == 'learned':
+      pos = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+                       (1, length, self.emb_dim), jnp.float32)
+      x = x + pos
+    elif self.pos_encoding != 'none':
+      raise ValueError(f"pos_encoding must be 'sinusoidal', 'learned' or 'none', "
+                       f'got {self.pos_encoding!r}')
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic).astype(self.dtype)
+    attention = dict(self.attention)
+    shared_bias = None
+    per_layer = False
+    if uses_position_bias(attention):
+      per_layer = self.rpe_per_layer
+      if not per_layer:
+        shared_bias = RelativePositionBias(self.num_heads, name='position_bias')(length)
+    for i in range(self.num_layers):
+      x = EncoderBlock(self.num_heads, self.qkv_dim, self.mlp_dim, attention,
+                       dropout_rate=self.dropout_rate, per_layer_position_bias=per_layer,
+                       dtype=self.dtype, name=f'block_{i}')(
+                           x, mask=mask, step=step, deterministic=deterministic,
+                           position_bias=shared_bias)
+    x = nn.LayerNorm(dtype=self.dtype, name='final_norm')(x).astype(jnp.float32)
+    if self.pooling == 'cls':
+      return x[:, 0]
+    w = mask.astype(jnp.float32)[..., None]
+    return jnp.sum(x * w, axis=1) / jnp.maximum(jnp.sum(w, axis=1), 1.0)
+
+
+class Classifier(nn.Module):
+  """Encoder + MLP head (LRA: Dense(mlp_dim) -> ReLU -> Dense(num_classes))."""
+
+  num_classes: int
+  encoder: Mapping[str, Any]     # Encoder fields
+  mlp_dim: int
+  dual: bool = False             # Retrieval: two documents, encoded separately with shared weights
+
+  @nn.compact
+  def __call__(self, batch: Mapping[str, Any], *, train: bool = False, step=None):
+    enc = Encoder(**self.encoder, name='encoder')
+    if self.dual:
+      u = enc(batch['inputs1'], train=train, step=step)
+      v = enc(batch['inputs2'], train=train, step=step)
+      h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
+    else:
+      h = enc(batch['inputs'], train=train, step=step)
+    h = nn.relu(nn.Dense(self.mlp_dim, name='head_hidden')(h))
+    return nn.Dense(self.num_classes, name='head_out')(h)

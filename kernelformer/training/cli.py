@@ -1,0 +1,96 @@
+"""Command-line plumbing for scripts/train.py: multi-host start-up and one-line errors.
+
+Errors a user can fix (missing data, a malformed file, an unknown kernel, a misspelled or mistyped config
+field, a batch size the devices cannot split) end the program with one line saying what to do, not a
+traceback. Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Callable
+
+from absl import app, flags
+
+_COORDINATOR = None
+_NUM_PROCESSES = None
+_PROCESS_ID = None
+
+
+def define_distributed_flags() -> None:
+  global _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID
+  _COORDINATOR = flags.DEFINE_string(
+      'coordinator_address', None,
+      'host:port of process 0 for a multi-process run (auto-detected on TPU pods and SLURM).')
+  _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
+  _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
+
+
+def maybe_initialize_distributed() -> None:
+  """``jax.distributed.initialize`` when running as one of several processes.
+
+  Explicit flags win; otherwise JAX's own cluster detection (TPU pod slices, SLURM, Open MPI) is used
+  when one of their environments is present. A single plain process does nothing.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  explicit = _COORDINATOR is not None and _COORDINATOR.value is not None
+  if explicit:
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    return
+  cluster_env = ('SLURM_JOB_ID' in os.environ and int(os.environ.get('SLURM_NTASKS', '1')) > 1) or \
+      'TPU_WORKER_HOSTNAMES' in os.environ or 'MEGASCALE_COORDINATOR_ADDRESS' in os.environ or \
+      int(os.environ.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
+  if cluster_env:
+    jax.distributed.initialize()
+
+
+def user_error_types() -> tuple[type, ...]:
+  import lra_tasks  # pylint: disable=g-import-not-at-top
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import sharding  # pylint: disable=g-import-not-at-top
+  return (lra_tasks.DataError, registry.UnknownKernelError, sharding.ShardingError)
+
+
+def run(get_config: Callable, workdir: str) -> dict:
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.WARNING)  # orbax and jax log many INFO lines under absl
+  maybe_initialize_distributed()
+  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  config = get_config()
+  results = trainer.train_and_evaluate(config, workdir)
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    print(f"test accuracy {results['test_accuracy']:.4f} (best validation "
+          f"{results['best_val_accuracy']:.4f} at step {results['best_step']}); "
+          f"{results['steps_per_sec']:.1f} steps/s; results in {os.path.join(workdir, 'results.json')}")
+  return results
+
+
+def _is_config_override_error(exc: BaseException) -> bool:
+  # ml_collections raises AttributeError/KeyError from inside flag parsing for a misspelled field.
+  tb = traceback.extract_tb(exc.__traceback__)
+  return any('ml_collections' in frame.filename or 'absl/flags' in frame.filename for frame in tb)
+
+
+def main_with_clean_errors(main: Callable) -> None:
+  try:
+    app.run(main)
+  except SystemExit:
+    raise
+  except BaseException as e:  # pylint: disable=broad-except
+    if isinstance(e, KeyboardInterrupt):
+      print('interrupted: the last checkpoint was saved; run the same command to resume.',
+            file=sys.stderr)
+      sys.exit(130)
+    if isinstance(e, user_error_types()):
+      print(f'error: {e}', file=sys.stderr)
+      sys.exit(1)
+    if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)) and \
+        _is_config_override_error(e):
+      msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+      print(f'config error: {msg} -- check the --config.* override against the fields of the '
+            f'config file (they are locked: no new fields).', file=sys.stderr)
+      sys.exit(2)
+    raise

@@ -1,0 +1,124 @@
+"""Where a run reports: TensorBoard event files, a JSON-lines log, a progress bar, results.json.
+
+Only process 0 writes (``enabled``), so multi-host runs produce one set of files.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+
+class MetricsWriter:
+
+  def __init__(self, workdir: str, enabled: bool = True):
+    self.workdir = workdir
+    self.enabled = enabled
+    self._tb = None
+    self._jsonl = None
+    if enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+
+  def write(self, split: str, step: int, values: dict[str, Any]) -> None:
+    if not self.enabled:
+      return
+    for k, v in values.items():
+      if isinstance(v, (int, float, np.floating, np.integer)):
+        self._tb.add_scalar(f'{split}/{k}', float(v), step)
+    self._jsonl.write(json.dumps({'split': split, 'step': int(step), 'time': time.time(),
+                                  **{k: _plain(v) for k, v in values.items()}}) + '\n')
+    self._jsonl.flush()
+
+  def write_config(self, config) -> None:
+    if self.enabled:
+      with open(os.path.join(self.workdir, 'config.json'), 'w', encoding='utf-8') as f:
+        json.dump(config.to_dict(), f, indent=2, default=str)
+
+  def write_results(self, results: dict) -> None:
+    if not self.enabled:
+      return
+    path = os.path.join(self.workdir, 'results.json')
+    tmp = path + '.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, path)  # a results.json that exists is complete (sweeps rely on it)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._tb.close()
+      self._jsonl.close()
+
+
+def _plain(v):
+  if isinstance(v, (np.floating, np.integer)):
+    return v.item()
+  return v
+
+
+class Progress:
+  """tqdm progress bar with steps/s and ETA (tqdm's rate and remaining time), loss and accuracy."""
+
+  def __init__(self, total: int, initial: int, enabled: bool = True):
+    self._bar = None
+    if enabled:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      self._bar = tqdm(total=total, initial=initial, unit='step', dynamic_ncols=True,
+                       smoothing=0.1, mininterval=1.0)
+    self._last = initial
+
+  def update(self, step: int, summary: Optional[dict] = None) -> None:
+    if self._bar is None:
+      return
+    self._bar.update(step - self._last)
+    self._last = step
+    if summary:
+      self._bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
+                            refresh=False)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()
+
+
+class StepTimer:
+  """Steps per second, excluding the first step (compilation)."""
+
+  def __init__(self):
+    self._t0 = None
+    self._s0 = None
+    self._t = None
+    self._s = None
+
+  def tick(self, step: int) -> None:
+    now = time.perf_counter()
+    if self._t0 is None:
+      self._t0, self._s0 = now, step
+    self._t, self._s = now, step
+
+  def rate(self) -> float:
+    if self._t0 is None or self._s == self._s0:
+      return 0.0
+    return (self._s - self._s0) / (self._t - self._t0)
+
+
+def memory_of(compiled) -> Optional[dict]:
+  """XLA's memory analysis of a compiled executable (bytes), or None where the backend has none."""
+  try:
+    analysis = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except  (some backends do not implement it)
+    return None
+  if analysis is None:
+    return None
+  fields = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
+            'generated_code_size_in_bytes')
+  return {f: int(getattr(analysis, f, 0)) for f in fields}
+
+
+def process_is_lead() -> bool:
+  return jax.process_index() == 0

@@ -1,0 +1,331 @@
+"""``train_and_evaluate(config, workdir)``: the one training loop for every task and attention kind.
+
+* Data: ``lra_tasks.get(config.data.task)``; missing data stops the run before any compilation.
+* Model: ``kernelformer.encoder.Classifier`` (dual encoder for Retrieval).
+* Parallelism: ``jax.jit`` over a 1-D ``data`` mesh of all devices, batch sharded, state replicated; the
+  same code runs on 1 CPU, 8 GPUs or a TPU pod (``config.batch_size`` is global).
+* Randomness: a run is a function of (config, seed). Dropout keys are ``fold_in(seed_key, step)``; the
+  random-feature key is fixed and the attention modules fold in ``step // redraw_every`` themselves;
+  batches are a function of the step (``input_pipeline``). So a resumed run equals an uninterrupted one.
+* Outputs in ``workdir``: ``checkpoints/`` (latest, for resuming), ``best/`` (best validation accuracy),
+  ``tensorboard/``, ``metrics.jsonl`` (one JSON object per log/eval event), ``results.json`` at the end.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Iterable, Optional
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+import lra_tasks
+from kernelformer import registry
+from kernelformer.encoder import Classifier
+from kernelformer.training import checkpoint as ckpt_lib
+from kernelformer.training import input_pipeline
+from kernelformer.training import metrics as metrics_lib
+from kernelformer.training import optim as optim_lib
+from kernelformer.training import sharding
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+  model_state: Any          # non-parameter collections (e.g. batch statistics of a generative sampler)
+
+
+def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> Classifier:
+  m = config.model
+  if m.dtype not in DTYPES:
+    raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
+  attention = m.attention.to_dict()
+  registry.get(attention['kind'])  # an unknown kind fails here, with the list of valid kinds
+  if attention.get('max_length') is None and 'max_length' in attention:
+    attention['max_length'] = info.max_length + (1 if m.pooling == 'cls' else 0)
+  encoder = dict(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
+                 num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
+                 max_length=info.max_length, dropout_rate=m.dropout_rate,
+                 pos_encoding=m.pos_encoding, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
+                 dtype=DTYPES[m.dtype])
+  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
+
+
+def input_names(info: lra_tasks.TaskInfo) -> tuple[str, ...]:
+  return ('inputs1', 'inputs2') if info.dual else ('inputs',)
+
+
+def _keys(seed: int):
+  base = jax.random.key(seed)
+  return {'init': jax.random.fold_in(base, 0), 'dropout': jax.random.fold_in(base, 1),
+          'features': jax.random.fold_in(base, 2)}
+
+
+def cross_entropy(logits, labels, weights=None):
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  if weights is None:
+    weights = jnp.ones_like(losses)
+  return losses * weights, correct * weights, weights
+
+
+def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, config,
+               keys: dict):
+  """The jitted-to-be train and eval steps (pure functions of state and batch)."""
+  accum = int(config.optim.grad_accum_steps)
+  names = None  # filled lazily from the batch
+
+  def loss_fn(params, model_state, batch, step, dropout_key):
+    variables = {'params': params, **model_state}
+    rngs = {'dropout': dropout_key, 'features': keys['features']}
+    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+    mutable = list(model_state.keys())
+    if mutable:
+      logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs,
+                                      mutable=mutable)
+    else:
+      logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs), {}
+    losses, correct, _ = cross_entropy(logits, batch['targets'])
+    return jnp.mean(losses), (jnp.mean(correct), new_state)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def train_step(state: TrainState, batch):
+    dropout_key = jax.random.fold_in(keys['dropout'], state.step)
+    if accum == 1:
+      (loss, (acc, new_model_state)), grads = grad_fn(state.params, state.model_state, batch,
+                                                      state.step, dropout_key)
+    else:
+      # Micro-batches of one global batch, gradients averaged: the update equals the large-batch one.
+      micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+      def body(carry, xs):
+        g_sum, l_sum, a_sum, mstate = carry
+        mb, i = xs
+        (l, (a, ms)), g = grad_fn(state.params, mstate, mb, state.step,
+                                  jax.random.fold_in(dropout_key, i))
+        return (jax.tree.map(jnp.add, g_sum, g), l_sum + l, a_sum + a, ms), None
+
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (grads, loss, acc, new_model_state), _ = jax.lax.scan(
+          body, (zeros, 0.0, 0.0, state.model_state), (micro, jnp.arange(accum)))
+      grads = jax.tree.map(lambda g: g / accum, grads)
+      loss, acc = loss / accum, acc / accum
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                           model_state=new_model_state if new_model_state else state.model_state)
+    metrics = {'loss': loss, 'accuracy': acc, 'learning_rate': schedule(state.step),
+               'grad_norm': optax.global_norm(grads)}
+    return new_state, metrics
+
+  def eval_step(state: TrainState, batch):
+    variables = {'params': state.params, **state.model_state}
+    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+    logits = model.apply(variables, inputs, train=False, step=None,
+                         rngs={'features': keys['features']})
+    losses, correct, weights = cross_entropy(logits, batch['targets'], batch['weights'])
+    return {'loss': jnp.sum(losses), 'correct': jnp.sum(correct), 'count': jnp.sum(weights)}
+
+  del names
+  return train_step, eval_step
+
+
+def init_state(model, tx, info, config, keys, mesh) -> TrainState:
+  length = info.max_length
+  dummy = {n: jnp.ones((1, length), jnp.int32) for n in input_names(info)}
+
+  def init(key):
+    variables = model.init({'params': key, 'dropout': key, 'features': keys['features']}, dummy,
+                           train=False)
+    variables = dict(variables)
+    params = variables.pop('params')
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      model_state=variables)
+
+  return jax.jit(init, out_shardings=sharding.replicated(mesh))(keys['init'])
+
+
+def evaluate(eval_step, state, source, config, mesh) -> dict[str, float]:
+  batch_size = config.eval_batch_size or config.batch_size
+  totals = {'loss': 0.0, 'correct': 0.0, 'count': 0.0}
+  for batch in input_pipeline.eval_batches(source, batch_size, config.max_eval_batches):
+    out = eval_step(state, sharding.shard_batch(batch, mesh))
+    for k in totals:
+      totals[k] += float(out[k])
+  n = max(totals['count'], 1.0)
+  return {'loss': totals['loss'] / n, 'accuracy': totals['correct'] / n, 'examples': int(totals['count'])}
+
+
+def count_params(params) -> int:
+  return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       hooks: Iterable[Callable[[int, TrainState], None]] = (),
+                       devices: Optional[list] = None) -> dict:
+  """Trains ``config`` in ``workdir`` (resuming if it holds a checkpoint); returns the results dict.
+
+  ``hooks`` are called after every step with (step, state): tests use one to interrupt a run.
+  ``devices`` restricts the mesh (default: all devices).
+  """
+  logging.getLogger('absl').setLevel(logging.WARNING)
+  workdir = os.path.abspath(workdir)
+  is_lead = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+
+  task = lra_tasks.get(config.data.task)
+  if is_lead:
+    task.prepare(config.data)
+  _sync('prepare_data')
+  missing = task.check(config.data)
+  if missing:
+    raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
+  info = task.info(config.data)
+
+  mesh = sharding.make_mesh(devices)
+  sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
+  sharding.check_batch_size(config.eval_batch_size or config.batch_size, mesh,
+                            'eval_batch_size' if config.eval_batch_size else 'batch_size')
+  accum = int(config.optim.grad_accum_steps)
+  if accum < 1 or (config.batch_size // jax.process_count()) % accum:
+    raise sharding.ShardingError(
+        f'optim.grad_accum_steps={accum} must divide the per-process batch '
+        f'{config.batch_size // jax.process_count()}')
+
+  model = build_model(config, info)
+  keys = _keys(config.seed)
+  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
+  train_step, eval_step = make_steps(model, tx, schedule, config, keys)
+  repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
+  train_step = jax.jit(train_step, in_shardings=(repl, data_sh), out_shardings=(repl, repl),
+                       donate_argnums=0)
+  eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
+
+  state = init_state(model, tx, info, config, keys, mesh)
+  checkpoints = ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints)
+  best = ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), 1)
+  meta = {'best_val_accuracy': -1.0, 'best_step': -1}
+  if checkpoints.latest_step() is not None:
+    state, meta = checkpoints.restore(ckpt_lib.abstract_like(state))
+    logging.warning('resumed from %s at step %d', checkpoints.directory, int(state.step))
+  start_step = int(state.step)
+
+  writer = metrics_lib.MetricsWriter(workdir, enabled=is_lead)
+  if start_step == 0:
+    writer.write_config(config)
+  train_source = task.source(config.data, 'train')
+  val_source = task.source(config.data, 'val')
+  batches = input_pipeline.TrainBatches(train_source, config.batch_size, config.seed)
+
+  num_steps = int(config.num_train_steps)
+  progress = metrics_lib.Progress(num_steps, start_step, enabled=is_lead and config.progress)
+  window: list[dict] = []
+  timer = metrics_lib.StepTimer()
+  compiled_train_step = None
+  compiled_memory = None
+  try:
+    for step, batch in zip(range(start_step, num_steps), batches.iterate(start_step, num_steps)):
+      batch = sharding.shard_batch(batch, mesh)
+      if compiled_train_step is None:
+        # Compile ahead of time once: the same executable runs every step and reports its memory.
+        compiled_train_step = train_step.lower(state, batch).compile()
+        compiled_memory = metrics_lib.memory_of(compiled_train_step)
+      with _maybe_profile(config, workdir, step, start_step):
+        state, m = compiled_train_step(state, batch)
+      window.append(m)
+      done = step + 1
+      timer.tick(done)
+      if done % config.log_every == 0 or done == num_steps:
+        summary = {k: float(np.mean([float(x[k]) for x in window])) for k in window[0]}
+        summary['steps_per_sec'] = timer.rate()
+        writer.write('train', done, summary)
+        progress.update(done, summary)
+        window = []
+      else:
+        progress.update(done)
+      if done % config.eval_every == 0 or done == num_steps:
+        val = evaluate(eval_step, state, val_source, config, mesh)
+        writer.write('val', done, val)
+        if val['accuracy'] > meta['best_val_accuracy']:
+          meta = {**meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
+          best.save(done, state, meta)
+      if done % config.checkpoint_every == 0 or done == num_steps:
+        checkpoints.save(done, state, meta)
+      for hook in hooks:
+        hook(done, state)
+  except KeyboardInterrupt:
+    # Keep everything up to the interrupted step: a later run resumes from here.
+    checkpoints.save(int(state.step), state, meta)
+    raise
+  finally:
+    progress.close()
+
+  # Test accuracy of the best checkpoint (by validation accuracy).
+  if best.latest_step() is not None:
+    best_state, _ = best.restore(ckpt_lib.abstract_like(state))
+  else:
+    best_state = state
+  test = evaluate(eval_step, best_state, task.source(config.data, 'test'), config, mesh)
+  writer.write('test', int(meta['best_step']), test)
+  results = {
+      'task': config.data.task,
+      'attention': config.model.attention.kind,
+      'test_accuracy': test['accuracy'],
+      'test_loss': test['loss'],
+      'test_examples': test['examples'],
+      'best_val_accuracy': meta['best_val_accuracy'],
+      'best_step': meta['best_step'],
+      'final_step': int(state.step),
+      'num_params': count_params(state.params),
+      'steps_per_sec': timer.rate(),
+      'compiled_memory_bytes': compiled_memory,
+      'num_devices': int(mesh.devices.size),
+      'num_processes': jax.process_count(),
+      'backend': jax.default_backend(),
+      'config': config.to_dict(),
+  }
+  writer.write_results(results)
+  writer.close()
+  checkpoints.close()
+  best.close()
+  return results
+
+
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)
+
+
+def _maybe_profile(config, workdir: str, step: int, start_step: int):
+  """A jax.profiler trace of ``config.profile_steps`` steps, starting after the first (compiled) one."""
+  n = int(config.profile_steps)
+  if n <= 0 or jax.process_index() != 0:
+    return contextlib.nullcontext()
+  first = start_step + 1
+  if step == first:
+    jax.profiler.start_trace(os.path.join(workdir, 'profile'))
+  if step == first + n - 1:
+    return _StopTrace()
+  return contextlib.nullcontext()
+
+
+class _StopTrace(contextlib.AbstractContextManager):
+
+  def __exit__(self, *exc):
+    jax.effects_barrier()
+    jax.profiler.stop_trace()
+    return False
