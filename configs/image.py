@@ -1,0 +1,118 @@
+"""Image (LRA; CIFAR-10 in grayscale as 1024 pixel tokens): 10-way classification.
+
+Command (LRA defaults; needs CIFAR-10 prepared once, see docs/data.md "Tasks and data"):
+  python scripts/prepare_data.py --task image --data_dir data
+  python scripts/train.py --config configs/image.py --workdir runs/image
+
+Presets (``--config configs/image.py:<preset>``):
+  lra            LRA's image/configs/cifar10/base_cifar10_config.py: 1 layer, 32 dims, 1 head, mlp 64,
+                 dropout 0.3, attention dropout 0.2, CLS, learned positions, lr 5e-4 cosine with one
+                 epoch (175 steps) of warm-up, no weight decay, batch 256, 200 epochs = 35k steps. Default.
+  kernel_learning  "On Learning the Transformer Kernel" table 4, Image column (1 layer, 8 heads x 8, 128
+                 dims, mlp 128, dropout 0.3, learnable positions, CLS, same schedule) with GMM-RKS and its
+                 table 5 M = 128 (table 5 Image M: GMM-RKS 128, FASTFOOD-RKS 8, GENERATIVE-RKS 128,
+                 GMM-PRF 128, FASTFOOD-PRF 8, GENERATIVE-PRF 8).
+  skyformer      Skyformer section 5 shared setting: 2 layers, 64 dims, 128 hidden, 2 heads, mean
+                 pooling, learned positions, 128 features, batch 256, lr 1e-4 linear decay with 175
+                 warm-up steps (Skyformer's code), no weight decay, 50k steps.
+  quick          2-core CPU, ~10 min: 1 x 32-dim layer, batch 32, 1000 steps. Needs the prepared data.
+  tiny           seconds; used by the smoke tests (on tfds.testing.mock_data, data.tfds_check=False).
+Expected runtime: quick ~10 min on 2 CPU cores (estimate); lra / kernel_learning ~1 h and skyformer
+a few hours on one GPU.
+Validation is 10% of CIFAR-10's train split (seeded; LRA took train[90%:]).
+"""
+from __future__ import annotations
+
+from configs import common
+
+PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+
+
+def image_data(c):
+  c.data.task = 'image'
+  c.data.max_length = 1024          # 32 x 32 pixels, fixed (0 also means 1024)
+  c.data.tfds_data_dir = ''         # TFDS data dir holding cifar10/3.0.2; '' = data_dir
+  c.data.tfds_check = True          # look for the prepared files first (only tests under mock_data set False)
+  c.data.val_fraction = 0.1         # validation = this share of CIFAR-10's train split (LRA: 10%)
+  c.data.split_seed = 0             # seeds the train/validation permutation
+
+
+def get_config(preset: str = 'lra'):
+  c = common.base_config()
+  image_data(c)
+  # LRA base_cifar10_config: 1 x 32, 1 head, mlp 64, dropout 0.3 / 0.2, CLS, learned positions.
+  c.model.emb_dim = 32
+  c.model.qkv_dim = 32
+  c.model.mlp_dim = 64
+  c.model.num_heads = 1
+  c.model.num_layers = 1
+  c.model.dropout_rate = 0.3
+  c.model.attention.attention_dropout = 0.2
+  c.model.pooling = 'cls'
+  c.model.pos_encoding = 'learned'
+  c.optim.learning_rate = 5e-4
+  c.optim.schedule = 'cosine'
+  c.optim.warmup_steps = 175        # one epoch of 45000 / 256
+  c.optim.weight_decay = 0.0
+  c.batch_size = 256
+  c.num_train_steps = 35000         # 200 epochs
+  c.eval_every = 175                # every epoch, as LRA
+  c.checkpoint_every = 1750
+
+  if preset == 'lra':
+    pass
+  elif preset == 'kernel_learning':
+    # Chowdhury et al., table 4 (Image column); M from table 5. Attention dropout as LRA (not in table 4).
+    c.model.emb_dim = 128
+    c.model.qkv_dim = 64            # 8 heads x 8 (table 4: key/query/value dim 8 per head)
+    c.model.mlp_dim = 128
+    c.model.num_heads = 8
+    c.model.attention.kind = 'gmm-rks'
+    c.model.attention.num_features = 128
+  elif preset == 'skyformer':
+    # Skyformer §5 (batch 256, lr 1e-4 for Image); warm-up 175 and learned positions from its code.
+    c.model.emb_dim = 64
+    c.model.qkv_dim = 64
+    c.model.mlp_dim = 128
+    c.model.num_heads = 2
+    c.model.num_layers = 2
+    c.model.dropout_rate = 0.1
+    c.model.attention.attention_dropout = 0.1
+    c.model.pooling = 'mean'
+    c.model.pos_encoding = 'learned'
+    c.model.attention.kind = 'skyformer'
+    c.model.attention.num_features = 128
+    c.model.attention.num_landmarks = 128
+    c.optim.learning_rate = 1e-4
+    c.optim.schedule = 'linear'
+    c.optim.warmup_steps = 175
+    c.optim.weight_decay = 0.0
+    c.batch_size = 256
+    c.num_train_steps = 50000
+    c.eval_every = 500
+    c.checkpoint_every = 1000
+  elif preset in ('quick', 'tiny'):
+    quick = preset == 'quick'
+    c.data.val_fraction = 0.1 if quick else 0.25
+    c.model.emb_dim = 32 if quick else 16
+    c.model.qkv_dim = 32 if quick else 16
+    c.model.mlp_dim = 64 if quick else 32
+    c.model.num_heads = 2
+    c.model.num_layers = 1
+    c.model.pooling = 'mean'
+    c.model.pos_encoding = 'learned'
+    c.model.dropout_rate = 0.1 if quick else 0.0
+    c.model.attention.attention_dropout = 0.0
+    c.optim.schedule = 'cosine'
+    c.optim.learning_rate = 1e-3 if quick else 2e-3
+    c.optim.warmup_steps = 50 if quick else 1
+    c.optim.weight_decay = 0.0
+    c.batch_size = 32 if quick else 8
+    c.num_train_steps = 1000 if quick else 4
+    c.eval_every = 250 if quick else 2
+    c.max_eval_batches = 40 if quick else 0   # 1280 of the 5000 validation images
+    c.checkpoint_every = 500 if quick else 2
+    c.log_every = 50 if quick else 2
+  else:
+    raise ValueError(f"unknown image preset {preset!r}; valid: {', '.join(PRESETS)}")
+  return common.lock(c)

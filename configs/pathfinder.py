@@ -1,0 +1,112 @@
+"""Pathfinder (LRA; Linsley et al. 2018): are the two dots connected? Pixels as tokens, 2 classes.
+
+Command (LRA "Pathfinder" = 32x32, hard; the release's pathfinder32/ in data/, see docs/data.md):
+  python scripts/train.py --config configs/pathfinder.py --workdir runs/pathfinder
+Path-X (128x128 = 16384 tokens, hard) is the same task at another resolution; LRA's pathfinder128
+config also uses batch 64, gradient clipping 1.0 and a 1 x 32-dim model:
+  python scripts/train.py --config configs/pathfinder.py --config.data.resolution=128 \
+      --config.batch_size=64 --config.optim.grad_clip_norm=1.0 --workdir runs/pathx
+
+Presets (``--config configs/pathfinder.py:<preset>``):
+  lra            LRA's image/configs/pathfinder32 (base config + transformer_base overrides): 1 layer,
+                 128 dims, 4 heads, qkv 64, mlp 128, dropout 0.2, attention dropout 0.1, mean pooling,
+                 sinusoidal positions, lr 1e-3 cosine with 312 warm-up steps, no weight decay, batch 512,
+                 200 epochs = 62.5k steps. Default.
+  kernel_learning  The kernel-learning paper did not run Pathfinder (its footnote 1: no model beat
+                 chance). This preset is the lra one with that paper's GMM-RKS at M = 128 (its Image
+                 value), for running its kernels here.
+  skyformer      Skyformer section 5 shared setting: 2 layers, 64 dims, 128 hidden, 2 heads, mean
+                 pooling, learned positions, 128 features, batch 128, lr 2e-4 linear decay with 312
+                 warm-up steps (Skyformer's code), no weight decay, 50k steps.
+  quick          2-core CPU, ~10 min: the easy set (curv_baseline), 1 x 32-dim layer, 1000 steps. Needs
+                 the release's pathfinder32/curv_baseline.
+  tiny           seconds; used by the smoke tests on lra_tasks.fixtures.write_pathfinder_fixture.
+Expected runtime: quick ~10 min on 2 CPU cores (estimate); lra ~1-2 h and skyformer a few hours on
+one GPU (reading 200k PNGs first takes ~20 s at 32x32).
+Splits: the valid images of the chosen set, permuted with data.split_seed, 80/10/10 (as LRA's sizes).
+"""
+from __future__ import annotations
+
+from configs import common
+
+PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+
+
+def pathfinder_data(c):
+  c.data.task = 'pathfinder'
+  c.data.resolution = 32            # 32 (Pathfinder), 64, 128 (Path-X) or 256: pathfinder{resolution}/
+  c.data.difficulty = 'hard'        # 'easy' (curv_baseline), 'intermediate' (..._9), 'hard' (..._14)
+  c.data.max_length = 0             # 0 = resolution**2 tokens (the only valid non-zero value)
+  c.data.split_seed = 0             # seeds the permutation before the 80/10/10 split
+
+
+def get_config(preset: str = 'lra'):
+  c = common.base_config()
+  pathfinder_data(c)
+  # LRA pathfinder32: 1 x 128, 4 heads, qkv 64, mlp 128, dropout 0.2 / 0.1, mean, lr 1e-3 cosine.
+  c.model.emb_dim = 128
+  c.model.qkv_dim = 64
+  c.model.mlp_dim = 128
+  c.model.num_heads = 4
+  c.model.num_layers = 1
+  c.model.dropout_rate = 0.2
+  c.model.attention.attention_dropout = 0.1
+  c.model.pooling = 'mean'
+  c.model.pos_encoding = 'sinusoidal'
+  c.optim.learning_rate = 1e-3
+  c.optim.schedule = 'cosine'
+  c.optim.warmup_steps = 312        # one epoch of 160000 / 512
+  c.optim.weight_decay = 0.0
+  c.batch_size = 512
+  c.num_train_steps = 62500         # 200 epochs
+  c.eval_every = 312                # every epoch, as LRA
+  c.checkpoint_every = 3120
+
+  if preset == 'lra':
+    pass
+  elif preset == 'kernel_learning':
+    c.model.attention.kind = 'gmm-rks'
+    c.model.attention.num_features = 128
+  elif preset == 'skyformer':
+    # Skyformer §5 (batch 128, lr 2e-4 for Pathfinder); warm-up 312 and learned positions from its code.
+    c.model.emb_dim = 64
+    c.model.qkv_dim = 64
+    c.model.mlp_dim = 128
+    c.model.num_heads = 2
+    c.model.num_layers = 2
+    c.model.dropout_rate = 0.1
+    c.model.attention.attention_dropout = 0.1
+    c.model.pooling = 'mean'
+    c.model.pos_encoding = 'learned'
+    c.model.attention.kind = 'skyformer'
+    c.model.attention.num_features = 128
+    c.model.attention.num_landmarks = 128
+    c.optim.learning_rate = 2e-4
+    c.optim.schedule = 'linear'
+    c.optim.warmup_steps = 312
+    c.optim.weight_decay = 0.0
+    c.batch_size = 128
+    c.num_train_steps = 50000
+    c.eval_every = 500
+    c.checkpoint_every = 1000
+  elif preset in ('quick', 'tiny'):
+    quick = preset == 'quick'
+    c.data.difficulty = 'easy' if quick else 'hard'
+    c.model.emb_dim = 32 if quick else 16
+    c.model.qkv_dim = 32 if quick else 16
+    c.model.mlp_dim = 64 if quick else 32
+    c.model.num_heads = 2
+    c.model.num_layers = 1
+    c.model.dropout_rate = 0.1 if quick else 0.0
+    c.model.attention.attention_dropout = 0.0
+    c.optim.learning_rate = 1e-3 if quick else 2e-3
+    c.optim.warmup_steps = 50 if quick else 1
+    c.batch_size = 32 if quick else 8
+    c.num_train_steps = 1000 if quick else 4
+    c.eval_every = 250 if quick else 2
+    c.max_eval_batches = 40 if quick else 0   # 1280 of the 20k validation images
+    c.checkpoint_every = 500 if quick else 2
+    c.log_every = 50 if quick else 2
+  else:
+    raise ValueError(f"unknown pathfinder preset {preset!r}; valid: {', '.join(PRESETS)}")
+  return common.lock(c)

@@ -1,0 +1,104 @@
+"""Retrieval (LRA; AAN citation pairs as bytes): does paper 1 cite paper 2? A dual encoder, 2 classes.
+
+Command (LRA defaults; the release's new_aan_pairs.*.tsv in data/retrieval, see docs/data.md):
+  python scripts/train.py --config configs/retrieval.py --workdir runs/retrieval
+
+Presets (``--config configs/retrieval.py:<preset>``):
+  lra            LRA's matching/configs/base_match_config.py: 4 layers, 128 dims, 4 heads, mlp 512, CLS,
+                 lr 0.05 rsqrt with 8000 warm-up (longer than the 5k steps, as in LRA), weight decay
+                 0.1, batch 32, 4000 bytes per document. Default.
+  kernel_learning  "On Learning the Transformer Kernel" table 4, Retrieval column (the same LRA model:
+                 4 heads x 32) with GMM-RKS and its table 5 M = 64 (table 5 Retrieval M: GMM-RKS 64,
+                 FASTFOOD-RKS 32, GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 32, GENERATIVE-PRF 64).
+  skyformer      Skyformer section 5 / Spectraformer table 5 shared setting: 2 layers, 64 dims, 128
+                 hidden, 2 heads, mean pooling, learned positions, 128 features, batch 16, lr 2e-4
+                 linear decay with 800 warm-up steps, no weight decay, 50k steps, eval every 1000.
+  quick          2-core CPU, ~10 min: 256 bytes per document, 2 x 64-dim layers, 1500 steps. Needs the
+                 release files (reading the 147k training pairs takes about a minute).
+  tiny           seconds; used by the smoke tests on lra_tasks.fixtures.write_retrieval_fixture.
+Expected runtime: quick ~10 min on 2 CPU cores (estimate); lra / kernel_learning ~1 h and skyformer
+several hours on one GPU.
+Splits: train = new_aan_pairs.train.tsv, val = .eval.tsv, test = .test.tsv.
+"""
+from __future__ import annotations
+
+from configs import common
+
+PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+
+
+def retrieval_data(c):
+  c.data.task = 'retrieval'
+  c.data.max_length = 4000          # bytes per document (each of the two), LRA and the kernel papers
+
+
+def get_config(preset: str = 'lra'):
+  c = common.base_config()
+  retrieval_data(c)
+  # LRA base_match_config: 4 x 128, 4 heads, mlp 512, CLS, lr 0.05 rsqrt, 8000 warm-up, 5k steps.
+  c.model.emb_dim = 128
+  c.model.qkv_dim = 128
+  c.model.mlp_dim = 512
+  c.model.num_heads = 4
+  c.model.num_layers = 4
+  c.model.pooling = 'cls'
+  c.optim.learning_rate = 0.05
+  c.optim.schedule = 'rsqrt'
+  c.optim.warmup_steps = 8000
+  c.optim.weight_decay = 0.1
+  c.batch_size = 32
+  c.num_train_steps = 5000
+  c.eval_every = 500
+  c.checkpoint_every = 500
+
+  if preset == 'lra':
+    pass
+  elif preset == 'kernel_learning':
+    # Chowdhury et al., table 4 (Retrieval column); M from table 5.
+    c.model.qkv_dim = 128           # 4 heads x 32 (table 4: key/query/value dim 32 per head)
+    c.model.attention.kind = 'gmm-rks'
+    c.model.attention.num_features = 64
+  elif preset == 'skyformer':
+    # Skyformer §5 (batch 16, lr 2e-4 for Retrieval) / Spectraformer table 5 (warm-up 800).
+    c.model.emb_dim = 64
+    c.model.qkv_dim = 64
+    c.model.mlp_dim = 128
+    c.model.num_heads = 2
+    c.model.num_layers = 2
+    c.model.pooling = 'mean'
+    c.model.pos_encoding = 'learned'
+    c.model.attention.kind = 'skyformer'
+    c.model.attention.num_features = 128
+    c.model.attention.num_landmarks = 128
+    c.optim.learning_rate = 2e-4
+    c.optim.schedule = 'linear'
+    c.optim.warmup_steps = 800
+    c.optim.weight_decay = 0.0
+    c.batch_size = 16
+    c.num_train_steps = 50000
+    c.eval_every = 1000
+    c.checkpoint_every = 1000
+  elif preset in ('quick', 'tiny'):
+    quick = preset == 'quick'
+    c.data.max_length = 256 if quick else 48
+    c.model.emb_dim = 64 if quick else 16
+    c.model.qkv_dim = 64 if quick else 16
+    c.model.mlp_dim = 128 if quick else 32
+    c.model.num_heads = 2
+    c.model.num_layers = 2 if quick else 1
+    c.model.pooling = 'mean'
+    c.model.dropout_rate = 0.1 if quick else 0.0
+    c.model.attention.attention_dropout = 0.0
+    c.optim.schedule = 'cosine'
+    c.optim.learning_rate = 1e-3 if quick else 2e-3
+    c.optim.warmup_steps = 100 if quick else 1
+    c.optim.weight_decay = 0.01
+    c.batch_size = 32 if quick else 8
+    c.num_train_steps = 1500 if quick else 4
+    c.eval_every = 250 if quick else 2
+    c.max_eval_batches = 60 if quick else 0   # the eval split has 18k pairs: a fixed 1920 of them
+    c.checkpoint_every = 500 if quick else 2
+    c.log_every = 50 if quick else 2
+  else:
+    raise ValueError(f"unknown retrieval preset {preset!r}; valid: {', '.join(PRESETS)}")
+  return common.lock(c)

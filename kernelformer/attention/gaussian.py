@@ -1,0 +1,89 @@
+"""Exact Gaussian-kernel ("kernelized") attention: Skyformer eq. 3 (Chen et al. 2021, §4.1).
+
+``Kernelized-Attention(Q, K, V) = C V`` with ``C = kappa(Q / p^(1/4), K / p^(1/4))``,
+``kappa(x, y) = exp(-||x - y||^2 / 2)`` and p the head dimension, i.e.
+
+    C_ij = exp(-||q_i - k_j||^2 / (2 sqrt(p))).
+
+**Normalization.** The paper does *not* divide by the row sum ``C 1``: §4.1 argues that the Gaussian kernel
+is already normalized, ``C = D_Q^{-1/2} A D_K^{-1/2}`` with ``A = exp(Q K^T / sqrt(p))`` and
+``(D_Q)_ii = exp(||q_i||^2 / sqrt(p))``, and presents that as the counterpart of softmax's ``D^{-1} A``. So
+this module returns exactly ``C V``: every weight lies in (0, 1], rows do not sum to one, and an output row
+grows with the number of keys near its query. This is the quadratic reference that Skyformer
+(``skyformer.py``) approximates.
+
+Padded keys (mask False) get weight 0; ``causal`` zeroes ``C_ij`` for ``j > i``. O(L S p) time, O(L S) memory.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from kernelformer import registry
+
+Array = jax.Array
+
+
+def gaussian_kernel_matrix(x: Array, y: Array) -> Array:
+  """``kappa(x_i, y_j) = exp(-||x_i - y_j||^2 / 2)`` for ``x [..., n, p]``, ``y [..., m, p]`` -> ``[..., n, m]``.
+
+  Inputs must already carry the 1/p^(1/4) scale. Computed in float32 from the expansion
+  ``x.y - ||x||^2/2 - ||y||^2/2``; the exponent is clipped at 0 because rounding can make that expansion of
+  a squared distance slightly positive, and a kernel value above 1 would break the PSD arguments of
+  Skyformer (its Lemma 3 needs non-negative entries; values above one are only ever rounding).
+  """
+  x = x.astype(jnp.float32)
+  y = y.astype(jnp.float32)
+  xy = jnp.einsum('...np,...mp->...nm', x, y)
+  half_x = 0.5 * jnp.sum(x * x, axis=-1)[..., :, None]
+  half_y = 0.5 * jnp.sum(y * y, axis=-1)[..., None, :]
+  return jnp.exp(jnp.minimum(xy - half_x - half_y, 0.0))
+
+
+def input_scale(head_dim: int) -> float:
+  """The 1/p^(1/4) applied to q and k before kappa (Skyformer eq. 3), from the actual head dimension."""
+  return float(head_dim) ** -0.25
+
+
+def gaussian_scores(q: Array, k: Array, *, mask: Array | None = None,
+                    causal: bool = False) -> Array:
+  """The kernelized attention matrix C, ``[B, H, L, S]`` float32, masked and causal entries set to 0."""
+  s = input_scale(q.shape[-1])
+  qh = jnp.swapaxes(q, 1, 2) * s                                 # [B, H, L, p]
+  kh = jnp.swapaxes(k, 1, 2) * s                                 # [B, H, S, p]
+  c = gaussian_kernel_matrix(qh, kh)
+  if mask is not None:
+    c = jnp.where(mask[:, None, None, :], c, 0.0)
+  if causal:
+    c = jnp.where(jnp.tril(jnp.ones(c.shape[-2:], dtype=bool)), c, 0.0)
+  return c
+
+
+def gaussian_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None,
+                       causal: bool = False) -> Array:
+  """Exact kernelized attention ``C V`` (Skyformer eq. 3, no row-sum normalization); ``[B, L, H, Dv]``."""
+  c = gaussian_scores(q, k, mask=mask, causal=causal)
+  out = jnp.einsum('bhls,bshd->blhd', c, v.astype(jnp.float32))
+  return out.astype(v.dtype)
+
+
+class GaussianAttention(nn.Module):
+  """Exact Gaussian-kernel attention (quadratic); no options, no parameters."""
+
+  @nn.compact
+  def __call__(self, q, k, v, *, mask=None, causal=False, step=None, deterministic=True,
+               position_bias=None):
+    del step, deterministic  # no randomness, no dropout
+    if position_bias is not None:
+      raise ValueError('gaussian attention takes no position_bias (only mechanisms whose spec says '
+                       'supports_position_bias do)')
+    return gaussian_attention(q, k, v, mask=mask, causal=causal)
+
+
+registry.register(registry.AttentionSpec(
+    name='gaussian', module=GaussianAttention,
+    paper='Chen et al. 2021 (Skyformer), eq. 3',
+    approximates='Gaussian kernel exp(-||q-k||^2 / (2 sqrt(p))), unnormalized C V (exact)',
+    complexity='O(L^2 p) time, O(L^2) memory',
+    aliases=('kernelized', 'kernelized-attention')))

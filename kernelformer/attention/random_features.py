@@ -1,0 +1,277 @@
+"""Random-feature attention: every (component function x weight matrix) pair as one registry name.
+
+``RandomFeatureAttention`` is the single Flax module behind all random-feature kernels (Spectraformer
+§3, eq. 11: a feature map is a weight matrix W combined with a component function f) and behind the
+learned kernels of "On Learning the Transformer Kernel" (§2.1):
+
+  1. q and k are scaled by d^-1/4 (or l2-normalized, ``normalize_qk``), so that a map estimating
+     exp(q.k) estimates softmax's exp(q.k / sqrt(d)) (Spectraformer eq. 6), and one estimating the
+     Gaussian kernel estimates exp(-|q - k|^2 / (2 sqrt(d))) -- the kernelized attention of Skyformer
+     eq. 3, with the same d^-1/4 input scale;
+  2. W is drawn per head by a sampler: a fixed one from ``features/weights.py`` (``SAMPLERS``) or a
+     learnable one from ``features/learned.py`` (``LEARNED``, a submodule owning its parameters);
+  3. ``phi(q), phi(k)`` from ``features/components.py`` (one head at a time, vmapped over heads);
+  4. ``D^-1 phi(Q) (phi(K)^T V)`` by ``attention/linear.py`` (kernel-learning paper eq. 1 rewritten
+     below eq. 3; Spectraformer eq. 7), or with a relative-position bias by ``attention/rpe.py``.
+
+Randomness and redraws. ``base = make_rng('features')`` -- the trainer passes the same
+``rngs={'features': key}`` (from the config seed) at every step, and ``make_rng`` folds in this
+module's path, so different layers draw independently. The draw index is ``step // redraw_every``
+(0 when ``step`` is None, i.e. evaluation always uses one fixed draw, and 0 when ``redraw_every`` is
+0: never redraw) and ``key = fold_in(base, draw_index)``: W is constant within a window of
+``redraw_every`` steps and changes between windows (the paper resamples every 100 iterations, §2.2).
+``key`` is split into one key per head unless ``share_heads``.
+
+Names (registered at import, lowercase; ``registry.get`` is case-insensitive):
+
+* ``<component>-<sampler>`` for components trigrf, posrf, oprf, saderf, rks, hyperbolic and samplers
+  iid, orf, sorf, qmc, mm, sgq, fastfood (random, fixed FastFood), with Spectraformer's names as
+  aliases ('base' for iid; favor+/performer, favor++, favor# for the *-orf models of the literature).
+* learnable FastFood ``<component>-fastfoodl`` (Spectraformer Table 2), where the kernel-learning
+  paper's names are canonical: ``fastfood-rks`` (= rks-fastfoodl) and ``fastfood-prf`` (= posrf-fastfoodl);
+* ``gmm-rks``, ``gmm-prf``, ``generative-rks``, ``generative-prf`` (kernel-learning paper Table 2);
+* the deterministic maps ``linear-elu`` (aliases linear, elu) and ``relu`` (alias linear-relu).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from kernelformer import registry
+from kernelformer.attention import linear
+from kernelformer.features import components as components_lib
+from kernelformer.features import learned as learned_lib
+from kernelformer.features import weights as weights_lib
+
+Array = jax.Array
+
+# The grid of fixed samplers (``features/weights.py`` SAMPLERS keys) and of projection-based components.
+FIXED_SAMPLERS = ('iid', 'orf', 'sorf', 'qmc', 'mm', 'sgq', 'fastfood')
+RF_COMPONENTS = ('trigrf', 'posrf', 'oprf', 'saderf', 'rks', 'hyperbolic')
+
+
+def draw_index(step: Optional[Array], redraw_every: int) -> Array:
+  """``step // redraw_every``; 0 for evaluation (``step`` None) and for ``redraw_every == 0``."""
+  if step is None or redraw_every <= 0:
+    return jnp.zeros((), jnp.int32)
+  return jnp.asarray(step, jnp.int32) // redraw_every
+
+
+def input_scale(head_dim: int) -> float:
+  """d^-1/4: applied to q and k, so exp(q.k) becomes softmax's exp(q.k / sqrt(d))."""
+  return float(head_dim) ** -0.25
+
+
+def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+  """x / |x| over the last axis (Luo et al. 2021's normalized kernelized attention, NPRF)."""
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
+
+
+def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[Array], *,
+                      heads_share_proj: bool) -> tuple[Array, Array]:
+  """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']``: the component applied one head at a time.
+
+  ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu).
+  """
+  fn = components_lib.COMPONENTS[component]
+
+  def one_head(qh, kh, p):
+    return fn(qh, kh, p, mask=mask, stabilize=True)
+
+  proj_axis = None if (heads_share_proj or proj is None) else 0
+  return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=(2, 2))(q, k, proj)
+
+
+class RandomFeatureAttention(nn.Module):
+  """Linear attention with random (or learned, or deterministic) features; see the module docstring.
+
+  Attributes:
+    component: component function, a ``components.COMPONENTS`` key.
+    weights: weight matrix: a ``weights.SAMPLERS`` key, a ``learned.LEARNED`` key, or 'none' (elu/relu).
+    num_features: M, rows of W (feature dimension M' = M or 2M, see ``components.feature_count``).
+      For GMM samplers M is the total over the mixture components (split evenly).
+    redraw_every: steps between redraws of W; 0 = never.
+    num_mixture_components: C of the GMM samplers (the paper uses 2, appendix B.2).
+    covariance: GMM covariance, 'full' (GMM-RKS) or 'diag' (GMM-PRF).
+    fastfood_variant: learnable FastFood variant, 'fixed' | 's' | 'sgb' (appendix C.1).
+    normalize_qk: l2-normalize q and k (instead of the d^-1/4 scale) before the map, as Luo et al.'s
+      NPRF; the kernel then sees q.k in [-1, 1].
+    chunk_size: chunk length of the causal linear-attention core.
+    feature_eps: the normalizer guard of the core (|D| below it is replaced by +-eps).
+    share_heads: one draw of W (and one learned sampler) for all heads instead of one per head.
+  """
+
+  component: str = 'posrf'
+  weights: str = 'orf'
+  num_features: int = 128
+  redraw_every: int = 100
+  num_mixture_components: int = 2
+  covariance: str = 'full'
+  fastfood_variant: str = 'sgb'
+  normalize_qk: bool = False
+  chunk_size: int = 64
+  feature_eps: float = 1e-6
+  share_heads: bool = False
+
+  def _projection(self, head_dim: int, num_heads: int, step: Optional[Array]):
+    """W for this call: ``Projection`` with a leading head axis (or none if ``share_heads``)."""
+    if not components_lib.uses_projection(self.component):
+      return None
+    base = self.make_rng('features')
+    key = jax.random.fold_in(base, draw_index(step, self.redraw_every))
+    keys = key if self.share_heads else jax.random.split(key, num_heads)
+    if self.weights in learned_lib.LEARNED:
+      sampler = learned_lib.build_learned(
+          self.weights, self.num_features, head_dim,
+          num_components=self.num_mixture_components, covariance=self.covariance,
+          fastfood_variant=self.fastfood_variant, name='sampler',
+          parent_vmap_heads=not self.share_heads)
+      return sampler(keys)
+    if self.weights not in weights_lib.SAMPLERS:
+      raise ValueError(f'unknown weights {self.weights!r}; valid: '
+                       f'{", ".join(sorted(weights_lib.SAMPLERS) + sorted(learned_lib.LEARNED))}')
+    sample = weights_lib.SAMPLERS[self.weights]
+    if self.share_heads:
+      return sample(keys, self.num_features, head_dim)
+    return jax.vmap(lambda kk: sample(kk, self.num_features, head_dim))(keys)
+
+  @nn.compact
+  def __call__(self, q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,
+               causal: bool = False, step: Optional[Array] = None, deterministic: bool = True,
+               position_bias: Optional[Array] = None) -> Array:
+    del deterministic  # no dropout in feature-map attention
+    if self.component not in components_lib.COMPONENTS:
+      raise ValueError(f'unknown component {self.component!r}; valid: '
+                       f'{", ".join(sorted(components_lib.COMPONENTS))}')
+    head_dim, num_heads = q.shape[-1], q.shape[-2]
+    # Features in float32 whatever the input dtype (exp in bf16 loses everything).
+    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+    if self.normalize_qk:
+      qf, kf = l2_normalize(qf), l2_normalize(kf)
+    elif components_lib.TARGET_KERNEL[self.component] != 'none':
+      s = input_scale(head_dim)
+      qf, kf = qf * s, kf * s
+    proj = self._projection(head_dim, num_heads, step)
+    phi_q, phi_k = per_head_features(self.component, qf, kf, proj, mask,
+                                     heads_share_proj=self.share_heads)
+    # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise.
+    self.sow('intermediates', 'phi_q', phi_q)
+    self.sow('intermediates', 'phi_k', phi_k)
+    if position_bias is not None:
+      from kernelformer.attention import rpe  # pylint: disable=g-import-not-at-top
+      return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal)
+    return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
+                                   chunk_size=self.chunk_size, eps=self.feature_eps)
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration.
+# ----------------------------------------------------------------------------------------------
+
+_KL = 'Chowdhury et al. 2022, On Learning the Transformer Kernel'
+_SPECTRA = 'Nguyen et al. 2024, Spectraformer'
+
+_COMPONENT_INFO = {
+    # component: (paper + equation, kernel estimated at the d^-1/4 input scale)
+    'trigrf': (f'Rahimi & Recht 2007 with Performer Lemma 1; {_SPECTRA} eqs. 8, 10',
+               'softmax exp(q.k/sqrt(d))'),
+    'posrf': (f'Choromanski et al. 2021 (FAVOR+); {_SPECTRA} eq. 32', 'softmax exp(q.k/sqrt(d))'),
+    'oprf': (f'Likhosherstov et al. 2022 (FAVOR++); {_SPECTRA} eqs. 34-35',
+             'softmax exp(q.k/sqrt(d))'),
+    'saderf': (f'Likhosherstov et al. 2023 (FAVOR#); {_SPECTRA} eq. 36',
+               'softmax exp(q.k/sqrt(d))'),
+    'rks': (f'Rahimi & Recht 2007 (RKS); {_KL} eq. 3',
+            'Gaussian exp(-|q-k|^2/(2 sqrt(d)))'),
+    'hyperbolic': ('Choromanski et al. 2021 (hyperbolic PRF); '
+                   f'{_SPECTRA} eq. 11 with l=2', 'softmax exp(q.k/sqrt(d))'),
+}
+
+_SAMPLER_INFO = {
+    # sampler: (paper, Spectraformer alias suffix or None)
+    'iid': ('i.i.d. Gaussian W (Spectraformer "Base", eq. 16)', 'base'),
+    'orf': ('orthogonal random features (Yu et al. 2016)', None),
+    'sorf': ('structured orthogonal random features (Yu et al. 2016)', None),
+    'qmc': ('quasi-Monte Carlo (Avron et al. 2016)', None),
+    'mm': ('moment matching (Shen et al. 2017)', None),
+    'sgq': ('sparse-grid quadrature (Dao et al. 2017)', None),
+    'fastfood': ('random FastFood (Le et al. 2013), not learned', None),
+}
+
+# Table 1 of the kernel-learning paper (L length, d_q head dim, M samples, C mixture components).
+_CPLX_RF = 'O(L M d_q) time, O(L(d_q + M + M d_q/L)) space'           # Performer row
+_CPLX_FASTFOOD = 'O(L M d_q) time, O(L(d_q + M + M d_q/L)) space'     # FASTFOOD(RKS/PRF) row
+_CPLX_GMM_RKS = 'O(M C (d_q^2 + L d_q)) time, O(L(d_q + C(d_q^2/L + M d_q/L + M))) space'
+_CPLX_GMM_PRF = 'O(L C M d_q) time, O(L(d_q + C M d_q/L + C M)) space'
+_CPLX_GEN = 'O(M (d_q^2 + L d_q)) time, O(L(d_q + d_q^2/L + M d_q/L + M)) space'
+_CPLX_ELU = 'O(L d_q^2) time, O(L(d_q + d_q^2/L)) space'               # LinearElu row
+
+# Names the literature gives to particular combinations (lowercase; the registry is case-insensitive).
+_LITERATURE_ALIASES = {
+    'posrf-orf': ('favor+', 'performer'),
+    'oprf-orf': ('favor++',),
+    'saderf-orf': ('favor#',),
+}
+
+
+def _register(name: str, component: str, weights: str, *, paper: str, approximates: str,
+              complexity: str, learnable: str = '-', aliases: tuple[str, ...] = (),
+              extra_fixed: Optional[dict] = None) -> None:
+  fixed = {'component': component, 'weights': weights, **(extra_fixed or {})}
+  registry.register(registry.AttentionSpec(
+      name=name, module=RandomFeatureAttention, fixed=fixed, paper=paper,
+      approximates=approximates, complexity=complexity, learnable=learnable, aliases=aliases,
+      supports_position_bias=True))
+
+
+def _register_all() -> None:
+  for comp in RF_COMPONENTS:
+    comp_paper, target = _COMPONENT_INFO[comp]
+    for samp in FIXED_SAMPLERS:
+      samp_paper, spectra = _SAMPLER_INFO[samp]
+      name = f'{comp}-{samp}'
+      aliases = _LITERATURE_ALIASES.get(name, ())
+      if spectra:
+        aliases += (f'{comp}-{spectra}',)
+      _register(name, comp, samp, paper=f'{comp_paper}; W: {samp_paper}', approximates=target,
+                complexity=_CPLX_FASTFOOD if samp == 'fastfood' else _CPLX_RF, aliases=aliases)
+
+  # Learnable FastFood (FastFoodL), any component; the kernel-learning paper's two are canonical.
+  ff_names = {'rks': ('fastfood-rks', f'{_KL} eq. 6'), 'posrf': ('fastfood-prf', f'{_KL} eqs. 9, 12')}
+  for comp in RF_COMPONENTS:
+    comp_paper, target = _COMPONENT_INFO[comp]
+    name, paper = ff_names.get(comp, (f'{comp}-fastfoodl', f'{_SPECTRA} eq. 17 (FastFoodL), Table 2'))
+    aliases = (f'{comp}-fastfoodl',) if comp in ff_names else ()
+    _register(name, comp, 'fastfoodl', paper=f'{paper}; component: {comp_paper}',
+              approximates=f'learned kernel (init: {target})', complexity=_CPLX_FASTFOOD,
+              learnable='FastFood diagonals S, G, B (fastfood_variant sgb; s: S only; fixed: none)',
+              aliases=aliases)
+
+  learned_kernels = [
+      ('gmm-rks', 'rks', 'gmm', f'{_KL} eqs. 4-5', _CPLX_GMM_RKS, 'full',
+       'GMM means mu_c [C, d], full factors Sigma_c [C, d, d]'),
+      ('gmm-prf', 'posrf', 'gmm', f'{_KL} eqs. 8-10', _CPLX_GMM_PRF, 'diag',
+       'GMM means mu_c [C, d], diagonal scales [C, d]'),
+      ('generative-rks', 'rks', 'generative', f'{_KL} eq. 7', _CPLX_GEN, None,
+       'generator: 4 x (dense, batch norm, LeakyReLU), dense + tanh, output batch norm'),
+      ('generative-prf', 'posrf', 'generative', f'{_KL} eqs. 9, 11', _CPLX_GEN, None,
+       'generator: 4 x (dense, batch norm, LeakyReLU), dense + tanh, output batch norm'),
+  ]
+  for name, comp, samp, paper, cplx, cov, learnable in learned_kernels:
+    target = _COMPONENT_INFO[comp][1]
+    _register(name, comp, samp, paper=paper, approximates=f'learned kernel (init: {target})',
+              complexity=cplx, learnable=learnable,
+              extra_fixed=None if cov is None else {'covariance': cov})
+
+  _register('linear-elu', 'elu', 'none',
+            paper='Katharopoulos et al. 2020 (Linear Transformer), elu(x)+1',
+            approximates='its own kernel (elu(q)+1).(elu(k)+1)', complexity=_CPLX_ELU,
+            aliases=('linear', 'elu', 'linearelu'))
+  _register('relu', 'relu', 'none', paper='deterministic relu(x) feature map',
+            approximates='its own kernel relu(q).relu(k)', complexity=_CPLX_ELU,
+            aliases=('linear-relu',))
+
+
+_register_all()

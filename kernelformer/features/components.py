@@ -1,0 +1,415 @@
+"""Random-feature component functions f_r(omega_r, x): the phi of ``D^-1 phi(Q) (phi(K)^T V)``.
+
+Spectraformer (eq. 11) writes every random-feature map as a weight matrix W (``projection.py``) combined
+with a component function: ``phi(x) = [c_r^(1/2) f_1(omega_r, x)]_r ++ ... ++ [c_r^(1/2) f_l(omega_r, x)]_r``
+with l = 1 or 2 parts laid out part by part. This module holds the component functions, one per name::
+
+  phi_q, phi_k = COMPONENTS[name](q, k, proj, mask=mask, stabilize=True)
+
+* ``q [..., L, d]``, ``k [..., S, d]``, ``mask`` broadcastable to ``[..., S]`` (True = real key) or None,
+  ``proj`` a ``Projection`` (None for ``elu`` / ``relu``). Returns ``phi_q [..., L, M']`` and
+  ``phi_k [..., S, M']`` in the input dtypes (computed in at least float32).
+* What each map estimates is in ``TARGET_KERNEL`` and computed exactly by ``exact_kernel``. The
+  d^-1/4 input scaling of softmax attention belongs to the attention module: a component estimates
+  exp(q.k) (or exp(-|q-k|^2/2)) for exactly the q and k it receives.
+* Row weights c_r come from ``row_weights(proj)`` (1/M for Monte Carlo, signed quadrature weights
+  otherwise). sqrt|c_r| goes on both sides and sign(c_r) on the query side, so
+  ``phi(q).phi(k) = sum_r c_r f_r(q) f_r(k)`` exactly: this is the 1/sqrt(M) normalization too.
+
+Stabilization (``stabilize=True``). Exp-based features overflow for inputs of large norm, so exponents
+are formed in log space and shifted before ``exp``:
+
+* each query row i by its max over the feature axis, a_i: ``phi(q_i)`` becomes ``e^(-a_i) phi(q_i)``;
+* all keys of one batch element/head by ONE max b over the valid keys and all features.
+
+Both cancel in normalized attention: ``out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)``,
+and ``e^(-a_i)`` multiplies numerator and normalizer of row i alike, ``e^(-b)`` every term of both sums
+alike. A shift *per key* would not cancel (it reweights the keys); that is why keys share one shift.
+Padded keys are excluded from b (a huge padded key would otherwise underflow every real key) and get
+zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
+contribution is zero, and stopping it avoids NaN from ties in the max. With ``stabilize=False`` the
+features are the exact, unbiased ones (used to test the kernel estimates).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from kernelformer.features.projection import Projection, dense_matrix, project, row_weights
+
+Array = jax.Array
+ComponentFn = Callable[..., tuple[Array, Array]]
+
+# A guard for the SADERF ratio of second moments: a coordinate that is zero in every query (or key)
+# would give Psi = 0 or inf. Any positive Psi keeps the estimator unbiased, so the guard biases nothing.
+_SADERF_EPS = 1e-6
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared helpers.
+# ----------------------------------------------------------------------------------------------
+
+def _compute_dtype(x: Array):
+  """float32 for bf16/fp16 inputs (exp in half precision loses everything), else the input dtype."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def _key_mask(mask: Optional[Array], k: Array) -> Optional[Array]:
+  """The key mask broadcast to ``k.shape[:-1]`` (``[..., S]``), or None."""
+  if mask is None:
+    return None
+  return jnp.broadcast_to(jnp.asarray(mask, bool), k.shape[:-1])
+
+
+def _sq_norm(x: Array) -> Array:
+  """``|x|^2`` over the last axis, keeping it: ``[..., n, 1]``."""
+  return jnp.sum(x * x, axis=-1, keepdims=True)
+
+
+def _side_scales(proj: Projection, parts: int, dtype) -> tuple[Array, Array]:
+  """Per-feature multipliers (query, key): ``sign(c_r) sqrt|c_r|`` and ``sqrt|c_r|``, tiled per part.
+
+  Spectraformer eq. 11: the feature of part p and row r is ``sqrt(c_r) f_p(omega_r, x)``; signed
+  quadrature weights put their sign on the query side only so the product carries ``c_r`` itself.
+  """
+  c = row_weights(proj, dtype)
+  mag = jnp.sqrt(jnp.abs(c))
+  q_scale = jnp.where(c < 0, -mag, mag)
+  return jnp.tile(q_scale, parts), jnp.tile(mag, parts)
+
+
+def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool):
+  """``exp`` of query and key log-magnitudes, shifted as the module docstring explains.
+
+  ``zq [..., L, F]`` and ``zk [..., S, F]`` (F = M' or 1 for a per-row factor). Masked keys get
+  ``-inf`` before the max, so they never set the shift and come out as exactly 0 (forward and backward
+  stay finite: ``exp(-inf) = 0`` has zero derivative).
+  """
+  if mask is not None:
+    zk = jnp.where(mask[..., None], zk, -jnp.inf)
+  if stabilize:
+    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
+    b = jax.lax.stop_gradient(jnp.max(zk, axis=(-2, -1), keepdims=True))
+    # Every key masked: the max is -inf; any finite shift is correct (all key features are 0).
+    a = jnp.where(jnp.isfinite(a), a, 0.0)
+    b = jnp.where(jnp.isfinite(b), b, 0.0)
+    zq, zk = zq - a, zk - b
+  return jnp.exp(zq), jnp.exp(zk)
+
+
+def _zero_masked(phi_k: Array, mask: Optional[Array]) -> Array:
+  if mask is None:
+    return phi_k
+  return jnp.where(mask[..., None], phi_k, 0.0)
+
+
+def _masked_mean(x: Array, mask: Optional[Array]) -> Array:
+  """Mean over axis -2 of ``x [..., n, c]`` restricted to ``mask [..., n]``: ``[..., c]``."""
+  if mask is None:
+    return jnp.mean(x, axis=-2)
+  m = mask[..., None]
+  count = jnp.maximum(jnp.sum(m, axis=-2), 1).astype(x.dtype)
+  # ``where`` rather than multiplying by the mask: a padded key of infinite entries must not give NaN.
+  return jnp.sum(jnp.where(m, x, 0.0), axis=-2) / count
+
+
+def _row_sq_norms(proj: Projection, dtype) -> Array:
+  """``|omega_r|^2`` for every row of W, ``[M]`` (FastFood materialized, O(M d) once per call)."""
+  w = dense_matrix(proj).astype(dtype)
+  return jnp.sum(w * w, axis=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Component functions.
+# ----------------------------------------------------------------------------------------------
+
+def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+           stabilize: bool = True) -> tuple[Array, Array]:
+  """TrigRF for the softmax kernel: ``exp(|x|^2/2) [cos(W x), sin(W x)]``, estimates ``exp(q.k)``.
+
+  Rahimi-Recht features (Spectraformer eq. 10, kernel-learning paper eq. 3) estimate the Gaussian
+  kernel; ``exp(q.k) = exp(|q|^2/2) exp(-|q-k|^2/2) exp(|k|^2/2)`` (Performer, Lemma 1) turns them into
+  a softmax-kernel estimate: ``phi(q).phi(k) = e^{(|q|^2+|k|^2)/2} sum_r c_r cos(omega_r.(q-k))``.
+  The scale is ``exp(|x|^2/2)``, not ``exp(|x|)`` as in public code. Returns M' = 2M features.
+
+  Stabilized, the query factor ``exp(|q_i|^2/2)`` is a per-row constant and is divided out entirely;
+  keys keep ``exp(|k_j|^2/2 - max_valid |k|^2/2)``. Both cancel in the normalization (module docstring).
+  Unlike the exp-maps the features are signed, so the normalizer may be small or negative.
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  eq, ek = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize)
+  sq, sk = _side_scales(proj, 2, dt)
+  phi_q = eq * jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
+  phi_k = ek * jnp.concatenate([jnp.cos(pk), jnp.sin(pk)], axis=-1) * sk
+  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+
+
+def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+        stabilize: bool = True) -> tuple[Array, Array]:
+  """Random kitchen sinks ``[cos(W x), sin(W x)]``: estimates the Gaussian kernel ``exp(-|q-k|^2/2)``.
+
+  Rahimi and Recht (2007); kernel-learning paper eq. 3; Spectraformer eq. 10 (real part, paired with
+  sin rather than a random phase, which removes the phase's variance). ``phi(q).phi(k) =
+  sum_r c_r cos(omega_r.(q - k))``, with ``omega ~ N(0, I)`` an unbiased estimate of the Gaussian kernel.
+  Bounded features: ``stabilize`` has nothing to do. Returns M' = 2M features.
+  """
+  del stabilize  # Bounded by sqrt|c_r|: no exponent to shift.
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  sq, sk = _side_scales(proj, 2, dt)
+  phi_q = jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
+  phi_k = jnp.concatenate([jnp.cos(pk), jnp.sin(pk)], axis=-1) * sk
+  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+
+
+def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+          stabilize: bool = True) -> tuple[Array, Array]:
+  """Positive random features ``exp(omega_r.x - |x|^2/2)`` (Performer FAVOR+; Spectraformer eq. 32).
+
+  ``E_omega[exp(omega.q - |q|^2/2) exp(omega.k - |k|^2/2)] = exp(|q+k|^2/2 - |q|^2/2 - |k|^2/2) =
+  exp(q.k)`` for ``omega ~ N(0, I)`` (kernel-learning paper §2.3). Returns M' = M positive features.
+  Stabilized: the exponent ``omega_r.q_i - |q_i|^2/2`` minus its max over r for each query row, and
+  ``omega_r.k_j - |k_j|^2/2`` minus one max over valid (j, r) for the keys: both cancel.
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  zq = project(q, proj) - 0.5 * _sq_norm(q)
+  zk = project(k, proj) - 0.5 * _sq_norm(k)
+  eq, ek = _exp_shifted(zq, zk, mask, stabilize)
+  sq, sk = _side_scales(proj, 1, dt)
+  return (eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k)
+
+
+def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+               stabilize: bool = True) -> tuple[Array, Array]:
+  """Hyperbolic positive features ``exp(+-omega_r.x - |x|^2/2) / sqrt(2)`` (Performer FAVOR+ paper).
+
+  The two-part PRF (Spectraformer eq. 11 with l = 2, eq. 33 there with the Performer's ``|x|^2/2``):
+  ``phi(q).phi(k) = sum_r c_r cosh(omega_r.(q + k)) exp(-|q|^2/2 - |k|^2/2)``; the ``+-omega`` pairing
+  is an antithetic sample of ``posrf``, so it estimates ``exp(q.k)`` with lower variance. Returns
+  M' = 2M positive features ``[exp(+W x ...), exp(-W x ...)]``. Stabilized as ``posrf``, the max taken
+  over both parts (one shift per query row, one for all keys: both cancel).
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  half_log2 = 0.5 * math.log(2.0)   # the 1/sqrt(2) on each side, kept in the exponent
+  zq = jnp.concatenate([pq, -pq], axis=-1) - 0.5 * _sq_norm(q) - half_log2
+  zk = jnp.concatenate([pk, -pk], axis=-1) - 0.5 * _sq_norm(k) - half_log2
+  eq, ek = _exp_shifted(zq, zk, mask, stabilize)
+  sq, sk = _side_scales(proj, 2, dt)
+  return (eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k)
+
+
+def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
+  """OPRF's variance-optimal A (Spectraformer eq. 35; Likhosherstov et al. 2022), ``[...]``.
+
+  ``|x + y|^2`` in eq. 35 is replaced by its mean over all (query, valid key) pairs, which factors
+  into first and second moments: ``mean|q|^2 + 2 mean(q).mean(k) + mean|k|^2``. With u that mean and
+  ``rho = (sqrt((2u + d)^2 + 8 d u) - 2u - d) / (4u)``, ``A = (1 - 1/rho) / 8 < 1/8``. rho is computed as
+  the algebraically equal ``2d / (sqrt((2u + d)^2 + 8 d u) + 2u + d)``, which has no 0/0 at u = 0 (where
+  A = 0: OPRF reduces to PosRF) and no cancellation for small u. A is a data-dependent constant of an
+  estimator that is unbiased for every A < 1/4; it is returned under ``stop_gradient``.
+  """
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  d = q.shape[-1]
+  mean_q = jnp.mean(q, axis=-2)
+  mean_k = _masked_mean(k, mask)
+  u = (jnp.mean(_sq_norm(q)[..., 0], axis=-1)
+       + 2.0 * jnp.sum(mean_q * mean_k, axis=-1)
+       + _masked_mean(_sq_norm(k), mask)[..., 0])
+  u = jnp.maximum(u, 0.0)            # a mean of squared norms: negative only by rounding
+  inv_rho = (jnp.sqrt((2 * u + d) ** 2 + 8 * d * u) + 2 * u + d) / (2 * d)
+  return jax.lax.stop_gradient((1.0 - inv_rho) / 8.0)
+
+
+def _gerf_features(q: Array, k: Array, proj: Projection, a: Array, mask: Optional[Array],
+                   stabilize: bool) -> tuple[Array, Array]:
+  """Positive GERF (Spectraformer eq. 34, s = +1) for the softmax kernel, given A ``[...]``.
+
+  ``f(omega, x) = D exp(A |omega|^2 + B omega.x - |x|^2/2)`` with ``B = sqrt(1 - 4A)`` and
+  ``D = (1 - 4A)^(d/4)``. Eq. 34 writes ``C = -(s + 1)/2 = -1``: with it the product estimates the
+  Gaussian kernel ``exp(-|x - y|^2/2)``; multiplying by ``exp(|x|^2/2)`` on each side (Performer Lemma 1)
+  gives ``C = -1/2`` and ``exp(x.y)``. Check: ``E[f(omega,x) f(omega,y)] = D^2 (1 - 4A)^(-d/2)
+  exp(B^2 |x + y|^2 / (2 (1 - 4A))) exp(-|x|^2/2 - |y|^2/2) = exp(x.y)``. D is kept (in log space):
+  dropping it, as public code does, scales the estimate by ``(1 - 4A)^(-d/2)``.
+  """
+  dt = q.dtype
+  d = q.shape[-1]
+  one_minus_4a = (1.0 - 4.0 * a)[..., None, None]            # [..., 1, 1] over (rows, features)
+  bcoef = jnp.sqrt(one_minus_4a)
+  log_d = 0.25 * d * jnp.log(one_minus_4a)
+  aw = a[..., None, None] * _row_sq_norms(proj, dt)           # [..., 1, M]
+  zq = aw + bcoef * project(q, proj) - 0.5 * _sq_norm(q) + log_d
+  zk = aw + bcoef * project(k, proj) - 0.5 * _sq_norm(k) + log_d
+  eq, ek = _exp_shifted(zq, zk, mask, stabilize)
+  sq, sk = _side_scales(proj, 1, dt)
+  return eq * sq, _zero_masked(ek * sk, mask)
+
+
+def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+         stabilize: bool = True) -> tuple[Array, Array]:
+  """Optimized positive random features (FAVOR++; Spectraformer eqs. 34-35), estimate ``exp(q.k)``.
+
+  GERF with s = +1 and A from ``oprf_parameter`` (one A per batch element/head, from the moments of
+  q and the valid keys). Positive and bounded in omega (A < 0 damps large ``|omega|``). Returns M' = M.
+  Stabilized: per-query-row and one all-key max of the full exponent, which cancel as in ``posrf``.
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  a = oprf_parameter(q, k, mask)
+  phi_q, phi_k = _gerf_features(q, k, proj, a, mask, stabilize)
+  return phi_q.astype(out_q), phi_k.astype(out_k)
+
+
+def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
+  """SADERF's diagonal Psi (Spectraformer eq. 36; Likhosherstov et al. 2023, FAVOR#), ``[..., d]``.
+
+  ``Psi_ll = (sum_j k_jl^2 / sum_i q_il^2)^(1/4)`` balances the per-coordinate second moments of
+  ``Psi q`` and ``Psi^-1 k``. Written with means (over all queries and over valid keys): the variance
+  objective sums over all (i, j) pairs, which weights each query by S and each key by L, so means are
+  the pair-balanced form and equal eq. 36's sums whenever L equals the number of valid keys (self-
+  attention without padding). Since ``(Psi q).(Psi^-1 k) = q.k`` for every positive diagonal Psi, the
+  estimate stays unbiased for any Psi: it is returned under ``stop_gradient``, and a tiny relative
+  guard keeps it finite for a coordinate that is zero throughout.
+  """
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  mq = jnp.mean(q * q, axis=-2)
+  mk = _masked_mean(k * k, mask)
+  eps = _SADERF_EPS * 0.5 * jnp.mean(mq + mk, axis=-1, keepdims=True) + jnp.finfo(dt).tiny
+  return jax.lax.stop_gradient(((mk + eps) / (mq + eps)) ** 0.25)
+
+
+def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+           stabilize: bool = True) -> tuple[Array, Array]:
+  """Simplified asymmetric dense-exponential RF (FAVOR#; Spectraformer eq. 36), estimate ``exp(q.k)``.
+
+  ``f^(1)(omega, q) = f_GE^(1)(omega, Psi q)`` and ``f^(2)(omega, k) = f_GE^(2)(omega, Psi^-1 k)`` with Psi
+  from ``saderf_scaling`` and the positive GERF of ``oprf`` (its A from the moments of the transformed
+  inputs). ``(Psi q).(Psi^-1 k) = q.k``, so the target is unchanged. Returns M' = M positive features;
+  stabilized exactly like ``oprf`` (applied to the transformed inputs).
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  psi = saderf_scaling(q, k, mask)[..., None, :]
+  qt, kt = q * psi, k / psi
+  a = oprf_parameter(qt, kt, mask)
+  phi_q, phi_k = _gerf_features(qt, kt, proj, a, mask, stabilize)
+  return phi_q.astype(out_q), phi_k.astype(out_k)
+
+
+def elu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional[Array] = None,
+        stabilize: bool = True) -> tuple[Array, Array]:
+  """``elu(x) + 1`` (Katharopoulos et al. 2020, the Linear Transformer): positive, no projection.
+
+  A deterministic feature map (M' = d) that defines its own kernel ``(elu(q)+1).(elu(k)+1)``; it
+  estimates nothing, so ``TARGET_KERNEL['elu'] = 'none'``. ``proj`` and ``stabilize`` are ignored
+  (bounded below by 0 and linear above: nothing overflows).
+  """
+  del proj, stabilize
+  dt = _compute_dtype(q)
+  mask = _key_mask(mask, k)
+  phi_q = jax.nn.elu(q.astype(dt)) + 1.0
+  phi_k = jax.nn.elu(k.astype(dt)) + 1.0
+  return phi_q.astype(q.dtype), _zero_masked(phi_k, mask).astype(k.dtype)
+
+
+def relu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional[Array] = None,
+         stabilize: bool = True) -> tuple[Array, Array]:
+  """``relu(x)``: the non-negative deterministic map of the kernel-learning literature (M' = d).
+
+  Like ``elu`` it defines its own kernel (``TARGET_KERNEL['relu'] = 'none'``); ``proj`` and
+  ``stabilize`` are ignored. Features may be all zero for a row: the attention core's
+  ``safe_normalizer`` keeps that row finite.
+  """
+  del proj, stabilize
+  dt = _compute_dtype(q)
+  mask = _key_mask(mask, k)
+  phi_q = jax.nn.relu(q.astype(dt))
+  phi_k = jax.nn.relu(k.astype(dt))
+  return phi_q.astype(q.dtype), _zero_masked(phi_k, mask).astype(k.dtype)
+
+
+COMPONENTS: dict[str, ComponentFn] = {
+    'trigrf': trigrf,
+    'rks': rks,
+    'posrf': posrf,
+    'hyperbolic': hyperbolic,
+    'oprf': oprf,
+    'saderf': saderf,
+    'elu': elu,
+    'relu': relu,
+}
+
+TARGET_KERNEL: dict[str, str] = {
+    'trigrf': 'softmax',
+    'rks': 'gaussian',
+    'posrf': 'softmax',
+    'hyperbolic': 'softmax',
+    'oprf': 'softmax',
+    'saderf': 'softmax',
+    'elu': 'none',
+    'relu': 'none',
+}
+
+# Number of parts l in Spectraformer eq. 11 (features per projection row); 0: no projection (M' = d).
+_PARTS = {'trigrf': 2, 'rks': 2, 'posrf': 1, 'hyperbolic': 2, 'oprf': 1, 'saderf': 1,
+          'elu': 0, 'relu': 0}
+
+# Maps whose features are positive by construction (the normalizer is then positive too).
+POSITIVE = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf', 'elu'})
+
+
+def uses_projection(name: str) -> bool:
+  """Whether the component consumes a ``Projection`` (False for ``elu`` / ``relu``)."""
+  return _PARTS[_check(name)] > 0
+
+
+def feature_count(name: str, num_features: int, head_dim: int) -> int:
+  """M', the feature dimension the component returns for M = ``num_features`` rows of W."""
+  parts = _PARTS[_check(name)]
+  return parts * num_features if parts else head_dim
+
+
+def exact_kernel(name_of_target: str, q: Array, k: Array) -> Array:
+  """The kernel a component estimates, formed exactly: ``[..., L, S]`` in float32 (or wider).
+
+  ``'softmax'``: ``exp(q.k)``; ``'gaussian'``: ``exp(-|q - k|^2 / 2)`` (from the difference itself, not
+  ``|q|^2 + |k|^2 - 2 q.k``, which cancels badly for close points). For tests and benchmarks.
+  """
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  if name_of_target == 'softmax':
+    return jnp.exp(jnp.einsum('...ld,...sd->...ls', q, k))
+  if name_of_target == 'gaussian':
+    diff = q[..., :, None, :] - k[..., None, :, :]
+    return jnp.exp(-0.5 * jnp.sum(diff * diff, axis=-1))
+  raise ValueError(f'no exact kernel for target {name_of_target!r}; expected "softmax" or "gaussian"')
+
+
+def _check(name: str) -> str:
+  if name not in COMPONENTS:
+    raise ValueError(f'unknown component {name!r}; valid: {", ".join(sorted(COMPONENTS))}')
+  return name

@@ -1,0 +1,397 @@
+"""A sweep directory as tables: kernels x tasks, mean +- std over seeds, the paper's number beside ours.
+
+Reads what the runs left behind and nothing else: ``SWEEP_DIR/sweep.json`` (every planned run, so a
+run that never finished still gets its row and its "—" cell), each run's ``results.json`` (test
+accuracy of the best-validation checkpoint, ``steps_per_sec``, ``compiled_memory_bytes``) and
+``sweep_point.json``, and ``failures.jsonl``. Writes
+
+* ``<out>.md``: the accuracy table (``mean ± std (finished/planned)`` per cell, sample std over seeds,
+  the paper's printed number in the next column), speed and compiled memory per cell, the paper's rows
+  for models this repository does not implement, and one line per run;
+* ``<out>.csv`` (one row per kernel x task cell) and ``<out>_runs.csv`` (one row per run);
+* ``<out>.png``: the LRA-style plot, test accuracy against training speed (steps/s), point area
+  proportional to compiled memory, one panel per task.
+
+"Compiled memory" is XLA's ``argument + temp`` bytes of the compiled train step: the state and batch it
+reads plus its scratch (its outputs alias the donated state, so they are not added). It is what the
+compiler planned for one device, not a measured peak.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import json
+import math
+import os
+from typing import Any, Optional
+
+from kernelformer.reproduce import paper_numbers
+from kernelformer.reproduce import sweeps
+
+TASK_ORDER = ('listops', 'text', 'retrieval', 'pathfinder', 'image')
+TASK_TITLES = {'listops': 'ListOps', 'text': 'Text', 'retrieval': 'Retrieval',
+               'pathfinder': 'Pathfinder', 'image': 'Image'}
+MISSING = '—'
+
+
+@dataclasses.dataclass
+class RunRecord:
+  workdir: str                      # relative to the sweep directory
+  label: str
+  kind: str
+  task: str
+  seed: Optional[int]
+  results: Optional[dict] = None    # results.json, None while unfinished
+  error: str = ''                   # latest failure, if unfinished and it failed
+
+  @property
+  def accuracy(self) -> Optional[float]:
+    return None if self.results is None else 100.0 * float(self.results['test_accuracy'])
+
+  @property
+  def steps_per_sec(self) -> Optional[float]:
+    v = None if self.results is None else self.results.get('steps_per_sec')
+    return float(v) if v else None
+
+  @property
+  def memory_bytes(self) -> Optional[int]:
+    m = None if self.results is None else self.results.get('compiled_memory_bytes')
+    if not m:
+      return None
+    return int(m.get('argument_size_in_bytes', 0)) + int(m.get('temp_size_in_bytes', 0))
+
+
+@dataclasses.dataclass
+class Cell:
+  label: str
+  kind: str
+  task: str
+  runs: list[RunRecord]
+  paper: Optional[paper_numbers.PaperNumber] = None
+
+  @property
+  def accuracies(self) -> list[float]:
+    return [r.accuracy for r in self.runs if r.accuracy is not None]
+
+  @property
+  def finished(self) -> int:
+    return len(self.accuracies)
+
+  @property
+  def failed(self) -> int:
+    return sum(1 for r in self.runs if r.results is None and r.error)
+
+  @property
+  def mean(self) -> Optional[float]:
+    a = self.accuracies
+    return sum(a) / len(a) if a else None
+
+  @property
+  def std(self) -> Optional[float]:
+    a = self.accuracies
+    if len(a) < 2:
+      return None
+    m = sum(a) / len(a)
+    return math.sqrt(sum((x - m) ** 2 for x in a) / (len(a) - 1))
+
+  def _mean_of(self, attr: str) -> Optional[float]:
+    v = [getattr(r, attr) for r in self.runs if getattr(r, attr) is not None]
+    return sum(v) / len(v) if v else None
+
+  @property
+  def steps_per_sec(self) -> Optional[float]:
+    return self._mean_of('steps_per_sec')
+
+  @property
+  def memory_bytes(self) -> Optional[float]:
+    return self._mean_of('memory_bytes')
+
+  def text(self) -> str:
+    """``mean ± std (finished/planned)``; "—" when nothing finished."""
+    n, planned = self.finished, len(self.runs)
+    tail = f'{n}/{planned}' + (f', {self.failed} failed' if self.failed else '')
+    if not n:
+      return f'{MISSING} ({tail})'
+    spread = f' ± {self.std:.2f}' if self.std is not None else ''
+    return f'{self.mean:.2f}{spread} ({tail})'
+
+
+@dataclasses.dataclass
+class Report:
+  name: str
+  description: str
+  paper: str
+  labels: list[str]
+  tasks: list[str]
+  cells: dict[tuple[str, str], Cell]
+  runs: list[RunRecord]
+  paper_only: list[tuple[str, str, dict[str, float]]]   # (model, citation, task -> accuracy)
+
+
+def _read_json(path: str) -> Optional[Any]:
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
+  """The sweep's metadata and every run: planned ones (sweep.json) and any finished one found."""
+  meta = _read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
+  records: dict[str, RunRecord] = {}
+  for e in meta.get('runs', []):
+    records[e['workdir']] = RunRecord(e['workdir'], e.get('label') or e.get('kind', ''),
+                                      e.get('kind', ''), e.get('task', ''), e.get('seed'))
+  for root, dirs, files in os.walk(sweep_dir):
+    dirs.sort()
+    if sweeps.RESULTS_FILE not in files:
+      continue
+    dirs[:] = []  # a run directory holds no other runs
+    rel = os.path.relpath(root, sweep_dir).replace(os.sep, '/')
+    results = _read_json(os.path.join(root, sweeps.RESULTS_FILE))
+    if results is None:
+      continue
+    point = _read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
+    rec = records.get(rel)
+    if rec is None:
+      kind = point.get('kind') or results.get('attention', '')
+      seed = point.get('seed', (results.get('config') or {}).get('seed'))
+      rec = records[rel] = RunRecord(rel, point.get('label') or kind, kind,
+                                     point.get('task') or results.get('task', ''), seed)
+    rec.results = results
+  failures = os.path.join(sweep_dir, sweeps.FAILURES_FILE)
+  if os.path.isfile(failures):
+    with open(failures, encoding='utf-8') as f:
+      for line in f:
+        line = line.strip()
+        if not line:
+          continue
+        e = json.loads(line)
+        rec = records.get(e.get('workdir'))
+        if rec is not None and rec.results is None:
+          rec.error = e.get('error', 'failed')   # the latest failure wins
+  return meta, list(records.values())
+
+
+def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
+  """Groups the runs of ``sweep_dir`` into cells; ``paper`` overrides the sweep's own ('none': no paper)."""
+  meta, runs = collect(sweep_dir)
+  paper = meta.get('paper', '') if paper is None else ('' if paper == 'none' else paper)
+  if paper and paper not in paper_numbers.PAPERS:
+    raise ValueError(f'unknown paper {paper!r}; valid: {", ".join(sorted(paper_numbers.PAPERS))}')
+  labels: list[str] = []
+  tasks_seen: list[str] = []
+  cells: dict[tuple[str, str], Cell] = {}
+  for r in runs:
+    if r.label not in labels:
+      labels.append(r.label)
+    if r.task not in tasks_seen:
+      tasks_seen.append(r.task)
+    cell = cells.setdefault((r.label, r.task), Cell(r.label, r.kind, r.task, []))
+    cell.runs.append(r)
+  tasks = [t for t in TASK_ORDER if t in tasks_seen] + [t for t in tasks_seen if t not in TASK_ORDER]
+  for label in labels:  # every row gets every column, finished or not
+    kind = next((c.kind for (l, _), c in cells.items() if l == label), '')
+    for t in tasks:
+      cells.setdefault((label, t), Cell(label, kind, t, []))
+  paper_only = []
+  if paper:
+    for cell in cells.values():
+      cell.paper = paper_numbers.lookup(paper, cell.kind, cell.task)
+    our_kinds = {c.kind for c in cells.values()}
+    models: dict[str, tuple[str, dict[str, float]]] = {}
+    for n in paper_numbers.for_paper(paper):
+      if n.kind in our_kinds and n.kind:
+        continue
+      models.setdefault(n.model, (n.cite(), {}))[1][n.task] = n.accuracy
+    paper_only = [(m, c, v) for m, (c, v) in models.items()]
+  return Report(name=meta.get('name') or os.path.basename(os.path.abspath(sweep_dir)),
+                description=meta.get('description', ''), paper=paper, labels=labels, tasks=tasks,
+                cells=cells, runs=runs, paper_only=paper_only)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rendering.
+
+
+def _title(task: str) -> str:
+  return TASK_TITLES.get(task, task)
+
+
+def _fmt(v: Optional[float], spec: str) -> str:
+  return MISSING if v is None else format(v, spec)
+
+
+def _mib(v: Optional[float]) -> Optional[float]:
+  return None if v is None else v / 2 ** 20
+
+
+def _row_average(report: Report, label: str) -> tuple[Optional[float], Optional[float]]:
+  """Mean over tasks of our cell means and of the paper's numbers (None unless every task has one)."""
+  cells = [report.cells[(label, t)] for t in report.tasks]
+  ours = [c.mean for c in cells]
+  theirs = [c.paper.accuracy if c.paper else None for c in cells]
+  avg = lambda v: sum(v) / len(v) if v and all(x is not None for x in v) else None  # noqa: E731
+  return avg(ours), avg(theirs)
+
+
+def markdown(report: Report, sweep_dir: str = '') -> str:
+  lines = [f'# Sweep `{report.name}`: test accuracy (%)', '']
+  if report.description:
+    lines += [report.description + '.', '']
+  lines += [f'Generated by `scripts/report.py {sweep_dir}` on '
+            f'{datetime.date.today().isoformat()}. Cells: mean ± sample std over seeds '
+            f'(finished/planned runs); {MISSING} = no finished run. Test accuracy of the checkpoint '
+            'with the best validation accuracy.', '']
+  if report.paper:
+    lines += [f'"paper": the number printed in {paper_numbers.PAPERS[report.paper]} '
+              '(kernelformer/reproduce/paper_numbers.csv).', '']
+  multi = len(report.tasks) > 1
+  head = ['kernel']
+  for t in report.tasks:
+    head += [_title(t)] + (['paper'] if report.paper else [])
+  if multi:
+    head += ['avg'] + (['paper avg'] if report.paper else [])
+  lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for label in report.labels:
+    row = [f'`{label}`']
+    for t in report.tasks:
+      c = report.cells[(label, t)]
+      row.append(c.text())
+      if report.paper:
+        row.append(f'{c.paper.accuracy:.2f}' if c.paper else MISSING)
+    if multi:
+      ours, theirs = _row_average(report, label)
+      row.append(_fmt(ours, '.2f'))
+      if report.paper:
+        row.append(_fmt(theirs, '.2f'))
+    lines.append('| ' + ' | '.join(row) + ' |')
+
+  lines += ['', '## Training speed and compiled memory', '',
+            'Mean over finished runs: training steps/s (excluding the compiling first step) and XLA\'s '
+            'argument + temp bytes of the compiled train step, in MiB.', '']
+  head = ['kernel'] + [f'{_title(t)} {what}' for t in report.tasks for what in ('steps/s', 'MiB')]
+  lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for label in report.labels:
+    row = [f'`{label}`']
+    for t in report.tasks:
+      c = report.cells[(label, t)]
+      row += [_fmt(c.steps_per_sec, '.2f'), _fmt(_mib(c.memory_bytes), '.1f')]
+    lines.append('| ' + ' | '.join(row) + ' |')
+
+  if report.paper_only:
+    lines += ['', '## Paper rows without a run here', '',
+              'Models the paper reports that this sweep did not train (not implemented in this '
+              'repository, or not part of the sweep).', '']
+    head = ['model (paper)', 'where'] + [_title(t) for t in report.tasks]
+    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for model, cite, values in report.paper_only:
+      lines.append('| ' + ' | '.join([model, cite] + [_fmt(values.get(t), '.2f')
+                                                      for t in report.tasks]) + ' |')
+
+  lines += ['', '## Runs', '']
+  head = ['run', 'task', 'kernel', 'seed', 'test acc', 'best val acc (step)', 'steps/s', 'MiB', 'status']
+  lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+  for r in sorted(report.runs, key=lambda r: (report.tasks.index(r.task) if r.task in report.tasks
+                                              else 99, report.labels.index(r.label), str(r.seed))):
+    res = r.results or {}
+    best = (f'{100 * res["best_val_accuracy"]:.2f} ({res.get("best_step")})'
+            if 'best_val_accuracy' in res else MISSING)
+    status = 'finished' if r.results else (f'failed: {r.error}' if r.error else 'not finished')
+    lines.append('| ' + ' | '.join([
+        f'`{r.workdir}`', r.task, f'`{r.label}`', str(r.seed), _fmt(r.accuracy, '.2f'), best,
+        _fmt(r.steps_per_sec, '.2f'), _fmt(_mib(r.memory_bytes), '.1f'),
+        status.replace('|', '/')]) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+CELL_FIELDS = ('kernel', 'kind', 'task', 'finished', 'planned', 'failed', 'accuracy_mean',
+               'accuracy_std', 'accuracies', 'paper_accuracy', 'paper_table', 'steps_per_sec',
+               'compiled_memory_bytes')
+RUN_FIELDS = ('workdir', 'kernel', 'kind', 'task', 'seed', 'test_accuracy', 'best_val_accuracy',
+              'best_step', 'steps_per_sec', 'compiled_memory_bytes', 'num_devices', 'backend', 'status',
+              'error')
+
+
+def _blank(v: Any) -> Any:
+  return '' if v is None else v
+
+
+def write_csv(report: Report, path: str) -> None:
+  """One row per cell (``path``) and one per run (``<path stem>_runs.csv``)."""
+  with open(path, 'w', encoding='utf-8', newline='') as f:
+    w = csv.writer(f, lineterminator='\n')
+    w.writerow(CELL_FIELDS)
+    for label in report.labels:
+      for t in report.tasks:
+        c = report.cells[(label, t)]
+        w.writerow([label, c.kind, t, c.finished, len(c.runs), c.failed, _blank(c.mean),
+                    _blank(c.std), ' '.join(f'{a:.4f}' for a in c.accuracies),
+                    _blank(c.paper.accuracy if c.paper else None),
+                    c.paper.cite() if c.paper else '', _blank(c.steps_per_sec),
+                    _blank(None if c.memory_bytes is None else int(c.memory_bytes))])
+  runs_path = os.path.splitext(path)[0] + '_runs.csv'
+  with open(runs_path, 'w', encoding='utf-8', newline='') as f:
+    w = csv.writer(f, lineterminator='\n')
+    w.writerow(RUN_FIELDS)
+    for r in report.runs:
+      res = r.results or {}
+      w.writerow([r.workdir, r.label, r.kind, r.task, _blank(r.seed), _blank(r.accuracy),
+                  _blank(100 * res['best_val_accuracy'] if 'best_val_accuracy' in res else None),
+                  _blank(res.get('best_step')), _blank(r.steps_per_sec), _blank(r.memory_bytes),
+                  _blank(res.get('num_devices')), _blank(res.get('backend')),
+                  'finished' if r.results else ('failed' if r.error else 'not finished'), r.error])
+
+
+def plot(report: Report, path: str) -> bool:
+  """The accuracy-vs-speed PNG; False (nothing written) when no run has finished."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  panels = [t for t in report.tasks
+            if any(report.cells[(l, t)].finished and report.cells[(l, t)].steps_per_sec
+                   for l in report.labels)]
+  if not panels:
+    return False
+  mems = [c.memory_bytes for c in report.cells.values() if c.finished and c.memory_bytes]
+  biggest = max(mems) if mems else 1.0
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+  cmap = plt.get_cmap('tab10')
+  for ax, task in zip(axes[0], panels):
+    for i, label in enumerate(report.labels):
+      c = report.cells[(label, task)]
+      if not c.finished or not c.steps_per_sec:
+        continue
+      size = 60 + 900 * (c.memory_bytes / biggest if c.memory_bytes else 0.0)
+      ax.scatter([c.steps_per_sec], [c.mean], s=size, alpha=0.55, color=cmap(i % 10),
+                 edgecolors='black', linewidths=0.6)
+      if c.std is not None:
+        ax.errorbar([c.steps_per_sec], [c.mean], yerr=[c.std], color='black', lw=0.8, capsize=3)
+      ax.annotate(label, (c.steps_per_sec, c.mean), textcoords='offset points', xytext=(8, 6),
+                  fontsize=8)
+    ax.set_title(f'{_title(task)} (point area ∝ compiled memory)', fontsize=10)
+    ax.set_xlabel('training speed (steps/s)')
+    ax.set_ylabel('test accuracy (%)')
+    ax.grid(alpha=0.3)
+    ax.margins(0.25)
+  fig.suptitle(f'sweep {report.name}: accuracy vs speed, mean ± std over seeds', fontsize=11)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return True
+
+
+def write(report: Report, out: str, sweep_dir: str = '') -> dict[str, str]:
+  """Writes ``<out>.md``, ``<out>.csv``, ``<out>_runs.csv`` and ``<out>.png``; returns their paths."""
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  paths = {'md': out + '.md', 'csv': out + '.csv', 'runs_csv': out + '_runs.csv', 'png': out + '.png'}
+  with open(paths['md'], 'w', encoding='utf-8') as f:
+    f.write(markdown(report, sweep_dir))
+  write_csv(report, paths['csv'])
+  if not plot(report, paths['png']):
+    del paths['png']
+  return paths
+

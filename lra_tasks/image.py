@@ -1,0 +1,119 @@
+"""Image (LRA "Image"; CIFAR-10, Krizhevsky 2009): 10-way classification of flattened grayscale pixels.
+
+Long Range Arena (Tay et al. 2021, section 3.5 "Image classification on sequences of pixels") converts
+each 32x32 RGB image to grayscale and feeds its 1024 pixels in raster order as tokens, with no 2-D
+inductive bias. The grayscale conversion is LRA's ``tf.image.rgb_to_grayscale`` reproduced in numpy
+(``lra_grayscale``): scale to [0, 1] in float32, weight ``0.2989 R + 0.5870 G + 0.1140 B``, scale by
+``255.5`` and truncate to uint8 (``tf.image.convert_image_dtype``). It is not PIL's ``convert('L')``,
+which rounds ``(299 R + 587 G + 114 B) / 1000``: pure green is 149 here and 150 there.
+
+Tokens are ``pixel + 1`` (1..256), so 0 stays padding and the vocabulary has 257 ids, as for the byte
+tasks. Every image has exactly 1024 tokens (``TaskInfo.max_length``); ``data.max_length`` must be 1024
+or 0 (= automatic).
+
+The data is TFDS' ``cifar10`` read with ``tfds.data_source`` (prepared ``array_record`` files; see
+``text.TfdsDataset`` for the on-disk check that keeps TFDS from trying to download). Splits: LRA used
+``train[:90%]`` / ``train[90%:]`` / ``test``; here train/val are the same sizes (90/10 of CIFAR-10 train,
+``data.val_fraction``) drawn by a permutation seeded with ``data.split_seed``; test is CIFAR-10 test.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from lra_tasks import common
+from lra_tasks import text
+
+NUM_CLASSES = 10
+VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding
+SIDE = 32
+NUM_PIXELS = SIDE * SIDE
+
+# tf.image.rgb_to_grayscale's weights (ITU-R BT.601 luma, as TensorFlow rounds them).
+GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
+
+CIFAR10 = text.TfdsDataset(task='image', name='cifar10', config=None, version='3.0.2',
+                           splits=('train', 'test'))
+
+
+def lra_grayscale(rgb: np.ndarray) -> np.ndarray:
+  """``tf.image.rgb_to_grayscale`` on uint8 ``[..., 3]`` images: uint8 ``[...]``.
+
+  TensorFlow converts uint8 to float32 as ``x * (1 / 255)``, takes the weighted sum of the channels,
+  and converts back as ``cast(g * 255.5)``, a truncation (the sum of the weights is 0.9999, so no
+  saturation is needed). Everything here is float32 as there; only the order of the three-term sum
+  may differ, which can move a value that lies within float32 rounding of an integer.
+  """
+  rgb = np.asarray(rgb)
+  if rgb.dtype != np.uint8 or rgb.shape[-1] != 3:
+    raise ValueError(f'expected uint8 RGB images [..., 3], got {rgb.dtype} {rgb.shape}')
+  scaled = rgb.astype(np.float32) * np.float32(1.0 / 255.0)
+  gray = (scaled[..., 0] * GRAY_WEIGHTS[0] + scaled[..., 1] * GRAY_WEIGHTS[1]
+          + scaled[..., 2] * GRAY_WEIGHTS[2])
+  return (gray * np.float32(255.5)).astype(np.uint8)
+
+
+def pixel_tokens(gray: np.ndarray) -> np.ndarray:
+  """uint8 pixels in raster order -> int32 tokens ``pixel + 1`` (so 0 stays padding)."""
+  return np.asarray(gray, dtype=np.uint8).reshape(-1).astype(np.int32) + 1
+
+
+def _convert(record: Mapping[str, Any]) -> tuple[np.ndarray, int]:
+  image = np.asarray(record['image'])
+  if image.shape != (SIDE, SIDE, 3):
+    raise common.DataError(f'image: cifar10 images must be {SIDE}x{SIDE}x3, got {image.shape}')
+  label = int(np.asarray(record['label']))
+  if not 0 <= label < NUM_CLASSES:
+    raise common.DataError(f'image: cifar10 label must be in 0..9, got {label}')
+  return pixel_tokens(lra_grayscale(image)), label
+
+
+def _check_length(data: Any) -> None:
+  if int(data.max_length) not in (0, NUM_PIXELS):
+    raise common.DataError(f'image: data.max_length must be {NUM_PIXELS} (32x32 pixels) or 0, '
+                           f'got {data.max_length}')
+
+
+def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
+  """``{'inputs': int32[N, 1024], 'targets': int32[N]}`` for our split of CIFAR-10."""
+  if split not in common.SPLITS:
+    raise ValueError(f'unknown split {split!r}; valid: {", ".join(common.SPLITS)}')
+  _check_length(data)
+  tfds_split = 'test' if split == 'test' else 'train'
+  inputs, targets = text.read_tfds_split(CIFAR10, data, tfds_split, _convert, cache_key=())
+  if split != 'test':
+    fraction = text.validation_fraction(data, 'image')
+    train_idx, val_idx = text.split_indices(len(targets), (1.0 - fraction, fraction),
+                                            data.split_seed)
+    idx = train_idx if split == 'train' else val_idx
+    inputs, targets = inputs[idx], targets[idx]
+  arrays = {'inputs': inputs, 'targets': targets}
+  text.check_nonempty('image', arrays, split, 'use more data or another data.val_fraction')
+  return arrays
+
+
+class ImageTask:
+  """``common.Task`` for LRA Image (grayscale CIFAR-10 as 1024 pixel tokens)."""
+
+  name = 'image'
+
+  def info(self, data: Any) -> common.TaskInfo:
+    _check_length(data)
+    return common.TaskInfo(num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_length=NUM_PIXELS)
+
+  def check(self, data: Any) -> list[str]:
+    return CIFAR10.check(data)
+
+  def prepare(self, data: Any) -> None:
+    """Nothing to make locally: preparing CIFAR-10 downloads it (scripts/prepare_data.py does that)."""
+    del data
+
+  def source(self, data: Any, split: str) -> common.ArraySource:
+    missing = self.check(data)
+    if missing:
+      raise common.DataError('image: data missing: ' + '; '.join(missing))
+    return common.ArraySource(**build_arrays(data, split))
+
+
+TASK = ImageTask()

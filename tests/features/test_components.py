@@ -1,0 +1,317 @@
+"""Tests for ``kernelformer.features.components``: kernel estimates, stabilization, masking, dtypes.
+
+The estimators are checked against the exact kernel with a tolerance derived from their own
+variance: ``phi(q).phi(k) = mean_r t_r`` with ``t_r = M c_r f_r(q) f_r(k)`` iid over r for an iid
+Gaussian W, so its standard error is ``std_r(t_r) / sqrt(M)``, estimated from the same samples.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernelformer.attention.linear import linear_attention
+from kernelformer.features import components as C
+from kernelformer.features.projection import FastFoodBlocks, Projection, dense_matrix
+
+D = 8
+ESTIMATORS = sorted(n for n, t in C.TARGET_KERNEL.items() if t != 'none')
+EXP_MAPS = ['trigrf', 'posrf', 'hyperbolic', 'oprf', 'saderf']
+
+
+@functools.partial(jax.jit, static_argnames=('name', 'stabilize'))
+def _features(name, q, k, proj, mask=None, stabilize=True):
+  """The component under jit: one compile per shape instead of one per eager primitive (test time)."""
+  return C.COMPONENTS[name](q, k, proj, mask=mask, stabilize=stabilize)
+
+
+_attention = jax.jit(linear_attention)
+
+
+def _gauss_proj(seed: int, m: int, d: int = D) -> Projection:
+  return Projection(matrix=jax.random.normal(jax.random.PRNGKey(seed), (m, d)))
+
+
+def _points(seed: int, shape, norm_lo: float, norm_hi: float) -> jax.Array:
+  """Random directions with norms uniform in [norm_lo, norm_hi]."""
+  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
+  x = jax.random.normal(k1, shape)
+  x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+  return x * jax.random.uniform(k2, shape[:-1] + (1,), minval=norm_lo, maxval=norm_hi)
+
+
+def _per_feature_products(name, q, k, proj):
+  """``t [..., L, S, M]``: the M iid terms whose mean is the estimate (parts of a row summed)."""
+  m = proj.num_features
+  pq, pk = _features(name, q, k, proj, stabilize=False)
+  prod = pq[..., :, None, :] * pk[..., None, :, :]
+  parts = prod.shape[-1] // m
+  return m * prod.reshape(*prod.shape[:-1], parts, m).sum(-2), pq, pk
+
+
+def _to_blhm(x):
+  """Component layout ``[B, H, L, M]`` -> attention-core layout ``[B, L, H, M]``."""
+  return jnp.swapaxes(x, 1, 2)
+
+
+# ------------------------------------------------------------------------------------------
+# Kernel estimates.
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('name', ESTIMATORS)
+def test_estimate_converges_to_exact_kernel(name):
+  q = _points(1, (2, 5, D), 0.5, 1.0)          # leading batch axis exercises the [..., L, d] contract
+  k = _points(2, (2, 6, D), 0.5, 1.0)
+  exact = C.exact_kernel(C.TARGET_KERNEL[name], q, k)
+  errors = {}
+  for m, seed in ((64, 11), (4096, 12)):
+    t, pq, pk = _per_feature_products(name, q, k, _gauss_proj(seed, m))
+    est = jnp.einsum('...lm,...sm->...ls', pq, pk)
+    np.testing.assert_allclose(est, t.mean(-1), rtol=1e-4, atol=1e-6)   # t really decomposes est
+    errors[m] = jnp.abs(est - exact)
+    if m == 4096:
+      se = t.std(-1) / math.sqrt(m)
+      # 5 standard errors per pair (60 pairs): a correct estimator fails this with prob ~ 1e-5, a
+      # missing factor (1/sqrt(M), (1-4A)^(d/4), exp(|x|^2/2)) moves it by tens of errors.
+      assert float(jnp.max(errors[m] / se)) < 5.0, name
+  # MC error shrinks like M^-1/2: 8x from 64 to 4096 features; ask for 2x.
+  assert float(errors[4096].mean()) < 0.5 * float(errors[64].mean()), name
+
+
+def test_variance_reduction_oprf_saderf():
+  """OPRF (variance-optimal A) beats PosRF; SADERF beats OPRF on anisotropic inputs (eqs. 35-36)."""
+  m = 4096
+  proj = _gauss_proj(7, m)
+
+  def rel_std(name, q, k):
+    t, _, _ = _per_feature_products(name, q, k, proj)
+    return float(jnp.mean(t.std(-1) / C.exact_kernel('softmax', q, k)))
+
+  q = jax.random.normal(jax.random.PRNGKey(1), (6, D)) * 1.5 / math.sqrt(D)
+  k = jax.random.normal(jax.random.PRNGKey(2), (6, D)) * 1.5 / math.sqrt(D)
+  assert rel_std('oprf', q, k) < 0.8 * rel_std('posrf', q, k)
+  s = jnp.array([3.0] * 4 + [0.3] * 4)
+  assert rel_std('saderf', q * s, k / s) < 0.5 * rel_std('oprf', q * s, k / s)
+
+
+def _naive_products(name, q, k, w):
+  """``f_r(q_i) f_r(k_j)`` ``[L, S, M]`` in float64 straight from the paper formulas (no masking)."""
+  q, k, w = (np.asarray(a, np.float64) for a in (q, k, w))
+  d = q.shape[-1]
+  pq, pk = q @ w.T, k @ w.T                                  # [L, M], [S, M]
+  nq = (q ** 2).sum(-1)[:, None, None] / 2
+  nk = (k ** 2).sum(-1)[None, :, None] / 2
+  diff = pq[:, None, :] - pk[None, :, :]
+  summ = pq[:, None, :] + pk[None, :, :]
+  if name == 'rks':
+    return np.cos(diff)
+  if name == 'trigrf':
+    return np.exp(nq + nk) * np.cos(diff)
+  if name == 'posrf':
+    return np.exp(summ - nq - nk)
+  if name == 'hyperbolic':
+    return 0.5 * (np.exp(summ) + np.exp(-summ)) * np.exp(-nq - nk)
+  if name == 'saderf':
+    # Eq. 36 with sums; here L = S and no padding, where it equals the pair-mean form.
+    psi = ((k ** 2).sum(0) / (q ** 2).sum(0)) ** 0.25
+    return _naive_products('oprf', q * psi, k / psi, w)
+  if name == 'oprf':
+    pairs = q[:, None, :] + k[None, :, :]
+    u = (pairs ** 2).sum(-1).mean()                          # mean over pairs of |x + y|^2
+    p = (math.sqrt((2 * u + d) ** 2 + 8 * d * u) - 2 * u - d) / (4 * u)   # eq. 35 as printed
+    a = (1 - 1 / p) / 8
+    b = math.sqrt(1 - 4 * a)
+    dd = (1 - 4 * a) ** (d / 4)
+    wn = (w ** 2).sum(-1)
+    return dd ** 2 * np.exp(2 * a * wn + b * summ - nq - nk)
+  raise ValueError(name)
+
+
+@pytest.mark.parametrize('name', ESTIMATORS)
+def test_signed_quadrature_weights(name):
+  """``phi(q).phi(k) = sum_r c_r f_r(q) f_r(k)`` for weights of both signs (SGQ-like rules)."""
+  m = 32
+  w = jax.random.normal(jax.random.PRNGKey(3), (m, D))
+  c = jax.random.normal(jax.random.PRNGKey(4), (m,))
+  c = c / c.sum()
+  assert bool(jnp.any(c < 0)) and bool(jnp.any(c > 0))
+  proj = Projection(matrix=w, feature_weights=c)
+  q = _points(5, (6, D), 0.3, 1.2)
+  k = _points(6, (6, D), 0.3, 1.2)
+  pq, pk = _features(name, q, k, proj, stabilize=False)
+  want = (_naive_products(name, q, k, w) * np.asarray(c, np.float64)).sum(-1)
+  np.testing.assert_allclose(pq @ pk.T, want, rtol=2e-5, atol=1e-6)
+
+
+def test_oprf_parameter_limits():
+  """A = 0 (PosRF) for zero inputs; A < 0 and decreasing as |q + k| grows; always < 1/8."""
+  z = jnp.zeros((4, D))
+  assert float(C.oprf_parameter(z, z)) == 0.0
+  a = [float(C.oprf_parameter(_points(1, (4, D), s, s), _points(1, (4, D), s, s)))
+       for s in (0.5, 2.0, 100.0)]
+  assert 0.0 > a[0] > a[1] > a[2]
+  assert all(math.isfinite(x) for x in a)
+
+
+def test_fastfood_projection_matches_dense():
+  """A structured (FastFood) W gives the features of its dense matrix, row norms included."""
+  n, blocks, m = 8, 2, 12
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  ff = FastFoodBlocks(
+      s=jnp.abs(jax.random.normal(keys[0], (blocks, n))) + 0.5,
+      g=jax.random.normal(keys[1], (blocks, n)),
+      b=jnp.sign(jax.random.normal(keys[2], (blocks, n))),
+      perm=jnp.stack([jax.random.permutation(kk, n) for kk in jax.random.split(keys[3], blocks)]),
+      num_features=m, dim=6)
+  structured = Projection(fastfood=ff)
+  dense = Projection(matrix=dense_matrix(structured))
+  q = _points(1, (5, 6), 0.5, 1.0)
+  k = _points(2, (5, 6), 0.5, 1.0)
+  for name in ESTIMATORS:
+    for a, b in zip(_features(name, q, k, structured), _features(name, q, k, dense)):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# ------------------------------------------------------------------------------------------
+# Signs, shapes and the registry tables.
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+def test_feature_signs_and_shapes(name):
+  q = _points(1, (2, 7, D), 0.5, 3.0)
+  k = -_points(2, (2, 9, D), 0.5, 3.0)
+  m = 16
+  proj = _gauss_proj(3, m) if C.uses_projection(name) else None
+  for stabilize in (True, False):
+    pq, pk = _features(name, q, k, proj, stabilize=stabilize)
+    width = C.feature_count(name, m, D)
+    assert pq.shape == (2, 7, width) and pk.shape == (2, 9, width)
+    if name in C.POSITIVE:
+      assert bool(jnp.all(pq > 0)) and bool(jnp.all(pk > 0)), name
+    if name == 'relu':
+      assert bool(jnp.all(pq >= 0)) and bool(jnp.all(pk >= 0))
+      np.testing.assert_array_equal(pq, jnp.maximum(q, 0.0))
+    if name == 'elu':
+      np.testing.assert_allclose(pq, jnp.where(q > 0, q + 1.0, jnp.exp(q)), rtol=1e-6)
+  assert set(C.COMPONENTS) == set(C.TARGET_KERNEL)
+  with pytest.raises(ValueError, match='unknown component'):
+    C.feature_count('posrf_typo', m, D)
+  with pytest.raises(ValueError, match='no exact kernel'):
+    C.exact_kernel('none', q, k)
+
+
+# ------------------------------------------------------------------------------------------
+# Stabilization and masking.
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('name', EXP_MAPS + ['rks'])
+@pytest.mark.parametrize('masked', [False, True])
+def test_stabilized_attention_equals_unstabilized(name, masked):
+  """The shifts cancel in ``D^-1 phi(Q) (phi(K)^T V)``: same normalized attention, with padding."""
+  b, h, l, m = 2, 2, 6, 128
+  q = _points(1, (b, h, l, D), 1.0, 2.0)
+  k = _points(2, (b, h, l, D), 1.0, 2.0)
+  v = jax.random.normal(jax.random.PRNGKey(3), (b, l, h, 4))
+  mask = jnp.array([[True] * l, [True] * 3 + [False] * (l - 3)]) if masked else None
+  kmask = None if mask is None else mask[:, None, :]       # broadcast over heads
+  proj = _gauss_proj(4, m)
+  outs = []
+  for stabilize in (True, False):
+    pq, pk = _features(name, q, k, proj, mask=kmask, stabilize=stabilize)
+    outs.append(_attention(_to_blhm(pq), _to_blhm(pk), v, mask=mask))
+  if name in ('oprf', 'saderf', 'posrf', 'hyperbolic'):
+    # Shifted features are only rescaled, and positive: no cancellation in the normalizer.
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
+  else:
+    # Signed features: the normalizer is a cancelling sum, so compare relative to its output scale.
+    scale = float(jnp.max(jnp.abs(outs[1])))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+def test_valid_key_features_ignore_padding(name):
+  """Padded keys change neither valid features nor data-dependent parameters (A, Psi), and are 0."""
+  q = _points(1, (5, D), 0.5, 1.5)
+  k_valid = _points(2, (4, D), 0.5, 1.5)
+  k_pad = _points(3, (3, D), 50.0, 80.0)                     # garbage that would move A, Psi, the max
+  k = jnp.concatenate([k_valid, k_pad])
+  mask = jnp.arange(7) < 4
+  proj = _gauss_proj(4, 16) if C.uses_projection(name) else None
+  pq, pk = _features(name, q, k, proj, mask=mask, stabilize=False)
+  pq_ref, pk_ref = _features(name, q, k_valid, proj, stabilize=False)
+  np.testing.assert_allclose(pq, pq_ref, rtol=1e-6)
+  np.testing.assert_allclose(pk[:4], pk_ref, rtol=1e-6)
+  np.testing.assert_array_equal(pk[4:], 0.0)
+
+
+@pytest.mark.parametrize('name', EXP_MAPS)
+def test_single_real_key_among_huge_padded_keys(name):
+  """All but one key masked, padded keys of norm 1e3: every query attends to the one real key.
+
+  If padded keys entered the key max (e.g. ``exp(|k|^2/2)`` of trigrf) the real key would underflow to
+  0 and the output would collapse to 0 instead of ``v_j``.
+  """
+  b, h, s = 1, 2, 5
+  q = _points(1, (b, h, 4, D), 0.5, 2.0)
+  k = jnp.concatenate([_points(2, (b, h, 1, D), 0.5, 2.0), _points(3, (b, h, s - 1, D), 1e3, 1e3)],
+                      axis=2)
+  v = jax.random.normal(jax.random.PRNGKey(4), (b, s, h, 3))
+  mask = jnp.arange(s)[None, :] < 1
+  proj = _gauss_proj(5, 256)
+  pq, pk = _features(name, q, k, proj, mask=mask[:, None, :])
+  assert bool(jnp.all(jnp.isfinite(pq))) and bool(jnp.all(jnp.isfinite(pk)))
+  out = _attention(_to_blhm(pq), _to_blhm(pk), v, mask=mask)
+  np.testing.assert_allclose(out, jnp.broadcast_to(v[:, :1], out.shape), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+def test_large_norms_finite_forward_and_backward(name):
+  """Norms up to 100 (queries and keys), no padding (batch 0) and all keys but one padded (batch 1):
+  no NaN/Inf in the output or in the gradients for q, k, v and W."""
+  b, h, l = 2, 2, 6
+  q = _points(1, (b, h, l, D), 1.0, 100.0)
+  k = _points(2, (b, h, l, D), 1.0, 100.0)
+  v = jax.random.normal(jax.random.PRNGKey(3), (b, l, h, 4))
+  mask = jnp.stack([jnp.ones((l,), bool), jnp.arange(l) < 1])
+  matrix = jax.random.normal(jax.random.PRNGKey(4), (32, D))
+  fn = C.COMPONENTS[name]
+
+  @jax.jit
+  def loss_and_grads(q, k, v, matrix):
+    def loss(q, k, v, matrix):
+      proj = Projection(matrix=matrix) if C.uses_projection(name) else None
+      pq, pk = fn(q, k, proj, mask=mask[:, None, :])
+      out = linear_attention(_to_blhm(pq), _to_blhm(pk), v, mask=mask)
+      return jnp.sum(out ** 2), out
+    return jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, matrix)
+
+  (val, out), grads = loss_and_grads(q, k, v, matrix)
+  assert bool(jnp.all(jnp.isfinite(out))) and math.isfinite(float(val))
+  for g in grads:
+    assert bool(jnp.all(jnp.isfinite(g))), name
+  if C.uses_projection(name):
+    assert float(jnp.max(jnp.abs(grads[3]))) > 0.0      # W is learnable (FastFoodL, GMM): it gets a gradient
+
+
+# ------------------------------------------------------------------------------------------
+# Dtypes.
+# ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+def test_bf16_in_bf16_out(name):
+  """bf16 inputs: computed in float32, returned in bf16, finite, equal to the float32 result rounded."""
+  q = _points(1, (2, 5, D), 0.5, 30.0).astype(jnp.bfloat16)
+  k = _points(2, (2, 7, D), 0.5, 30.0).astype(jnp.bfloat16)
+  mask = jnp.arange(7) < 5
+  proj = _gauss_proj(3, 16) if C.uses_projection(name) else None
+  pq, pk = _features(name, q, k, proj, mask=mask)
+  assert pq.dtype == jnp.bfloat16 and pk.dtype == jnp.bfloat16
+  assert bool(jnp.all(jnp.isfinite(pq))) and bool(jnp.all(jnp.isfinite(pk)))
+  rq, rk = _features(name, q.astype(jnp.float32), k.astype(jnp.float32), proj, mask=mask)
+  # bf16 keeps 8 mantissa bits: relative rounding error <= 2^-8.
+  np.testing.assert_allclose(pq.astype(jnp.float32), rq, rtol=2 ** -8, atol=1e-30)
+  np.testing.assert_allclose(pk.astype(jnp.float32), rk, rtol=2 ** -8, atol=1e-30)
