@@ -364,6 +364,35 @@ def test_malformed_file_names_file_and_line(tmp_path, body, line, what):
     listops.TASK.source(data, 'test')
 
 
+@pytest.mark.parametrize('source', [
+    '( ( ( [MAX 2 ) 3 ) ] )',
+    '[MAX 2   [SM 9 9 ]  3 ]',          # no parentheses, uneven spacing: same tokens
+    '( ( ( [MED 0 ) 9 ) X )',            # a literal X is the end token, as in the LRA pipeline
+    '( ( ( [MIN 2 ) 3 ) ]\x0b)',         # other whitespace splits as str.split does
+    '7',
+])
+def test_encoding_matches_the_lra_token_pipeline(source):
+  ids = listops._encode('f.tsv', 2, source)
+  assert ids.dtype == np.int32
+  np.testing.assert_array_equal(ids, [listops.TOKEN_IDS[t] for t in listops.tokenize(source)])
+
+
+@pytest.mark.parametrize('source, bad', [
+    ('( ( ( [MAX 23 ) 3 ) ] )', '23'),
+    ('( ( ( [MAX 2)3 ] )', '23'),        # deleted parentheses join their neighbours
+    ('[MIN2 3 ]', '[MIN2'),
+    ('a 2 ]', 'a'),                     # a stand-in byte of the fast path is still unknown
+    ('MIN 2 3 ]', 'MIN'),
+    ('[MAX 2 é ]', 'é'),
+    ('[ MAX 2 3 ]', '['),
+    ('[MAX 2 S ]', 'S'),                # a lone alphabet letter is a byte but no token
+])
+def test_encoding_rejects_unknown_tokens(source, bad):
+  with pytest.raises(common.DataError, match='f.tsv:5: unknown token') as err:
+    listops._encode('f.tsv', 5, source)
+  assert repr(bad) in str(err.value)
+
+
 def test_missing_files_are_listed_with_exact_paths(tmp_path):
   data = lra_data(tmp_path, generate=False)
   listops.TASK.prepare(data)  # generate=False: nothing is made
