@@ -18,11 +18,12 @@ Presets (``--config configs/pathfinder.py:<preset>``):
   skyformer      Skyformer section 5 shared setting: 2 layers, 64 dims, 128 hidden, 2 heads, mean
                  pooling, learned positions, 128 features, batch 128, lr 2e-4 linear decay with 312
                  warm-up steps (Skyformer's code), no weight decay, 50k steps.
-  quick          2-core CPU, ~10 min: the easy set (curv_baseline), 1 x 32-dim layer, 1000 steps. Needs
-                 the release's pathfinder32/curv_baseline.
+  quick          2-core CPU, ~5 min: the easy set (curv_baseline), 1 x 32-dim layer, batch 32, 1000
+                 steps, Performer attention (posrf-orf, M = 32; softmax over 1024 tokens costs ~8x more
+                 per step on a CPU). Needs the release's pathfinder32/curv_baseline.
   tiny           seconds; used by the smoke tests on lra_tasks.fixtures.write_pathfinder_fixture.
-Expected runtime: quick ~10 min on 2 CPU cores (estimate); lra ~1-2 h and skyformer a few hours on
-one GPU (reading 200k PNGs first takes ~20 s at 32x32).
+Expected runtime: quick ~6 CPU-minutes of steps plus reading 200k PNGs (~5 min on 2 cores); lra /
+skyformer hours on one GPU (not measured here).
 Splits: the valid images of the chosen set, permuted with data.split_seed, 80/10/10 (as LRA's sizes).
 """
 from __future__ import annotations
@@ -97,6 +98,9 @@ def get_config(preset: str = 'lra'):
     c.model.mlp_dim = 64 if quick else 32
     c.model.num_heads = 2
     c.model.num_layers = 1
+    if quick:
+      c.model.attention.kind = 'posrf-orf'
+      c.model.attention.num_features = 32
     c.model.dropout_rate = 0.1 if quick else 0.0
     c.model.attention.attention_dropout = 0.0
     c.optim.learning_rate = 1e-3 if quick else 2e-3

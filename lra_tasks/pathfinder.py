@@ -24,8 +24,9 @@ or an image of the wrong size is a ``DataError``. The valid examples are split 8
 ``[:80%]``, ``[80%:90%]``, ``[90%:]``) after a permutation seeded by ``data.split_seed`` (LRA's order
 came from TFDS sharding of a Beam pipeline and cannot be reproduced).
 
-No TFDS, no Beam and no constants to edit: the path comes from the config. Decoding 200k PNGs takes
-seconds (32x32) to a minute or more (128x128); the arrays are cached per process.
+No TFDS, no Beam and no constants to edit: the path comes from the config. Decoding costs about 0.11 ms
+per 32x32 PNG and 0.6 ms per 128x128 PNG (measured with PIL), so ~20 s for Pathfinder's 200k images and
+~2 min for Path-X; the arrays are cached per process.
 """
 from __future__ import annotations
 
@@ -204,7 +205,14 @@ class PathfinderTask:
     directory = difficulty_dir(data)
     if metadata_files(directory):
       return []
-    release = f'pathfinder{resolution(data)}/{curv_dir(data)}'
+    folder = f'pathfinder{resolution(data)}'
+    release = f'{folder}/{curv_dir(data)}'
+    root = os.path.expanduser(str(data.data_dir))
+    # The archive unpacks to lra_release/ (or lra_release/lra_release/): a copy left there is misplaced.
+    for nested in ('lra_release', 'lra_release/lra_release'):
+      if metadata_files(os.path.join(root, nested, release)):
+        return [f'{directory} is missing, but {os.path.join(root, nested, release)} exists: move '
+                f'{os.path.join(root, nested, folder)} to {os.path.join(root, folder)}']
     return [f'{os.path.join(directory, "metadata")}/*.npy is missing (with {directory}/imgs/): run: '
             f'python scripts/prepare_data.py --task pathfinder --data_dir {data.data_dir}, or '
             f'download {RELEASE_URL}, extract it and copy {release} (metadata/ and imgs/) there']

@@ -57,6 +57,17 @@ def split_path(data: Any, split: str) -> str:
   return os.path.join(data_root(data), SPLIT_FILES[split])
 
 
+def misplaced(data: Any, split: str) -> str | None:
+  """Where a release file for ``split`` sits under ``data_dir`` if it was copied to the wrong folder."""
+  root = os.path.expanduser(str(data.data_dir))
+  name = SPLIT_FILES[split]
+  for folder in ('', 'tsv_data', RELEASE_DIR, f'lra_release/{RELEASE_DIR}', 'retrieval/tsv_data'):
+    candidate = os.path.join(root, folder, name)
+    if os.path.isfile(candidate):
+      return candidate
+  return None
+
+
 def parse_label(text: str) -> int | None:
   """0 or 1 from ``'0'``, ``'1'``, ``'0.0'``, ``'1.0'`` (any float spelling of 0 or 1), else None."""
   try:
@@ -139,6 +150,10 @@ class RetrievalTask:
     for split in common.SPLITS:
       path = split_path(data, split)
       if not os.path.isfile(path):
+        found = misplaced(data, split)
+        if found:
+          lines.append(f'{path} is missing, but {found} exists: move it there')
+          continue
         lines.append(
             f'{path} is missing: run: python scripts/prepare_data.py --task retrieval --data_dir '
             f'{data.data_dir}, or download {RELEASE_URL}, extract it and copy '

@@ -1,8 +1,9 @@
 """Spectraformer (Nguyen et al. 2024) table 2: component function x weight matrix on ListOps, Text, Retrieval.
 
 The 18 variants of table 2 (components PosRF, OPRF, SADERF x weights ORF, SORF, QMC, SGQ, MM, FastFoodL),
-plus the two reference rows of its table 3 that this repository implements (the original Transformer =
-``softmax``, and ``skyformer``), all with the ``skyformer`` preset of each task config: the shared small
+plus the reference rows of its table 3 that this repository implements (the original Transformer =
+``softmax``, Nystromformer, Linformer, Skyformer; Informer, Reformer and BigBird are paper-only rows in
+the report), all with the ``skyformer`` preset of each task config: the shared small
 setting of the paper's table 5 (2 layers, 64 dims, 2 heads, mean pooling, linear decay, 50k steps), which
 the paper took from Skyformer.
 
@@ -10,7 +11,7 @@ Seeds: the paper trained each variant once ("we do not run the experiments on di
 section 4.1; seed 42, table 5). Single runs are noisy here (e.g. PosRF-SORF 22.98 on ListOps against
 ~37 for its neighbours), so we run three seeds and report mean +- std next to the paper's single number.
 
-Size: 20 kinds x 3 tasks x 3 seeds = 180 runs of 50k steps (the paper: 1.3-5.9 GPU-hours each on a T4).
+Size: 22 kinds x 3 tasks x 3 seeds = 198 runs of 50k steps (the paper: 1.3-5.9 GPU-hours each on a T4).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
 TASKS = ('listops', 'text', 'retrieval')
 COMPONENTS = ('posrf', 'oprf', 'saderf')
 WEIGHTS = ('orf', 'sorf', 'qmc', 'sgq', 'mm', 'fastfoodl')
-REFERENCES = ('softmax', 'skyformer')
+REFERENCES = ('softmax', 'nystromformer', 'linformer', 'skyformer')
 SEEDS = (0, 1, 2)
 
 

@@ -27,6 +27,7 @@ part of this mechanism.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -69,8 +70,12 @@ def _masked_softmax(logits: Array, allowed: Array) -> Array:
   return jax.nn.softmax(jnp.where(allowed, logits, _NEG), axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames='num_iterations')
 def iterative_pinv(a: Array, num_iterations: int = 6) -> Array:
-  """Xiong et al.'s iterative Moore-Penrose pseudo-inverse of ``a [..., m, m]`` (start scale per matrix)."""
+  """Xiong et al.'s iterative Moore-Penrose pseudo-inverse of ``a [..., m, m]`` (start scale per matrix).
+
+  Jitted so that eager (op-by-op) callers do not retrace the loop every call.
+  """
   a = a.astype(jnp.float32)
   eye = jnp.eye(a.shape[-1], dtype=a.dtype)
   norm_1 = jnp.max(jnp.sum(jnp.abs(a), axis=-2), axis=-1)        # max column sum

@@ -161,8 +161,10 @@ class RandomFeatureAttention(nn.Module):
     self.sow('intermediates', 'phi_q', phi_q)
     self.sow('intermediates', 'phi_k', phi_k)
     if position_bias is not None:
+      # Imported here: rpe.py imports this module to register nprf-rpe, and only this branch needs it.
       from kernelformer.attention import rpe  # pylint: disable=g-import-not-at-top
-      return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal)
+      return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal,
+                                      eps=self.feature_eps)
     return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
                                    chunk_size=self.chunk_size, eps=self.feature_eps)
 
@@ -172,7 +174,7 @@ class RandomFeatureAttention(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 _KL = 'Chowdhury et al. 2022, On Learning the Transformer Kernel'
-_SPECTRA = 'Nguyen et al. 2024, Spectraformer'
+_SPECTRA = 'Nguyen, Joshi & Salim, Spectraformer'
 
 _COMPONENT_INFO = {
     # component: (paper + equation, kernel estimated at the d^-1/4 input scale)

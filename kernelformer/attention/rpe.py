@@ -10,6 +10,12 @@ is a linear convolution, done here by FFT in O(n log n) per channel, zero-padded
 convolution of the FFT does not wrap around (``toeplitz_matmul``). Causal attention sets ``c_{j-i} = 0``
 for ``j > i`` (footnote 3).
 
+Precision: float32 FFT round-off (~1e-7 times log n) is relative to the largest term of each channel, so
+a query all of whose visible weights ``c_{j-i}`` are tiny next to the largest ``c`` of its head (say
+below 1e-4 of it: a bias peaked at a far offset that the query cannot see) loses accuracy. Biases peaked
+near offset 0, which every query sees, are unaffected. A common offset of b is removed exactly
+(``_position_weights``), so large biases cannot overflow exp.
+
 Cost: the FFT runs over M * (Dv + 1) channels per head, which dominates everything at large M
 (``shared/reference/attention-facts.md`` §7: M = 256, d = 64 is 16K channels); Luo et al. use M = 16..64.
 

@@ -47,6 +47,7 @@ raises. All arithmetic is float32.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -78,11 +79,12 @@ def sample_landmarks(key: Array, valid: Array, num_landmarks: int) -> tuple[Arra
   return idx.astype(jnp.int32), jnp.take_along_axis(valid, idx, axis=-1)
 
 
+@functools.partial(jax.jit, static_argnames='num_iterations')
 def newton_schulz_inverse(y: Array, num_iterations: int) -> Array:
   """``Y^-1`` for symmetric positive definite ``y [..., d, d]`` with spectrum in (0, 1] (Lemma 3).
 
   ``Z_{k+1} = Z_k (2I - Y Z_k)`` from ``Z_0 = I / min(1, ||Y||_inf)`` (per matrix); ``I - Y Z_k`` equals
-  ``(I - Y Z_0)^(2^k)``.
+  ``(I - Y Z_0)^(2^k)``. Jitted so that eager (op-by-op) callers do not retrace the loop every call.
   """
   y = y.astype(jnp.float32)
   eye = jnp.eye(y.shape[-1], dtype=y.dtype)

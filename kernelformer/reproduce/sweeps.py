@@ -168,29 +168,23 @@ def sweep_from_flags(configs: Sequence[str], grids: Sequence[str], sets: Sequenc
 # Expansion: kinds checked against the registry, names made unique.
 
 
-def expand(sweep: Sweep, valid_kinds: Optional[Iterable[str]] = None) -> Sweep:
+def expand(sweep: Sweep) -> Sweep:
   """Checks every attention kind against the registry and writes kinds by their canonical name.
 
   Aliases become canonical names (``performer`` -> ``posrf-orf``) so one kernel always lands in one
-  directory. All unknown kinds are reported together with the valid names. ``valid_kinds`` replaces
-  the registry (tests).
+  directory. All unknown kinds are reported together, with the valid names. (A point that sets no kind
+  uses its preset's, which the trainer checks when the run starts.)
   """
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   kinds = sorted({str(p.get(KIND_KEY)) for p in sweep.points if p.get(KIND_KEY) is not None} |
                  {str(v) for k, v in sweep.common if k == KIND_KEY})
-  if valid_kinds is not None:
-    valid = set(valid_kinds)
-    unknown = [k for k in kinds if k not in valid]
-    canonical = {k: k for k in kinds if k in valid}
-    listed = sorted(valid)
-  else:
-    unknown, canonical = [], {}
-    for k in kinds:
-      try:
-        canonical[k] = registry.get(k).name
-      except registry.UnknownKernelError:
-        unknown.append(k)
-    listed = registry.list_kernels()
+  unknown, canonical = [], {}
+  for k in kinds:
+    try:
+      canonical[k] = registry.get(k).name
+    except registry.UnknownKernelError:
+      unknown.append(k)
+  listed = registry.list_kernels()
   if unknown:
     raise SweepError(f'sweep {sweep.name!r}: unknown attention kind(s) {", ".join(unknown)}. '
                      f'Valid kinds: {", ".join(listed)}.')

@@ -16,33 +16,48 @@ from absl import app, flags
 _COORDINATOR = None
 _NUM_PROCESSES = None
 _PROCESS_ID = None
+_DISTRIBUTED = None
 
 
 def define_distributed_flags() -> None:
-  global _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID
+  global _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED
   _COORDINATOR = flags.DEFINE_string(
       'coordinator_address', None,
       'host:port of process 0 for a multi-process run (auto-detected on TPU pods and SLURM).')
   _NUM_PROCESSES = flags.DEFINE_integer('num_processes', None, 'Number of processes.')
   _PROCESS_ID = flags.DEFINE_integer('process_id', None, 'This process index.')
+  _DISTRIBUTED = flags.DEFINE_bool(
+      'distributed', False,
+      'Call jax.distributed.initialize() with JAX\'s own cluster detection. Needed on Cloud TPU pod '
+      'slices created with gcloud (detected from the VM metadata, not the environment); SLURM, Open '
+      'MPI and GKE are detected without it.')
 
 
 def maybe_initialize_distributed() -> None:
   """``jax.distributed.initialize`` when running as one of several processes.
 
-  Explicit flags win; otherwise JAX's own cluster detection (TPU pod slices, SLURM, Open MPI) is used
-  when one of their environments is present. A single plain process does nothing.
+  Explicit flags win; otherwise JAX's own cluster detection is used when ``--distributed`` is given
+  (Cloud TPU pod slices) or a SLURM, Open MPI or GKE TPU environment is present. A single plain process
+  does nothing.
   """
   import jax  # pylint: disable=g-import-not-at-top
   explicit = _COORDINATOR is not None and _COORDINATOR.value is not None
-  if explicit:
-    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
-                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
-    return
+  forced = _DISTRIBUTED is not None and _DISTRIBUTED.value
   cluster_env = ('SLURM_JOB_ID' in os.environ and int(os.environ.get('SLURM_NTASKS', '1')) > 1) or \
       'TPU_WORKER_HOSTNAMES' in os.environ or 'MEGASCALE_COORDINATOR_ADDRESS' in os.environ or \
       int(os.environ.get('OMPI_COMM_WORLD_SIZE', '1')) > 1
-  if cluster_env:
+  if not (explicit or forced or cluster_env):
+    return
+  # CPU processes run their collectives over gloo: the default in jax 0.10, set here for versions
+  # where it is not (without it a multi-process CPU run fails at its first cross-process reduction).
+  try:
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+  except (AttributeError, ValueError):  # an option this jax version does not have
+    pass
+  if explicit:
+    jax.distributed.initialize(coordinator_address=_COORDINATOR.value,
+                               num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+  else:
     jax.distributed.initialize()
 
 

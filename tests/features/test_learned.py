@@ -16,6 +16,14 @@ from kernelformer.features.projection import dense_matrix, project, row_weights
 
 K_SIGMA = 5.0  # standard errors allowed: a false alarm over ~100 checked entries is < 1e-4
 
+# Test-only XLA options: tiny programs that run once, so LLVM optimization time is wasted.
+_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True}
+
+
+def _jit_fast(fn, *args):
+  """``jax.jit(fn)(*args)``, compiled with ``_FAST_COMPILE``."""
+  return jax.jit(fn).lower(*args).compile(_FAST_COMPILE)(*args)
+
 
 def _second_moment_check(samples: np.ndarray, k: float = K_SIGMA):
   """``samples [R, N, d]`` (R independent replicates): E[w] = 0 and E[w w^T] = I within k SE."""
@@ -50,8 +58,8 @@ def test_gmm_init_is_standard_normal(covariance):
   m, d, reps = 256, 5, 40
   sampler = learned.GMMSampler(num_features=m, dim=d, num_components=2, covariance=covariance)
   params = jax.jit(sampler.init)(jax.random.key(0), jax.random.key(1))
-  draw = jax.jit(jax.vmap(lambda key: sampler.apply(params, key).matrix))
-  samples = np.asarray(draw(jax.random.split(jax.random.key(2), reps)))
+  draw = jax.vmap(lambda key: sampler.apply(params, key).matrix)
+  samples = np.asarray(_jit_fast(draw, jax.random.split(jax.random.key(2), reps)))
   _second_moment_check(samples)
 
 
@@ -122,7 +130,7 @@ def test_fastfood_row_norms_equal_row_lengths():
   """S = diag(row_len) / |G|_F makes every row of V have norm row_len exactly (B = +-1, d = n)."""
   sampler = learned.FastFoodLearnable(num_features=16, dim=8, variant='s')
   params = jax.jit(sampler.init)(jax.random.key(0), jax.random.key(1))
-  dense = jax.jit(lambda p, key: dense_matrix(sampler.apply(p, key)))(params, jax.random.key(5))
+  dense = _jit_fast(lambda p, key: dense_matrix(sampler.apply(p, key)), params, jax.random.key(5))
   norms = np.linalg.norm(np.asarray(dense), axis=-1)
   np.testing.assert_allclose(norms, np.asarray(params['params']['row_len']).reshape(-1), rtol=1e-5)
 
@@ -131,12 +139,11 @@ def test_fastfood_projection_matches_dense_matrix():
   sampler = learned.FastFoodLearnable(num_features=12, dim=6, variant='sgb')
   x = jax.random.normal(jax.random.key(3), (4, 6))
 
-  @jax.jit
   def both(key):
     proj = sampler.apply(sampler.init(key, key), key)
     return project(x, proj), x @ dense_matrix(proj).T
 
-  fast, dense = both(jax.random.key(0))
+  fast, dense = _jit_fast(both, jax.random.key(0))
   np.testing.assert_allclose(np.asarray(fast), np.asarray(dense), rtol=1e-5, atol=1e-5)
 
 
@@ -151,7 +158,7 @@ def test_fastfood_init_has_standard_normal_second_moments(variant):
     params = sampler.init(k_init, k_draw)
     return dense_matrix(sampler.apply(params, k_draw))
 
-  samples = np.asarray(jax.jit(jax.vmap(one_replicate))(jax.random.split(jax.random.key(7), reps)))
+  samples = np.asarray(_jit_fast(jax.vmap(one_replicate), jax.random.split(jax.random.key(7), reps)))
   _second_moment_check(samples)
 
 
@@ -174,7 +181,8 @@ def test_generator_architecture_and_init_moments():
     assert set(params[f'dense_{i}']) == {'kernel'} and params[f'dense_{i}']['kernel'].shape == (d, d)
   assert set(params['dense_4']) == {'kernel', 'bias'}
   assert set(params) == {f'dense_{i}' for i in range(5)} | {f'norm_{i}' for i in range(5)}
-  draw = jax.jit(lambda key: sampler.apply({'params': params}, key).matrix)
+  draw = jax.jit(lambda key: sampler.apply({'params': params}, key).matrix).lower(
+      jax.random.key(2)).compile(_FAST_COMPILE)
   w1, w2 = np.asarray(draw(jax.random.key(2))), np.asarray(draw(jax.random.key(3)))
   assert w1.shape == (m, d)
   # Output batch norm at init: every coordinate has mean 0 and variance 1 over the M samples.
@@ -186,7 +194,8 @@ def test_generator_architecture_and_init_moments():
 def test_generator_output_scale_and_bias_are_the_final_affine():
   sampler = learned.GenerativeSampler(num_features=32, dim=4)
   params = jax.jit(sampler.init)(jax.random.key(0), jax.random.key(1))['params']
-  draw = jax.jit(lambda p: sampler.apply({'params': p}, jax.random.key(2)).matrix)
+  draw = jax.jit(lambda p: sampler.apply({'params': p}, jax.random.key(2)).matrix).lower(
+      params).compile(_FAST_COMPILE)
   base = np.asarray(draw(params))
   scaled = dict(params)
   scaled['norm_4'] = {'scale': jnp.full((4,), 3.0), 'bias': jnp.arange(4.0)}

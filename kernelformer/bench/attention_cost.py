@@ -1,0 +1,442 @@
+"""Cost of attention mechanisms versus sequence length: time, compiled memory, FLOPs (issue 6, part 1).
+
+What is measured, for every registry name asked for and every length, in one process:
+
+* ``fwd``: the attention module alone, ``module.apply(variables, q, k, v)``;
+* ``fwd+bwd``: the forward and the vector-Jacobian product with respect to q, k and v (a fixed random
+  cotangent, so XLA cannot simplify the backward pass of a sum);
+* for each: the median wall time (``measure.time_compiled``), XLA's compiled memory (temp + arguments +
+  outputs, temp separately), XLA's FLOP count, achieved FLOP/s as a fraction of a dense matmul measured in
+  the same run, and the ratio of time and memory to softmax's at the same length and mode.
+
+The random-feature key and the variables are *arguments* of the compiled function, not constants:
+otherwise XLA could constant-fold the projection draw (and its FLOPs) out of the timed program.
+
+The mechanisms are the papers' (Spectraformer eq. 7 linear attention, Luo et al. Algorithm 1 RPE by FFT,
+Skyformer eqs. 4-6, Nyströmformer, Linformer); this module only drives them through ``registry.build``
+with one option set, mapping the single feature budget M to each mechanism's own name for it (random
+features ``num_features``, landmarks ``num_landmarks``, Linformer's projected length ``linformer_k``).
+
+Cells that would not fit are not run: a cell whose compiled memory exceeds ``max_memory_gb`` keeps its
+memory and FLOPs (known from compilation) but no time, and a cell whose time, extrapolated from the
+previous length, would exceed ``max_call_s`` is skipped. Both say so in the row's ``note``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import statistics
+import time
+import traceback
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from kernelformer import registry
+from kernelformer.attention.random_features import RandomFeatureAttention
+from kernelformer.bench import measure, output
+
+Array = jax.Array
+
+# A representative set: exact baselines, Nyström / low-rank methods, the random-feature grid's main
+# components and samplers, learned kernels, the deterministic map and RPE by FFT.
+DEFAULT_KINDS = ('softmax', 'gaussian', 'skyformer', 'nystromformer', 'linformer', 'posrf-orf',
+                 'trigrf-orf', 'oprf-orf', 'saderf-orf', 'posrf-sorf', 'posrf-fastfood',
+                 'linear-elu', 'gmm-prf', 'fastfood-prf', 'nprf-rpe')
+DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+MODES = ('fwd', 'fwd+bwd')
+MIB = float(1 << 20)
+
+# The columns of the CSV, in order.
+FIELDS = ('kind', 'family', 'mode', 'length', 'batch', 'heads', 'head_dim', 'num_features', 'dtype',
+          'causal', 'status', 'note', 'time_ms', 'repeats', 'time_vs_softmax', 'total_mib', 'temp_mib',
+          'argument_mib', 'output_mib', 'memory_vs_softmax', 'gflop', 'transcendentals',
+          'gflop_per_s', 'frac_matmul', 'compile_s')
+
+
+def family(kind: str) -> str:
+  """'quadratic' (softmax, gaussian), 'rpe-fft', 'feature-map' (random/deterministic features), 'low-rank'."""
+  spec = registry.get(kind)
+  if spec.name in ('softmax', 'gaussian'):
+    return 'quadratic'
+  if spec.requires_position_bias:
+    return 'rpe-fft'
+  if issubclass(spec.module, RandomFeatureAttention):
+    return 'feature-map'
+  return 'low-rank'
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """One benchmark configuration (everything but the kind, the length and the mode)."""
+
+  batch: int = 1
+  heads: int = 2
+  head_dim: int = 64
+  num_features: int = 128
+  dtype: str = 'float32'
+  causal: bool = False
+  repeats: int = 5
+  max_memory_gb: float = 8.0     # cells whose compiled memory exceeds this are compiled but not run
+  max_call_s: float = 120.0      # cells predicted to take longer per call are skipped
+  cell_budget_s: float = 60.0    # warm-up + timed calls of one cell; fewer repeats when slow
+  matmul_size: int = 2048        # n of the n x n x n matmul that sets the FLOP/s reference
+  seed: int = 0
+
+
+def attention_options(kind: str, length: int, num_features: int) -> dict[str, Any]:
+  """The attention config for ``kind``: one feature budget M under each mechanism's own option name."""
+  return {'kind': kind, 'num_features': num_features, 'num_landmarks': num_features,
+          'linformer_k': num_features, 'max_length': length}
+
+
+def make_inputs(setup: Setup, length: int, seed: int = 0) -> dict[str, Array]:
+  """q, k, v ~ N(0, 1) ``[B, L, H, D]``, a cotangent of the same shape, and a small RPE bias ``[H, 2L-1]``."""
+  keys = jax.random.split(jax.random.PRNGKey(seed), 5)
+  shape = (setup.batch, length, setup.heads, setup.head_dim)
+  dtype = jnp.dtype(setup.dtype)
+  normal = lambda k, s: jax.random.normal(k, s, jnp.float32)
+  return {'q': normal(keys[0], shape).astype(dtype), 'k': normal(keys[1], shape).astype(dtype),
+          'v': normal(keys[2], shape).astype(dtype), 'cotangent': normal(keys[3], shape).astype(dtype),
+          'position_bias': 0.1 * normal(keys[4], (setup.heads, 2 * length - 1))}
+
+
+def build_programs(kind: str, setup: Setup, inputs: dict[str, Array]):
+  """The forward and forward+backward functions of ``kind`` and their arguments.
+
+  Returns ``(fwd, fwd_args, fwd_bwd, fwd_bwd_args)``. Variables are initialized under ``jax.jit`` (the
+  forward inside ``init`` is then dead code and costs nothing at 16K).
+  """
+  length = inputs['q'].shape[1]
+  module = registry.build(attention_options(kind, length, setup.num_features))
+  spec = registry.get(kind)
+  bias = inputs['position_bias'] if spec.requires_position_bias else None
+  rng = jax.random.PRNGKey(setup.seed + 1)
+  k_params, k_features = jax.random.split(rng)
+  causal = setup.causal
+
+  def init(kp, kf, q, k, v, pb):
+    return module.init({'params': kp, 'features': kf}, q, k, v, causal=causal, position_bias=pb)
+
+  variables = jax.jit(init)(k_params, k_features, inputs['q'], inputs['k'], inputs['v'], bias)
+
+  def fwd(variables, key, q, k, v, pb):
+    return module.apply(variables, q, k, v, causal=causal, position_bias=pb,
+                        rngs={'features': key})
+
+  def fwd_bwd(variables, key, q, k, v, pb, cotangent):
+    _, vjp = jax.vjp(lambda q_, k_, v_: fwd(variables, key, q_, k_, v_, pb), q, k, v)
+    return vjp(cotangent)
+
+  args = (variables, k_features, inputs['q'], inputs['k'], inputs['v'], bias)
+  return fwd, args, fwd_bwd, args + (inputs['cotangent'],)
+
+
+def _row(kind: str, mode: str, length: int, setup: Setup) -> dict[str, Any]:
+  return {'kind': kind, 'family': family(kind), 'mode': mode, 'length': length,
+          'batch': setup.batch, 'heads': setup.heads, 'head_dim': setup.head_dim,
+          'num_features': setup.num_features, 'dtype': setup.dtype, 'causal': setup.causal,
+          'status': 'ok', 'note': ''}
+
+
+def _fill_stats(row: dict[str, Any], stats: measure.CompiledStats) -> None:
+  row['total_mib'] = stats.total_bytes / MIB
+  row['temp_mib'] = stats.temp_bytes / MIB
+  row['argument_mib'] = stats.argument_bytes / MIB
+  row['output_mib'] = stats.output_bytes / MIB
+  row['gflop'] = None if stats.flops is None else stats.flops / 1e9
+  row['transcendentals'] = stats.transcendentals
+
+
+def _predicted_s(history: list[tuple[int, float]], length: int, quadratic: bool) -> Optional[float]:
+  """Per-call time at ``length`` extrapolated from the last measured length (L^2 or L^1.3 growth)."""
+  if not history:
+    return None
+  last_len, last_s = history[-1]
+  exponent = 2.0 if quadratic else 1.3
+  return last_s * (length / last_len) ** exponent
+
+
+def run(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
+        log: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+  """Measures every (kind, length, mode); returns ``(rows, info)``.
+
+  ``info`` holds the matmul reference (``matmul_gflop_per_s``) and the kinds that failed to build
+  (``skipped``: name -> one-line reason). Softmax is measured first when present so that each row can
+  carry its ratio to softmax.
+  """
+  kinds = list(dict.fromkeys(kinds))
+  if 'softmax' in kinds:
+    kinds.remove('softmax')
+    kinds.insert(0, 'softmax')
+  matmul_flop_s, _ = measure.matmul_flops_per_second(setup.matmul_size, dtype=jnp.dtype(setup.dtype))
+  log(f'dense matmul reference: {matmul_flop_s / 1e9:.1f} GFLOP/s ({setup.dtype})')
+  rows: list[dict[str, Any]] = []
+  skipped: dict[str, str] = {}
+  inputs_cache: dict[int, dict[str, Array]] = {}
+  for kind in kinds:
+    try:
+      registry.get(kind)
+    except registry.UnknownKernelError as e:
+      skipped[kind] = str(e).split('.')[0]
+      log(f'skip {kind}: {skipped[kind]}')
+      continue
+    quadratic = family(kind) == 'quadratic'
+    history: dict[str, list[tuple[int, float]]] = {m: [] for m in MODES}
+    for length in sorted(lengths):
+      inputs = inputs_cache.setdefault(length, make_inputs(setup, length, setup.seed))
+      try:
+        fwd, fwd_args, fwd_bwd, fwd_bwd_args = build_programs(kind, setup, inputs)
+      except Exception as e:  # pylint: disable=broad-except
+        # A mechanism that cannot be built at this configuration (e.g. no causal form) is reported
+        # and skipped, not a crash of the whole run.
+        skipped[kind] = f'{type(e).__name__}: {e}'.splitlines()[0][:200]
+        log(f'skip {kind}: {skipped[kind]}')
+        break
+      for mode, fn, args in (('fwd', fwd, fwd_args), ('fwd+bwd', fwd_bwd, fwd_bwd_args)):
+        row = _row(kind, mode, length, setup)
+        rows.append(row)
+        try:
+          start = time.perf_counter()
+          compiled, stats = measure.compile_with_stats(fn, *args)
+          row['compile_s'] = time.perf_counter() - start
+        except Exception as e:  # pylint: disable=broad-except
+          row['status'], row['note'] = 'error', f'compile: {type(e).__name__}: {e}'.splitlines()[0][:200]
+          log(f'{kind} L={length} {mode}: {row["note"]}')
+          log(traceback.format_exc(limit=2))
+          continue
+        _fill_stats(row, stats)
+        predicted = _predicted_s(history[mode], length, quadratic)
+        if stats.total_bytes > setup.max_memory_gb * (1 << 30):
+          row['status'] = 'not run'
+          row['note'] = (f'compiled memory {stats.total_bytes / (1 << 30):.1f} GiB > '
+                         f'--max_memory_gb {setup.max_memory_gb:g}')
+        elif predicted is not None and predicted > setup.max_call_s:
+          row['status'] = 'not run'
+          row['note'] = f'predicted {predicted:.0f} s per call > --max_call_s {setup.max_call_s:g}'
+        else:
+          timing = measure.time_compiled(compiled, args, repeats=setup.repeats,
+                                         budget_s=setup.cell_budget_s)
+          row['time_ms'] = timing.median_s * 1e3
+          row['repeats'] = len(timing.times_s)
+          history[mode].append((length, timing.median_s))
+          if stats.flops:
+            row['gflop_per_s'] = stats.flops / timing.median_s / 1e9
+            row['frac_matmul'] = stats.flops / timing.median_s / matmul_flop_s
+        del compiled
+        log(_progress(row))
+      del fwd_args, fwd_bwd_args
+      gc.collect()
+  add_softmax_ratios(rows)
+  return rows, {'matmul_gflop_per_s': matmul_flop_s / 1e9, 'skipped': skipped}
+
+
+def _progress(row: dict[str, Any]) -> str:
+  t = output.fmt(row.get('time_ms'), '.4g')
+  return (f'{row["kind"]:>16s} L={row["length"]:<6d} {row["mode"]:<7s} time {t} ms  '
+          f'mem {output.fmt(row.get("total_mib"), ".4g")} MiB (temp {output.fmt(row.get("temp_mib"), ".4g")})'
+          f'  {row["status"]} {row["note"]}')
+
+
+def add_softmax_ratios(rows: list[dict[str, Any]]) -> None:
+  """Adds ``time_vs_softmax`` and ``memory_vs_softmax`` (kind / softmax; < 1 means cheaper)."""
+  ref = {(r['mode'], r['length']): r for r in rows if r['kind'] == 'softmax'}
+  for r in rows:
+    s = ref.get((r['mode'], r['length']))
+    if s is None:
+      continue
+    if r.get('time_ms') and s.get('time_ms'):
+      r['time_vs_softmax'] = r['time_ms'] / s['time_ms']
+    if r.get('total_mib') and s.get('total_mib'):
+      r['memory_vs_softmax'] = r['total_mib'] / s['total_mib']
+
+
+# ---------------------------------------------------------------------------------------------------
+# Claims of the issue, checked on the rows of one run.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  name: str
+  status: str      # 'met', 'not met' or 'not measured'
+  detail: str
+
+
+def _lookup(rows, kind, mode, length, key):
+  for r in rows:
+    if r['kind'] == kind and r['mode'] == mode and r['length'] == length:
+      value = r.get(key)
+      return value if value not in (None, '') else None
+  return None
+
+
+def check_claims(rows: Sequence[dict[str, Any]], *, head_dim: int,
+                 speedup: float = 20.0, memory_saving: float = 20.0, memory_growth: float = 4.5,
+                 rpe_tolerance: float = 1.5, structured_tolerance: float = 1.05) -> list[Claim]:
+  """The issue's claims, each met / not met / not measured, with the numbers behind the verdict.
+
+  1. At the largest length, the fastest feature-map kernel's fwd+bwd time is ``speedup`` x below softmax's.
+  2. ... and its compiled memory ``memory_saving`` x below (known from compilation even if not run).
+  3. Feature-map memory is linear: memory(L_max) / memory(L_max / 4) <= ``memory_growth`` for every one.
+  4. NPRF+RPE is n log n: its time(L_max) / time(L_min) is within ``rpe_tolerance`` x of the median of
+     the feature-map kernels' ratios.
+  5. FastFood / SORF are not slower than the dense projection (ORF) of the same component and M for
+     head_dim >= 64, at the largest length: time ratio <= ``structured_tolerance`` (5% timing noise).
+  """
+  claims = []
+  lengths = sorted({r['length'] for r in rows})
+  if not lengths:
+    return [Claim('all', 'not measured', 'no rows')]
+  l_max, l_min = lengths[-1], lengths[0]
+  mode = 'fwd+bwd'
+  fmap = sorted({r['kind'] for r in rows if r['family'] == 'feature-map'})
+
+  # 1 and 2: speed and memory against softmax at the largest length.
+  t_soft = _lookup(rows, 'softmax', mode, l_max, 'time_ms')
+  m_soft = _lookup(rows, 'softmax', mode, l_max, 'total_mib')
+  times = {k: _lookup(rows, k, mode, l_max, 'time_ms') for k in fmap}
+  times = {k: t for k, t in times.items() if t}
+  mems = {k: _lookup(rows, k, mode, l_max, 'total_mib') for k in fmap}
+  mems = {k: m for k, m in mems.items() if m}
+  if t_soft is None or not times:
+    claims.append(Claim(f'fwd+bwd time at L={l_max}: best linear kernel >= {speedup:g}x below softmax',
+                        'not measured', 'softmax (or every linear kernel) was not timed at this length'))
+  else:
+    best = min(times, key=times.get)
+    ratio = t_soft / times[best]
+    claims.append(Claim(
+        f'fwd+bwd time at L={l_max}: best linear kernel >= {speedup:g}x below softmax',
+        'met' if ratio >= speedup else 'not met',
+        f'{best} {times[best]:.4g} ms vs softmax {t_soft:.4g} ms: {ratio:.1f}x'))
+  if m_soft is None or not mems:
+    claims.append(Claim(f'compiled memory at L={l_max}: best linear kernel >= {memory_saving:g}x below',
+                        'not measured', 'no softmax (or linear-kernel) compilation at this length'))
+  else:
+    best = min(mems, key=mems.get)
+    ratio = m_soft / mems[best]
+    claims.append(Claim(
+        f'compiled memory at L={l_max}: best linear kernel >= {memory_saving:g}x below softmax',
+        'met' if ratio >= memory_saving else 'not met',
+        f'{best} {mems[best]:.4g} MiB vs softmax {m_soft:.4g} MiB: {ratio:.1f}x'))
+
+  # 3: linear memory growth.
+  quarter = l_max // 4
+  growth = {}
+  for k in fmap:
+    hi, lo = _lookup(rows, k, mode, l_max, 'total_mib'), _lookup(rows, k, mode, quarter, 'total_mib')
+    if hi and lo:
+      growth[k] = hi / lo
+  if not growth:
+    claims.append(Claim(f'memory linear: memory({l_max}) / memory({quarter}) <= {memory_growth:g}',
+                        'not measured', f'needs lengths {quarter} and {l_max}'))
+  else:
+    worst = max(growth, key=growth.get)
+    claims.append(Claim(
+        f'memory linear: memory({l_max}) / memory({quarter}) <= {memory_growth:g} (fwd+bwd)',
+        'met' if growth[worst] <= memory_growth else 'not met',
+        f'worst {worst} {growth[worst]:.2f}; median {statistics.median(growth.values()):.2f} '
+        f'over {len(growth)} kernels'))
+
+  # 4: RPE by FFT scales like the linear kernels.
+  def time_ratio(k):
+    hi, lo = _lookup(rows, k, mode, l_max, 'time_ms'), _lookup(rows, k, mode, l_min, 'time_ms')
+    return hi / lo if hi and lo else None
+  rpe_kinds = sorted({r['kind'] for r in rows if r['family'] == 'rpe-fft'})
+  lin_ratios = [x for x in (time_ratio(k) for k in fmap) if x]
+  rpe_ratios = {k: time_ratio(k) for k in rpe_kinds}
+  rpe_ratios = {k: x for k, x in rpe_ratios.items() if x}
+  name = (f'RPE by FFT n log n: time({l_max}) / time({l_min}) within {rpe_tolerance:g}x of the linear '
+          'kernels\'')
+  if not rpe_ratios or not lin_ratios:
+    claims.append(Claim(name, 'not measured', 'nprf-rpe or the linear kernels were not timed at both ends'))
+  else:
+    lin = statistics.median(lin_ratios)
+    for k, x in rpe_ratios.items():
+      rel = x / lin
+      ok = 1.0 / rpe_tolerance <= rel <= rpe_tolerance
+      claims.append(Claim(name, 'met' if ok else 'not met',
+                          f'{k} {x:.1f}x vs linear-kernel median {lin:.1f}x (ratio {rel:.2f}); '
+                          f'ideal linear {l_max / l_min:.0f}x, n log n '
+                          f'{l_max * math.log2(l_max) / (l_min * math.log2(l_min)):.1f}x'))
+
+  # 5: structured projections against the dense one.
+  name = f'FastFood / SORF not slower than a dense projection (ORF) at the same M, d={head_dim}'
+  if head_dim < 64:
+    claims.append(Claim(name, 'not measured', 'the claim is for head_dim >= 64'))
+  else:
+    found = False
+    for comp in sorted({k.split('-')[0] for k in fmap}):
+      dense = f'{comp}-orf'
+      for structured in (f'{comp}-fastfood', f'{comp}-sorf'):
+        for m in MODES:
+          t_d = _lookup(rows, dense, m, l_max, 'time_ms')
+          t_s = _lookup(rows, structured, m, l_max, 'time_ms')
+          if t_d and t_s:
+            found = True
+            claims.append(Claim(f'{name}: {structured} vs {dense}, {m}, L={l_max}',
+                                'met' if t_s <= structured_tolerance * t_d else 'not met',
+                                f'{t_s:.4g} ms vs {t_d:.4g} ms (ratio {t_s / t_d:.2f})'))
+    if not found:
+      claims.append(Claim(name, 'not measured', 'no (component-fastfood or -sorf, component-orf) pair'))
+  return claims
+
+
+def format_claims(claims: Iterable[Claim]) -> str:
+  return '\n'.join(f'[{c.status.upper():>12s}] {c.name}: {c.detail}' for c in claims)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Outputs.
+# ---------------------------------------------------------------------------------------------------
+
+TABLE_COLUMNS = (
+    ('kind', 'kind', str), ('mode', 'mode', str), ('L', 'length', 'd'),
+    ('time ms', 'time_ms', '.4g'), ('n', 'repeats', 'd'), ('time / softmax', 'time_vs_softmax', '.3g'),
+    ('memory MiB', 'total_mib', '.4g'), ('temp MiB', 'temp_mib', '.4g'),
+    ('memory / softmax', 'memory_vs_softmax', '.3g'), ('GFLOP', 'gflop', '.3g'),
+    ('GFLOP/s', 'gflop_per_s', '.3g'), ('of matmul', 'frac_matmul', '.1%'), ('note', 'note', str))
+
+
+def markdown(rows: Sequence[dict[str, Any]], mode: Optional[str] = None) -> str:
+  """The markdown table of ``rows`` (one mode or all), sorted by mode, kind, length."""
+  selected = [r for r in rows if mode is None or r['mode'] == mode]
+  return output.markdown_table(selected, TABLE_COLUMNS)
+
+
+# Line style by family (quadratic dashed, low-rank dash-dot, feature maps solid, RPE dotted).
+_LINESTYLES = {'quadratic': '--', 'low-rank': '-.', 'feature-map': '-', 'rpe-fft': ':'}
+_MARKERS = ('.', 's', '^', 'v', 'D', 'x', '+', '*')
+
+
+def plot(rows: Sequence[dict[str, Any]], path_prefix: str, title: str = '') -> list[str]:
+  """``<prefix>_time.png`` and ``<prefix>_memory.png``: log-log vs length, one panel per mode."""
+  plt = output.pyplot()
+  paths = []
+  kinds = list(dict.fromkeys(r['kind'] for r in rows))
+  for key, ylabel, suffix in (('time_ms', 'median time (ms)', 'time'),
+                              ('total_mib', 'compiled memory: temp + args + out (MiB)', 'memory')):
+    fig, axes = plt.subplots(1, len(MODES), figsize=(6.5 * len(MODES), 5.0), squeeze=False)
+    for ax, mode in zip(axes[0], MODES):
+      for i, kind in enumerate(kinds):
+        pts = sorted((r['length'], r[key]) for r in rows
+                     if r['kind'] == kind and r['mode'] == mode and r.get(key))
+        if not pts:
+          continue
+        xs, ys = zip(*pts)
+        is_ref = kind == 'softmax'
+        ax.plot(xs, ys, marker='o' if is_ref else _MARKERS[i % len(_MARKERS)],
+                markersize=6 if is_ref else 4, linewidth=3.0 if is_ref else 1.3,
+                color='black' if is_ref else plt.cm.tab10(i % 10),
+                linestyle='-' if is_ref else _LINESTYLES[family(kind)], label=kind)
+      ax.set_xscale('log', base=2)
+      ax.set_yscale('log')
+      ax.set_xlabel('sequence length L')
+      ax.set_ylabel(ylabel)
+      ax.set_title(f'{mode} {title}'.strip())
+      ax.grid(True, which='both', alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1.0))
+    paths.append(output.save_figure(fig, f'{path_prefix}_{suffix}.png'))
+  return paths

@@ -1,0 +1,118 @@
+"""Compile once, read XLA's cost and memory analysis, then time the compiled executable.
+
+Timing and memory come from the *same* compiled executable (``jax.jit(f).lower(*args).compile()``), so the
+reported FLOPs and bytes describe exactly the program that was timed:
+
+* ``compiled.memory_analysis()``: argument, output and temp (scratch) bytes of the executable. The
+  reported "compiled memory" is temp + argument + output, the peak the executable can need on top of
+  nothing else; temp is reported separately because it is what the algorithm adds (the arguments and
+  outputs have the same size for every mechanism at one shape).
+* ``compiled.cost_analysis()``: XLA's FLOP count (multiply-adds count 2) and transcendental count.
+  XLA counts what its HLO cost model knows: dots, convolutions and elementwise ops; an FFT custom call may
+  count as 0 FLOPs on some backends, so FLOP/s of FFT-based programs is a lower bound.
+* Time: one untimed warm-up call, then the median wall time of ``repeats`` calls, each ended by
+  ``block_until_ready`` (JAX dispatch is asynchronous). The median, not the mean, because a shared machine
+  adds one-sided outliers.
+
+``matmul_flops_per_second`` measures a large dense matmul in the same process: achieved FLOP/s of a
+mechanism is reported as a fraction of it, which is meaningful across machines where absolute times
+are not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStats:
+  """What XLA says about one compiled executable (bytes and FLOPs; None where XLA reports nothing)."""
+
+  flops: Optional[float]
+  transcendentals: Optional[float]
+  bytes_accessed: Optional[float]
+  temp_bytes: int
+  argument_bytes: int
+  output_bytes: int
+
+  @property
+  def total_bytes(self) -> int:
+    """temp + argument + output: the memory the executable needs while it runs."""
+    return self.temp_bytes + self.argument_bytes + self.output_bytes
+
+
+def _cost_dict(compiled) -> dict[str, float]:
+  # jax returned a one-element list of dicts (one per computation) before 0.4.3x and a dict since.
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  return dict(cost or {})
+
+
+def compile_with_stats(fn: Callable[..., Any], *args) -> tuple[Any, CompiledStats]:
+  """``jax.jit(fn)`` lowered and compiled for ``args``; returns ``(compiled, stats)``."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  cost = _cost_dict(compiled)
+  mem = compiled.memory_analysis()
+  get = lambda name: float(cost[name]) if name in cost else None
+  stats = CompiledStats(
+      flops=get('flops'), transcendentals=get('transcendentals'),
+      bytes_accessed=get('bytes accessed'),
+      temp_bytes=int(getattr(mem, 'temp_size_in_bytes', 0)),
+      argument_bytes=int(getattr(mem, 'argument_size_in_bytes', 0)),
+      output_bytes=int(getattr(mem, 'output_size_in_bytes', 0)))
+  return compiled, stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+  """Wall times of the timed calls (seconds) after the warm-up call."""
+
+  warmup_s: float
+  times_s: tuple[float, ...]
+
+  @property
+  def median_s(self) -> float:
+    return statistics.median(self.times_s)
+
+
+def time_compiled(compiled, args: Sequence[Any], *, repeats: int,
+                  budget_s: Optional[float] = None) -> Timing:
+  """One warm-up call, then up to ``repeats`` timed calls of ``compiled(*args)``.
+
+  With ``budget_s`` the number of timed calls is cut so that warm-up plus timed calls stay near the
+  budget (at least one timed call is always made): slow cells of a long benchmark then get fewer
+  repeats instead of stretching the run. The count actually made is ``len(times_s)``.
+  """
+  start = time.perf_counter()
+  jax.block_until_ready(compiled(*args))
+  warmup = time.perf_counter() - start
+  n = max(1, int(repeats))
+  if budget_s is not None and warmup > 0:
+    n = max(1, min(n, int((budget_s - warmup) // warmup)))
+  times = []
+  for _ in range(n):
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - start)
+  return Timing(warmup_s=warmup, times_s=tuple(times))
+
+
+def matmul_flops_per_second(size: int = 2048, dtype=jnp.float32, repeats: int = 5,
+                            seed: int = 0) -> tuple[float, float]:
+  """Achieved FLOP/s of a dense ``[size, size] @ [size, size]`` matmul; returns ``(flop_per_s, flops)``.
+
+  The FLOP count is XLA's own (2 n^3), the same cost model as the attention programs'.
+  """
+  ka, kb = jax.random.split(jax.random.PRNGKey(seed))
+  a = jax.random.normal(ka, (size, size), jnp.float32).astype(dtype)
+  b = jax.random.normal(kb, (size, size), jnp.float32).astype(dtype)
+  compiled, stats = compile_with_stats(jnp.matmul, a, b)
+  flops = stats.flops if stats.flops else 2.0 * size ** 3
+  timing = time_compiled(compiled, (a, b), repeats=repeats)
+  return flops / timing.median_s, flops

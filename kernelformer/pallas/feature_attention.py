@@ -1,0 +1,919 @@
+"""Fused Pallas kernels for random-feature attention (issue 10): forward and backward, masked, causal.
+
+What. ``feature_attention`` computes normalized linear attention ``D^-1 phi(Q) (phi(K)^T V)``
+(Spectraformer eq. 7) for the features of ``features/components.py`` -- ``exp`` (posrf, Spectraformer
+eq. 32 / Performer FAVOR+), ``trig`` (trigrf: ``exp(|x|^2/2) [cos Wx, sin Wx]``, Spectraformer eq. 10 with
+Performer Lemma 1), ``elu`` (elu + 1) and ``relu`` -- without ever writing the features to HBM: every
+kernel recomputes ``phi`` on chip from q or k and the dense projection W.
+
+Why. Plain-XLA linear attention materializes ``phi(Q), phi(K)`` as ``[B, L, H, M]`` arrays; it is memory
+bound on them and uses more temporary memory than flash attention (attention-facts.md, "What follows"
+2, 3, 6). A fused two-kernel forward ran 3x faster than plain jit in a prototype.
+
+Kernels (grids; every tile below lives on chip, nothing of size ``L x M`` reaches HBM):
+
+* bidirectional forward. (1) ``_fwd_kv_kernel``, grid ``(B, H, splits_k)``: each program loops over its
+  key chunks, forms ``phi(K_c)`` and accumulates ``S = sum_j phi(k_j) v_j^T [M, dv]`` and
+  ``z = sum_j phi(k_j) [M]``; padded keys contribute nothing. The ``splits_k`` partial states are merged
+  by XLA (they are ``O(M dv)`` each). (2) ``_fwd_q_kernel``, grid ``(B, H, query chunks)``:
+  ``out_i = phi(q_i) S / phi(q_i).z``.
+* causal forward. ``_fwd_causal_kernel``, grid ``(B, H)``: the chunked form (attention-facts 4) -- for
+  chunk t, ``phi(Q_t) S_{<t}`` plus the masked ``C x C`` product ``tril(phi(Q_t) phi(K_t)^T) V_t``, then
+  ``S += phi(K_t)^T V_t``. A running state, not a position-by-position scan.
+* backward (``jax.custom_vjp``), recomputing features. Bidirectional: a query kernel (``dq``, and the
+  partial sums ``dS, dz`` and ``dW`` over its queries) and a key kernel (``dk, dv`` and ``dW``). Causal:
+  a forward scan for ``dq`` (prefix states) and a reverse scan for ``dk, dv`` (suffix states).
+
+Stabilizer (why it cancels). With ``l_r(x)`` the log-magnitude of feature r (``w_r.x - |x|^2/2`` for exp,
+``|x|^2/2`` for trig), keys are shifted per feature by a running max ``beta_r`` over the valid keys seen
+so far, queries get the compensating ``+beta_r`` and then a per-row max ``a_i``:
+
+    phi(k_j)_r = s_r exp(l_r(k_j) - beta_r) t_r(k_j),   phi(q_i)_r = s'_r exp(l_r(q_i) + beta_r - a_i) t_r(q_i)
+
+(``t_r`` = 1 or the cosine, ``s, s'`` the quadrature scales). Every product ``phi(q_i)_r phi(k_j)_r`` is the
+exact one times ``exp(-a_i)``: one factor per query row, common to its numerator and normalizer, so it
+cancels. When ``beta`` grows (flash-attention style) the accumulated state is rescaled row-wise by
+``exp(beta_old - beta_new) <= 1``. All exponents are ``<= 0`` (no overflow) and, for positive features,
+``a_i = max_{j,r} (l_r(q_i) + l_r(k_j))``, so the largest term of every normalizer is exactly one weight
+``c_r``: the normalizer cannot underflow however large the input norms (the fixed bound
+``w.k - |k|^2/2 <= |w|^2/2`` of the prototype, and the single key max of components.py, can). For trig
+``l_r`` does not depend on r and this is exactly components.py's convention. Masked keys and padded
+feature columns are excluded from the maxima (a finite ``-1e30`` stands for -inf, so no ``inf - inf``).
+The shifts are constants for differentiation (their exact contribution is zero), as in components.py.
+
+Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``[.]`` an indicator):
+
+    gN_i = g_i / D~_i,    gD_i = -[|D_i| >= eps] (g_i . out_i) / D~_i
+    bidirectional:  dphi(q_i) = S gN_i + z gD_i,   dS = sum_i phi(q_i) gN_i^T,   dz = sum_i phi(q_i) gD_i,
+                    dphi(k_j) = dS v_j + dz,        dv_j = dS^T phi(k_j)
+    causal: the same with S, z the prefix sums over j <= i and dS, dz the suffix sums over i >= j
+            (one running state in each direction; the in-chunk part is the masked C x C product).
+    features (u = dphi * phi, elementwise; s the scale of that side):
+      exp:  dx = u W - (sum_r u_r) x,                    dW += u^T x
+      trig: dp = -dphi * s * exp(l - shift) * sin(p),    dx = dp W + (sum_r u_r) x,   dW += dp^T x
+      elu:  dx = dphi * s * (1 if x > 0 else exp(x)),    relu: dx = dphi * s * [x > 0]
+      the scales: ds_r = sum_rows dphi_r * phi_r / s_r  (formed from the unscaled feature).
+
+Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32 dot
+at 'highest' precision (an error there is a relative error of the feature). With bf16/f16 ``v`` the big
+matmuls take operands in that dtype with float32 accumulation (tensor cores); on CPU, where a bf16 dot
+with a float32 result is unsupported, interpret mode rounds the operands to bf16 and multiplies in
+float32, which is the same arithmetic (a product of two bf16 values is exact in float32).
+
+Targets and verification. The kernels are written for the Triton backend of Pallas on GPU: every tile
+is 2-D with power-of-two sides >= 16 (d, dv, M and the lengths are zero-padded internally; padded keys
+are masked, padded queries dropped), loops are ``fori_loop`` over ``pl.ds`` slices, no scratch memory.
+In this repository they are verified on CPU in interpret mode only (tests/pallas), plus a check that the
+forward and backward lower to Triton IR (``jax.export`` for platform 'cuda'); they have not been compiled
+or timed on a GPU here. The Mosaic TPU backend is not supported (see docs/pallas.md).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+Array = jax.Array
+
+FEATURES = ('exp', 'trig', 'elu', 'relu')
+_PROJECTED = ('exp', 'trig')        # kinds that use the projection W
+_NEG = -1e30                        # a finite -inf: max/shift arithmetic never forms inf - inf
+_MIN_TILE = 16                      # Triton's smallest dot operand side
+_TARGET_PROGRAMS = 256              # split heuristic: about two waves on a 132-SM GPU (not tuned)
+_DEFAULT_BLOCK = 128
+_DEFAULT_CHUNK = 64                 # causal chunk (attention-facts: chunked causal measured at C = 64)
+# ``pl.squeezed`` (newer JAX) and ``None`` (older) both mean "block of size 1, dimension dropped".
+_SQ = getattr(pl, 'squeezed', None)
+_HIGHEST = lax.Precision.HIGHEST
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+  """Static configuration of one call (hashable: it is a ``nondiff_argnums`` of the custom VJP)."""
+
+  kind: str
+  causal: bool
+  block_q: int
+  block_k: int
+  inner_q: int       # query chunks per program in the backward query kernel (bidirectional)
+  inner_k: int       # key chunks per program in the key kernels (bidirectional)
+  eps: float
+  interpret: bool
+  operand_dtype: str
+  num_warps: int = 4
+  num_stages: int = 2
+
+  @property
+  def projected(self) -> bool:
+    return self.kind in _PROJECTED
+
+
+# ------------------------------------------------------------------------------------------------
+# Tile math (pure jnp on values already loaded from refs; shared by all kernels).
+# ------------------------------------------------------------------------------------------------
+
+def _dot(cfg: _Config, a: Array, b: Array, dims: str, exact: bool = False) -> Array:
+  """2-D matmul with a float32 result. ``dims``: 'nn' a b, 'tn' a^T b, 'nt' a b^T.
+
+  ``exact`` (or float32 operands): float32 'highest' (IEEE on Triton, not TF32). Otherwise the operands
+  are rounded to ``cfg.operand_dtype`` and accumulated in float32 (see the module docstring).
+  """
+  contract = {'nn': ((1,), (0,)), 'tn': ((0,), (0,)), 'nt': ((1,), (1,))}[dims]
+  dn = (contract, ((), ()))
+  f32 = jnp.float32
+  if exact or cfg.operand_dtype == 'float32':
+    return lax.dot_general(a.astype(f32), b.astype(f32), dn, precision=_HIGHEST,
+                           preferred_element_type=f32)
+  low = jnp.dtype(cfg.operand_dtype)
+  a, b = a.astype(low), b.astype(low)
+  if cfg.interpret:
+    return lax.dot_general(a.astype(f32), b.astype(f32), dn, precision=_HIGHEST,
+                           preferred_element_type=f32)
+  return lax.dot_general(a, b, dn, preferred_element_type=f32)
+
+
+class _Tile(NamedTuple):
+  """The features of one chunk, ``[C, M]``, and what their derivative needs."""
+
+  phi: Array              # s * ehat: the feature as it enters the attention sums
+  ehat: Array             # the feature without its scale s (0 for masked keys / zero-weight columns)
+  mag: Optional[Array]    # trig: exp(l - shift), the magnitude factor; else None
+  phase: Optional[Array]  # trig: w.x - theta; else None
+
+
+def _log_magnitude(cfg: _Config, x: Array, w: Array, theta: Array):
+  """``(l [C, M], phase [C, M] or None)`` for a chunk ``x [C, d]`` (projected kinds)."""
+  proj = _dot(cfg, x, w, 'nt', exact=True)
+  half_sq = 0.5 * jnp.sum(x * x, axis=1, keepdims=True)
+  if cfg.kind == 'exp':
+    return proj - half_sq, None
+  phase = proj - theta[None, :]       # theta = pi/2 turns the second half's cosines into sines
+  return jnp.broadcast_to(half_sq, phase.shape), phase
+
+
+def _finish(cfg: _Config, shifted: Array, phase: Optional[Array], s: Array, ok: Array) -> _Tile:
+  """Features from a shifted log-magnitude; ``ok`` (broadcastable) marks entries that exist."""
+  mag = jnp.where(ok, jnp.exp(shifted), 0.0)
+  ehat = mag if cfg.kind == 'exp' else mag * jnp.cos(phase)
+  return _Tile(s[None, :] * ehat, ehat, None if cfg.kind == 'exp' else mag, phase)
+
+
+def _plain_tile(cfg: _Config, x: Array, s: Array, valid: Optional[Array] = None) -> _Tile:
+  """elu + 1 or relu of ``x [C, d]`` (M = d); ``s`` is 1 on real columns and 0 on padding."""
+  if cfg.kind == 'elu':
+    ehat = jnp.where(x > 0, x + 1.0, jnp.exp(jnp.minimum(x, 0.0)))
+  else:
+    ehat = jnp.maximum(x, 0.0)
+  ok = (s != 0)[None, :]
+  if valid is not None:
+    ok = ok & valid[:, None]
+  ehat = jnp.where(ok, ehat, 0.0)
+  return _Tile(s[None, :] * ehat, ehat, None, None)
+
+
+def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s):
+  """``l`` of a key chunk with masked keys and zero-weight columns set to ``_NEG``; and the phase."""
+  lg, phase = _log_magnitude(cfg, x, w, theta)
+  ok = valid[:, None] & (s != 0)[None, :]
+  return jnp.where(ok, lg, _NEG), phase, ok
+
+
+def _key_tile(cfg: _Config, x, valid, w, theta, s, shift) -> _Tile:
+  """Key features with the per-feature shift ``shift [M]`` (the running max the forward used)."""
+  if not cfg.projected:
+    return _plain_tile(cfg, x, s, valid)
+  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s)
+  return _finish(cfg, lg - shift[None, :], phase, s, ok)
+
+
+def _query_tile(cfg: _Config, x, w, theta, s, shift) -> _Tile:
+  """Query features: ``l + shift`` (the keys' shift, compensated) minus its max over each row."""
+  if not cfg.projected:
+    return _plain_tile(cfg, x, s)
+  lg, phase = _log_magnitude(cfg, x, w, theta)
+  ok = (s != 0)[None, :]
+  u = jnp.where(ok, lg + shift[None, :], _NEG)
+  a = jnp.max(u, axis=1, keepdims=True)
+  return _finish(cfg, u - a, phase, s, ok)
+
+
+def _safe(cfg: _Config, den: Array) -> Array:
+  """linear.safe_normalizer: values closer to 0 than eps become +-eps (keeping the sign)."""
+  return jnp.where(jnp.abs(den) < cfg.eps, jnp.where(den < 0, -cfg.eps, cfg.eps), den)
+
+
+def _output_grads(cfg: _Config, g: Array, o: Array, den: Array):
+  """``gN = g / D~ [C, dv]`` and ``gD = -(g . out) / D~ [C]`` (zero where the eps guard replaced D)."""
+  dens = _safe(cfg, den)
+  gn = g / dens[:, None]
+  gd = jnp.where(jnp.abs(den) < cfg.eps, 0.0, -jnp.sum(g * o, axis=1) / dens)
+  return gn, gd
+
+
+def _tile_grad(cfg: _Config, dphi: Array, tile: _Tile, x: Array, w, s: Array):
+  """Chain rule through the features of one chunk: ``(dx [C, d], dW [M, d] or None, ds [M])``."""
+  ds = jnp.sum(dphi * tile.ehat, axis=0)
+  if cfg.kind == 'exp':
+    u = dphi * tile.phi
+    dx = _dot(cfg, u, w, 'nn', exact=True) - jnp.sum(u, axis=1, keepdims=True) * x
+    return dx, _dot(cfg, u, x, 'tn', exact=True), ds
+  if cfg.kind == 'trig':
+    radial = jnp.sum(dphi * tile.phi, axis=1, keepdims=True)     # d/dx of exp(|x|^2/2) is x exp(.)
+    dp = -dphi * s[None, :] * tile.mag * jnp.sin(tile.phase)
+    dx = _dot(cfg, dp, w, 'nn', exact=True) + radial * x
+    return dx, _dot(cfg, dp, x, 'tn', exact=True), ds
+  if cfg.kind == 'elu':
+    # For x <= 0, elu(x) + 1 = exp(x) = ehat is its own derivative.
+    return dphi * s[None, :] * jnp.where(x > 0, 1.0, tile.ehat), None, ds
+  return dphi * s[None, :] * (x > 0).astype(jnp.float32), None, ds
+
+
+def _tril(c: int) -> Array:
+  return lax.broadcasted_iota(jnp.int32, (c, c), 0) >= lax.broadcasted_iota(jnp.int32, (c, c), 1)
+
+
+def _proj_params(w_ref, th_ref):
+  """The projection rows and phases (None for elu / relu)."""
+  if w_ref is None:
+    return None, None
+  return w_ref[...].astype(jnp.float32), th_ref[...].astype(jnp.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels. Refs arrive with batch and head squeezed; absent optional inputs are None.
+# ------------------------------------------------------------------------------------------------
+
+def _fwd_kv_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref,
+                   kv_ref, ks_ref, m_ref):
+  """Partial key state of one (b, h, split): ``S [M, dv]``, ``z [M]`` relative to the running max."""
+  w, theta = _proj_params(w_ref, th_ref)
+  s = s_ref[...].astype(jnp.float32)
+  c = cfg.block_k
+  nm, dv = kv_ref.shape
+
+  def body(t, carry):
+    kv, ks, m = carry
+    sl = pl.ds(pl.multiple_of(t * c, c), c)
+    x = k_ref[sl, :].astype(jnp.float32)
+    vt = v_ref[sl, :]
+    valid = mask_ref[sl] > 0
+    if cfg.projected:
+      lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s)
+      m_new = jnp.maximum(m, jnp.max(lg, axis=0))
+      alpha = jnp.exp(m - m_new)                         # <= 1; exp(0) = 1 while nothing is valid
+      kv, ks = kv * alpha[:, None], ks * alpha
+      tile = _finish(cfg, lg - m_new[None, :], phase, s, ok)
+    else:
+      m_new, tile = m, _plain_tile(cfg, x, s, valid)
+    kv = kv + _dot(cfg, tile.phi, vt, 'tn')
+    ks = ks + jnp.sum(tile.phi, axis=0)
+    return kv, ks, m_new
+
+  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
+          jnp.full((nm,), _NEG, jnp.float32))
+  kv, ks, m = lax.fori_loop(0, cfg.inner_k, body, init)
+  kv_ref[...] = kv
+  ks_ref[...] = ks
+  m_ref[...] = m
+
+
+def _fwd_q_kernel(cfg: _Config, q_ref, w_ref, th_ref, s_ref, beta_ref, kv_ref, ks_ref,
+                  o_ref, den_ref):
+  """``out = phi(Q) S / phi(Q) z`` for one query chunk (the key state is complete)."""
+  w, theta = _proj_params(w_ref, th_ref)
+  s = s_ref[...].astype(jnp.float32)
+  beta = beta_ref[...]
+  kv, ks = kv_ref[...], ks_ref[...]
+  x = q_ref[...].astype(jnp.float32)
+  tile = _query_tile(cfg, x, w, theta, s, beta)
+  num = _dot(cfg, tile.phi, kv, 'nn')
+  den = jnp.sum(tile.phi * ks[None, :], axis=1)
+  o_ref[...] = (num / _safe(cfg, den)[:, None]).astype(o_ref.dtype)
+  den_ref[...] = den
+
+
+def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_ref, sq_ref, sk_ref,
+                       o_ref, den_ref, m_ref):
+  """Chunked causal linear attention for one (b, h); stores the running max of every chunk."""
+  w, theta = _proj_params(w_ref, th_ref)
+  sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
+  c = cfg.block_k
+  n_chunks, nm = m_ref.shape
+  dv = v_ref.shape[-1]
+  tril = _tril(c)
+
+  def body(t, carry):
+    kv, ks, m = carry
+    sl = pl.ds(pl.multiple_of(t * c, c), c)
+    xq = q_ref[sl, :].astype(jnp.float32)
+    xk = k_ref[sl, :].astype(jnp.float32)
+    vt = v_ref[sl, :]
+    valid = mask_ref[sl] > 0
+    if cfg.projected:
+      lg, phase, ok = _key_log_magnitude(cfg, xk, valid, w, theta, sk)
+      m_new = jnp.maximum(m, jnp.max(lg, axis=0))
+      alpha = jnp.exp(m - m_new)
+      kv, ks = kv * alpha[:, None], ks * alpha
+      tk = _finish(cfg, lg - m_new[None, :], phase, sk, ok)
+    else:
+      m_new, tk = m, _plain_tile(cfg, xk, sk, valid)
+    tq = _query_tile(cfg, xq, w, theta, sq, m_new)
+    a = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
+    num = _dot(cfg, tq.phi, kv, 'nn') + _dot(cfg, a, vt, 'nn')
+    den = jnp.sum(tq.phi * ks[None, :], axis=1) + jnp.sum(a, axis=1)
+    o_ref[sl, :] = (num / _safe(cfg, den)[:, None]).astype(o_ref.dtype)
+    den_ref[sl] = den
+    m_ref[t, :] = m_new
+    kv = kv + _dot(cfg, tk.phi, vt, 'tn')
+    ks = ks + jnp.sum(tk.phi, axis=0)
+    return kv, ks, m_new
+
+  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
+          jnp.full((nm,), _NEG, jnp.float32))
+  lax.fori_loop(0, n_chunks, body, init)
+
+
+def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, g_ref, w_ref, th_ref, s_ref, beta_ref,
+                  kv_ref, ks_ref, dq_ref, dkv_ref, dks_ref, dw_ref, ds_ref):
+  """Bidirectional backward, query side: ``dq`` and this split's share of ``dS, dz, dW, ds``."""
+  w, theta = _proj_params(w_ref, th_ref)
+  s = s_ref[...].astype(jnp.float32)
+  beta = beta_ref[...]
+  kv, ks = kv_ref[...], ks_ref[...]
+  c = cfg.block_q
+  nm, dv = kv.shape
+
+  def body(t, carry):
+    dkv, dks, dw, ds = carry
+    sl = pl.ds(pl.multiple_of(t * c, c), c)
+    x = q_ref[sl, :].astype(jnp.float32)
+    gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
+                           o_ref[sl, :].astype(jnp.float32), den_ref[sl])
+    tile = _query_tile(cfg, x, w, theta, s, beta)
+    dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :]
+    dx, dw_t, ds_t = _tile_grad(cfg, dphi, tile, x, w, s)
+    dq_ref[sl, :] = dx.astype(dq_ref.dtype)
+    dkv = dkv + _dot(cfg, tile.phi, gn, 'tn')
+    dks = dks + jnp.sum(tile.phi * gd[:, None], axis=0)
+    if cfg.projected:
+      dw = dw + dw_t
+    return dkv, dks, dw, ds + ds_t
+
+  d = q_ref.shape[-1]
+  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
+          jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
+          jnp.zeros((nm,), jnp.float32))
+  dkv, dks, dw, ds = lax.fori_loop(0, cfg.inner_q, body, init)
+  dkv_ref[...] = dkv
+  dks_ref[...] = dks
+  if cfg.projected:
+    dw_ref[...] = dw
+    ds_ref[...] = ds
+
+
+def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, beta_ref,
+                  dkv_ref, dks_ref, dk_ref, dv_ref, dw_ref, ds_ref):
+  """Bidirectional backward, key side: ``dk, dv`` and this split's share of ``dW, ds``."""
+  w, theta = _proj_params(w_ref, th_ref)
+  s = s_ref[...].astype(jnp.float32)
+  beta = beta_ref[...]
+  dkv, dks = dkv_ref[...], dks_ref[...]
+  c = cfg.block_k
+  nm = dks.shape[0]
+  d = k_ref.shape[-1]
+
+  def body(t, carry):
+    dw, ds = carry
+    sl = pl.ds(pl.multiple_of(t * c, c), c)
+    x = k_ref[sl, :].astype(jnp.float32)
+    vt = v_ref[sl, :]
+    valid = mask_ref[sl] > 0
+    tile = _key_tile(cfg, x, valid, w, theta, s, beta)
+    dphi = jnp.where(valid[:, None], _dot(cfg, vt, dkv, 'nt') + dks[None, :], 0.0)
+    dv_ref[sl, :] = _dot(cfg, tile.phi, dkv, 'nn').astype(dv_ref.dtype)
+    dx, dw_t, ds_t = _tile_grad(cfg, dphi, tile, x, w, s)
+    dk_ref[sl, :] = dx.astype(dk_ref.dtype)
+    if cfg.projected:
+      dw = dw + dw_t
+    return dw, ds + ds_t
+
+  init = (jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
+          jnp.zeros((nm,), jnp.float32))
+  dw, ds = lax.fori_loop(0, cfg.inner_k, body, init)
+  if cfg.projected:
+    dw_ref[...] = dw
+    ds_ref[...] = ds
+
+
+def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, g_ref,
+                         w_ref, th_ref, sq_ref, sk_ref, m_ref, dq_ref, dw_ref, ds_ref):
+  """Causal backward, forward scan: ``dphi(q_i) = S_i gN_i + z_i gD_i`` with prefix states."""
+  w, theta = _proj_params(w_ref, th_ref)
+  sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
+  c = cfg.block_k
+  n_chunks, nm = m_ref.shape
+  dv = v_ref.shape[-1]
+  d = q_ref.shape[-1]
+  tril = _tril(c)
+
+  def body(t, carry):
+    kv, ks, m_prev, dw, ds = carry
+    sl = pl.ds(pl.multiple_of(t * c, c), c)
+    xq = q_ref[sl, :].astype(jnp.float32)
+    xk = k_ref[sl, :].astype(jnp.float32)
+    vt = v_ref[sl, :]
+    valid = mask_ref[sl] > 0
+    m_t = m_ref[t, :]
+    alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
+    kv, ks = kv * alpha[:, None], ks * alpha
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t)
+    tq = _query_tile(cfg, xq, w, theta, sq, m_t)
+    gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
+                           o_ref[sl, :].astype(jnp.float32), den_ref[sl])
+    cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
+    dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :] + _dot(cfg, cm, tk.phi, 'nn')
+    dx, dw_t, ds_t = _tile_grad(cfg, dphi, tq, xq, w, sq)
+    dq_ref[sl, :] = dx.astype(dq_ref.dtype)
+    kv = kv + _dot(cfg, tk.phi, vt, 'tn')
+    ks = ks + jnp.sum(tk.phi, axis=0)
+    if cfg.projected:
+      dw = dw + dw_t
+    return kv, ks, m_t, dw, ds + ds_t
+
+  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
+          jnp.full((nm,), _NEG, jnp.float32),
+          jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
+          jnp.zeros((nm,), jnp.float32))
+  _, _, _, dw, ds = lax.fori_loop(0, n_chunks, body, init)
+  if cfg.projected:
+    dw_ref[...] = dw
+    ds_ref[...] = ds
+
+
+def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, g_ref,
+                         w_ref, th_ref, sq_ref, sk_ref, m_ref, dk_ref, dv_ref, dw_ref, ds_ref):
+  """Causal backward, reverse scan: ``dphi(k_j) = R_j v_j + r_j``, ``dv_j = R_j^T phi(k_j)``.
+
+  ``R_j = sum_{i >= j} phi(q_i) gN_i^T`` and ``r_j = sum_{i >= j} phi(q_i) gD_i`` are suffix states kept
+  relative to the current chunk's key shift: stepping from chunk t+1 back to t rescales them by
+  ``exp(m_t - m_{t+1}) <= 1`` (each row i's pair (phi_k, gN_i) carries opposite shifts).
+  """
+  w, theta = _proj_params(w_ref, th_ref)
+  sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
+  c = cfg.block_k
+  n_chunks, nm = m_ref.shape
+  dv = v_ref.shape[-1]
+  d = k_ref.shape[-1]
+  tril = _tril(c)
+
+  def body(i, carry):
+    r_kv, r_ks, m_next, dw, ds = carry
+    t = n_chunks - 1 - i
+    sl = pl.ds(pl.multiple_of(t * c, c), c)
+    xq = q_ref[sl, :].astype(jnp.float32)
+    xk = k_ref[sl, :].astype(jnp.float32)
+    vt = v_ref[sl, :]
+    valid = mask_ref[sl] > 0
+    m_t = m_ref[t, :]
+    alpha = jnp.exp(m_t - m_next)
+    r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t)
+    tq = _query_tile(cfg, xq, w, theta, sq, m_t)
+    gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
+                           o_ref[sl, :].astype(jnp.float32), den_ref[sl])
+    cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)
+    dphi = _dot(cfg, vt, r_kv, 'nt') + r_ks[None, :] + _dot(cfg, cm, tq.phi, 'tn')
+    dphi = jnp.where(valid[:, None], dphi, 0.0)
+    a = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
+    dv_t = _dot(cfg, tk.phi, r_kv, 'nn') + _dot(cfg, a, gn, 'tn')
+    dv_ref[sl, :] = dv_t.astype(dv_ref.dtype)
+    dx, dw_t, ds_t = _tile_grad(cfg, dphi, tk, xk, w, sk)
+    dk_ref[sl, :] = dx.astype(dk_ref.dtype)
+    r_kv = r_kv + _dot(cfg, tq.phi, gn, 'tn')
+    r_ks = r_ks + jnp.sum(tq.phi * gd[:, None], axis=0)
+    if cfg.projected:
+      dw = dw + dw_t
+    return r_kv, r_ks, m_t, dw, ds + ds_t
+
+  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
+          m_ref[n_chunks - 1, :],
+          jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
+          jnp.zeros((nm,), jnp.float32))
+  _, _, _, dw, ds = lax.fori_loop(0, n_chunks, body, init)
+  if cfg.projected:
+    dw_ref[...] = dw
+    ds_ref[...] = ds
+
+
+# ------------------------------------------------------------------------------------------------
+# pallas_call plumbing.
+# ------------------------------------------------------------------------------------------------
+
+def _spec(block_shape, index_map):
+  return pl.BlockSpec(tuple(_SQ if b is None else b for b in block_shape), index_map)
+
+
+def _compiler_params(cfg: _Config):
+  if cfg.interpret:
+    return None
+  try:
+    from jax.experimental.pallas import triton as pl_triton  # pylint: disable=g-import-not-at-top
+  except ImportError:  # pragma: no cover - older layouts
+    return None
+  return pl_triton.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _pallas(cfg: _Config, kernel, name: str, grid, ins, outs):
+  """``pallas_call`` with optional operands.
+
+  ``ins`` lists (array or None, block, index_map) and ``outs`` (ShapeDtypeStruct or None, block,
+  index_map). The kernel receives every input slot and then every output slot in order, None where the
+  entry is None (elu / relu have no W and no W gradient); the result has None in those output slots.
+  """
+  in_slots = [i for i, e in enumerate(ins) if e[0] is not None]
+  out_slots = [i for i, e in enumerate(outs) if e[0] is not None]
+
+  def body(*refs):
+    in_refs, out_refs = [None] * len(ins), [None] * len(outs)
+    for slot, ref in zip(in_slots, refs[:len(in_slots)]):
+      in_refs[slot] = ref
+    for slot, ref in zip(out_slots, refs[len(in_slots):]):
+      out_refs[slot] = ref
+    kernel(cfg, *in_refs, *out_refs)
+
+  call = pl.pallas_call(
+      body,
+      out_shape=[outs[i][0] for i in out_slots],
+      grid=grid,
+      in_specs=[_spec(ins[i][1], ins[i][2]) for i in in_slots],
+      out_specs=[_spec(outs[i][1], outs[i][2]) for i in out_slots],
+      interpret=cfg.interpret,
+      name=name,
+      compiler_params=_compiler_params(cfg))
+  results = call(*[ins[i][0] for i in in_slots])
+  full = [None] * len(outs)
+  for slot, r in zip(out_slots, results):
+    full[slot] = r
+  return full
+
+
+def _f32(shape):
+  return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def _param_ins(w, theta, s, bh_axis: int):
+  """Specs for W [H, M, d], theta [M] and one scale vector [H, M]; ``bh_axis`` = grid axis of h."""
+  h_of = lambda *g: g[bh_axis]
+  nm = s.shape[-1]
+  return [
+      (w, (None,) + w.shape[1:] if w is not None else None,
+       (lambda *g: (h_of(*g), 0, 0))),
+      (theta, (nm,), lambda *g: (0,)),
+      (s, (None, nm), lambda *g: (h_of(*g), 0)),
+  ]
+
+
+def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
+  """Runs the forward kernels on padded inputs; returns ``out`` and the residuals of the backward."""
+  if cfg.causal:
+    return _forward_causal(cfg, q, k, v, w, theta, sq, sk, mask)
+  b, lq, h, d = q.shape
+  lk = k.shape[1]
+  dv = v.shape[-1]
+  nm = sq.shape[-1]
+  splits_k = lk // (cfg.block_k * cfg.inner_k)
+  rows_k = cfg.block_k * cfg.inner_k
+  w_in = w if cfg.projected else None
+  th_in = theta if cfg.projected else None
+
+  kv_p, ks_p, m_p = _pallas(
+      cfg, _fwd_kv_kernel, 'feature_attention_fwd_kv', (b, h, splits_k),
+      [(k, (None, rows_k, None, d), lambda i, j, s: (i, s, j, 0)),
+       (v, (None, rows_k, None, dv), lambda i, j, s: (i, s, j, 0)),
+       (mask, (None, rows_k), lambda i, j, s: (i, s)),
+       *_param_ins(w_in, th_in, sk, 1)],
+      [(_f32((b, h, splits_k, nm, dv)), (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
+       (_f32((b, h, splits_k, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
+       (_f32((b, h, splits_k, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0))])
+  # Merge the splits' partial states onto their common per-feature max (exp(m_s - beta) <= 1).
+  beta = jnp.max(m_p, axis=2)
+  scale = jnp.exp(m_p - beta[:, :, None, :])
+  kv = jnp.sum(scale[..., None] * kv_p, axis=2)
+  ks = jnp.sum(scale * ks_p, axis=2)
+
+  c = cfg.block_q
+  out, den = _pallas(
+      cfg, _fwd_q_kernel, 'feature_attention_fwd_q', (b, h, lq // c),
+      [(q, (None, c, None, d), lambda i, j, t: (i, t, j, 0)),
+       *_param_ins(w_in, th_in, sq, 1),
+       (beta, (None, None, nm), lambda i, j, t: (i, j, 0)),
+       (kv, (None, None, nm, dv), lambda i, j, t: (i, j, 0, 0)),
+       (ks, (None, None, nm), lambda i, j, t: (i, j, 0))],
+      [(jax.ShapeDtypeStruct((b, lq, h, dv), v.dtype), (None, c, None, dv),
+        lambda i, j, t: (i, t, j, 0)),
+       (_f32((b, lq, h)), (None, c, None), lambda i, j, t: (i, t, j))])
+  return out, (q, k, v, w, theta, sq, sk, mask, out, den, beta, kv, ks)
+
+
+def _forward_causal(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
+  b, length, h, d = q.shape
+  dv = v.shape[-1]
+  nm = sq.shape[-1]
+  n_chunks = length // cfg.block_k
+  w_in = w if cfg.projected else None
+  th_in = theta if cfg.projected else None
+  out, den, m = _pallas(
+      cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h),
+      [(q, (None, length, None, d), lambda i, j: (i, 0, j, 0)),
+       (k, (None, length, None, d), lambda i, j: (i, 0, j, 0)),
+       (v, (None, length, None, dv), lambda i, j: (i, 0, j, 0)),
+       (mask, (None, length), lambda i, j: (i, 0)),
+       *_param_ins(w_in, th_in, sq, 1)[:2],
+       (sq, (None, nm), lambda i, j: (j, 0)),
+       (sk, (None, nm), lambda i, j: (j, 0))],
+      [(jax.ShapeDtypeStruct((b, length, h, dv), v.dtype), (None, length, None, dv),
+        lambda i, j: (i, 0, j, 0)),
+       (_f32((b, length, h)), (None, length, None), lambda i, j: (i, 0, j)),
+       (_f32((b, h, n_chunks, nm)), (None, None, n_chunks, nm), lambda i, j: (i, j, 0, 0))])
+  return out, (q, k, v, w, theta, sq, sk, mask, out, den, m, None, None)
+
+
+def _backward(cfg: _Config, res, g):
+  """Cotangents of (q, k, v, w, theta, sq, sk, mask); theta and mask get None (constants)."""
+  q, k, v, w, theta, sq, sk, mask, out, den, shift, kv, ks = res
+  b, lq, h, d = q.shape
+  lk = k.shape[1]
+  dv = v.shape[-1]
+  nm = sq.shape[-1]
+  w_in = w if cfg.projected else None
+  th_in = theta if cfg.projected else None
+  g = g.astype(v.dtype) if g.dtype != v.dtype else g
+
+  if cfg.causal:
+    n_chunks = lq // cfg.block_k
+    common = [
+        (q, (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
+        (k, (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
+        (v, (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
+        (mask, (None, lq), lambda i, j: (i, 0)),
+        (out, (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
+        (den, (None, lq, None), lambda i, j: (i, 0, j)),
+        (g, (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
+        *_param_ins(w_in, th_in, sq, 1)[:2],
+        (sq, (None, nm), lambda i, j: (j, 0)),
+        (sk, (None, nm), lambda i, j: (j, 0)),
+        (shift, (None, None, n_chunks, nm), lambda i, j: (i, j, 0, 0))]
+    proj_only = (lambda x: x) if cfg.projected else (lambda x: None)
+    param_outs = [(proj_only(_f32((b, h, nm, d))), (None, None, nm, d), lambda i, j: (i, j, 0, 0)),
+                  (proj_only(_f32((b, h, nm))), (None, None, nm), lambda i, j: (i, j, 0))]
+    q_outs = _pallas(
+        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h), common,
+        [(jax.ShapeDtypeStruct(q.shape, q.dtype), (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
+         *param_outs])
+    k_outs = _pallas(
+        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h), common,
+        [(jax.ShapeDtypeStruct(k.shape, k.dtype), (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
+         (jax.ShapeDtypeStruct(v.shape, v.dtype), (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
+         *param_outs])
+    dq, dk, dvv = q_outs[0], k_outs[0], k_outs[1]
+    if not cfg.projected:
+      return dq, dk, dvv, None, None, None, None, None
+    dw = jnp.sum(q_outs[1] + k_outs[2], axis=0)
+    dsq, dsk = jnp.sum(q_outs[2], axis=0), jnp.sum(k_outs[3], axis=0)
+    return dq, dk, dvv, dw.astype(w.dtype), None, dsq, dsk, None
+
+  beta = shift
+  rows_q = cfg.block_q * cfg.inner_q
+  rows_k = cfg.block_k * cfg.inner_k
+  splits_q, splits_k = lq // rows_q, lk // rows_k
+
+  def split_outs(splits):
+    proj_only = (lambda x: x) if cfg.projected else (lambda x: None)
+    return [(proj_only(_f32((b, h, splits, nm, d))), (None, None, None, nm, d), lambda i, j, s: (i, j, s, 0, 0)),
+            (proj_only(_f32((b, h, splits, nm))), (None, None, None, nm),
+             lambda i, j, s: (i, j, s, 0))]
+
+  q_outs = _pallas(
+      cfg, _bwd_q_kernel, 'feature_attention_bwd_q', (b, h, splits_q),
+      [(q, (None, rows_q, None, d), lambda i, j, s: (i, s, j, 0)),
+       (out, (None, rows_q, None, dv), lambda i, j, s: (i, s, j, 0)),
+       (den, (None, rows_q, None), lambda i, j, s: (i, s, j)),
+       (g, (None, rows_q, None, dv), lambda i, j, s: (i, s, j, 0)),
+       *_param_ins(w_in, th_in, sq, 1),
+       (beta, (None, None, nm), lambda i, j, s: (i, j, 0)),
+       (kv, (None, None, nm, dv), lambda i, j, s: (i, j, 0, 0)),
+       (ks, (None, None, nm), lambda i, j, s: (i, j, 0))],
+      [(jax.ShapeDtypeStruct(q.shape, q.dtype), (None, rows_q, None, d), lambda i, j, s: (i, s, j, 0)),
+       (_f32((b, h, splits_q, nm, dv)), (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
+       (_f32((b, h, splits_q, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
+       *split_outs(splits_q)])
+  dq = q_outs[0]
+  dkv, dks = jnp.sum(q_outs[1], axis=2), jnp.sum(q_outs[2], axis=2)
+  k_outs = _pallas(
+      cfg, _bwd_k_kernel, 'feature_attention_bwd_k', (b, h, splits_k),
+      [(k, (None, rows_k, None, d), lambda i, j, s: (i, s, j, 0)),
+       (v, (None, rows_k, None, dv), lambda i, j, s: (i, s, j, 0)),
+       (mask, (None, rows_k), lambda i, j, s: (i, s)),
+       *_param_ins(w_in, th_in, sk, 1),
+       (beta, (None, None, nm), lambda i, j, s: (i, j, 0)),
+       (dkv, (None, None, nm, dv), lambda i, j, s: (i, j, 0, 0)),
+       (dks, (None, None, nm), lambda i, j, s: (i, j, 0))],
+      [(jax.ShapeDtypeStruct(k.shape, k.dtype), (None, rows_k, None, d), lambda i, j, s: (i, s, j, 0)),
+       (jax.ShapeDtypeStruct(v.shape, v.dtype), (None, rows_k, None, dv), lambda i, j, s: (i, s, j, 0)),
+       *split_outs(splits_k)])
+  dk, dvv = k_outs[0], k_outs[1]
+  if not cfg.projected:
+    return dq, dk, dvv, None, None, None, None, None
+  dw = jnp.sum(q_outs[3], axis=(0, 2)) + jnp.sum(k_outs[2], axis=(0, 2))
+  dsq = jnp.sum(q_outs[4], axis=(0, 2))
+  dsk = jnp.sum(k_outs[3], axis=(0, 2))
+  return dq, dk, dvv, dw.astype(w.dtype), None, dsq, dsk, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _core(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
+  return _forward(cfg, q, k, v, w, theta, sq, sk, mask)[0]
+
+
+def _core_fwd(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
+  return _forward(cfg, q, k, v, w, theta, sq, sk, mask)
+
+
+_core.defvjp(_core_fwd, _backward)
+
+
+# ------------------------------------------------------------------------------------------------
+# Public API.
+# ------------------------------------------------------------------------------------------------
+
+def _pow2_at_least(n: int, floor: int = _MIN_TILE) -> int:
+  return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+def _check_block(name: str, value: int) -> int:
+  if value < _MIN_TILE or value & (value - 1):
+    raise ValueError(f'{name} must be a power of two >= {_MIN_TILE} (a Triton tile side); got {value}')
+  return value
+
+
+def _default_block(length: int, default: int) -> int:
+  return min(default, _pow2_at_least(length))
+
+
+def _splits(n_chunks: int, bh: int, requested: Optional[int]) -> tuple[int, int]:
+  """``(splits, chunks per split)`` covering ``n_chunks`` with little padding."""
+  want = requested if requested is not None else -(-_TARGET_PROGRAMS // max(bh, 1))
+  if want < 1:
+    raise ValueError(f'num_splits must be >= 1; got {want}')
+  want = min(want, n_chunks)
+  inner = -(-n_chunks // want)
+  return -(-n_chunks // inner), inner
+
+
+def _pad_axis(x: Array, axis: int, size: int) -> Array:
+  if x.shape[axis] == size:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, size - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
+def _scales(feature: str, feature_weights, heads: int, m: int, width: int):
+  """Query and key scales ``[H, width]``: sign(c) sqrt|c| and sqrt|c| (components._side_scales)."""
+  if feature_weights is None:
+    c = jnp.full((heads, m), 1.0 / m, jnp.float32)
+  else:
+    c = jnp.broadcast_to(jnp.asarray(feature_weights, jnp.float32), (heads, m))
+  mag = jnp.sqrt(jnp.abs(c))
+  sq = jnp.where(c < 0, -mag, mag)
+  if feature == 'trig':
+    sq, mag = jnp.concatenate([sq, sq], axis=-1), jnp.concatenate([mag, mag], axis=-1)
+  return _pad_axis(sq, 1, width), _pad_axis(mag, 1, width)
+
+
+def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *,
+                      feature: str = 'exp', feature_weights: Optional[Array] = None,
+                      mask: Optional[Array] = None, causal: bool = False,
+                      block_q: Optional[int] = None, block_k: Optional[int] = None,
+                      num_splits: Optional[int] = None, interpret: Optional[bool] = None,
+                      eps: float = 1e-6) -> Array:
+  """Normalized random-feature attention in fused Pallas kernels (module docstring: design, math).
+
+  Equals ``linear.linear_attention(*components.<map>(q, k, Projection(w, feature_weights)), v)`` per
+  head up to float32 rounding (where that path's normalizer does not underflow: this one cannot).
+
+  Args:
+    q: ``[B, L, H, d]`` queries, already scaled (d^-1/4) by the caller.
+    k: ``[B, S, H, d]`` keys, scaled alike (S = L when causal).
+    v: ``[B, S, H, dv]`` values; their dtype sets the output dtype and the matmul operand dtype.
+    w: the dense projection, ``[H, M, d]`` or ``[M, d]`` shared by all heads (None for elu / relu).
+      Differentiable: learnable spectral kernels train through it.
+    feature: 'exp' (posrf ``sqrt(c_r) exp(w_r.x - |x|^2/2)``), 'trig' (trigrf
+      ``exp(|x|^2/2) [cos, sin](W x)``, 2M features), 'elu' (elu + 1) or 'relu'.
+    feature_weights: quadrature weights c_r, ``[M]`` or ``[H, M]``; None = 1/M. Negative weights: sqrt|c|
+      on both sides and the sign on the query side, as components.py.
+    mask: ``[B, S]`` bool, True = real key; padded keys contribute nothing.
+    causal: position i attends to keys j <= i.
+    block_q: query rows per tile (bidirectional); a power of two >= 16.
+    block_k: key rows per tile; with ``causal`` the chunk length (block_q, if given, must match).
+    num_splits: programs per (batch, head) in the bidirectional reductions over keys (forward and
+      backward) and queries (backward); None = a heuristic aiming at ~256 programs.
+    interpret: run the kernels in Pallas interpret mode; None = interpret unless the default backend
+      is a GPU.
+    eps: normalizer guard of linear.safe_normalizer.
+
+  Returns:
+    ``[B, L, H, dv]`` in ``v.dtype``.
+  """
+  if feature not in FEATURES:
+    raise ValueError(f'unknown feature {feature!r}; valid: {", ".join(FEATURES)}')
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f'q, k, v must be [B, L, H, d]; got {q.shape}, {k.shape}, {v.shape}')
+  b, lq, h, d = q.shape
+  lk = k.shape[1]
+  if k.shape != (b, lk, h, d) or v.shape[:3] != (b, lk, h):
+    raise ValueError(f'shape mismatch: q {q.shape}, k {k.shape}, v {v.shape}')
+  if causal and lq != lk:
+    raise ValueError(f'causal attention needs as many queries as keys; got {lq} and {lk}')
+  if mask is not None and tuple(mask.shape) != (b, lk):
+    raise ValueError(f'mask must be [B, S] = {(b, lk)}; got {tuple(mask.shape)}')
+  projected = feature in _PROJECTED
+  if projected:
+    if w is None:
+      raise ValueError(f'feature {feature!r} needs the projection w ([H, M, d] or [M, d])')
+    if w.ndim == 2:
+      w = jnp.broadcast_to(w, (h,) + w.shape)
+    if w.ndim != 3 or w.shape[0] != h or w.shape[2] != d:
+      raise ValueError(f'w must be [H, M, d] = [{h}, M, {d}] or [M, d]; got {w.shape}')
+  elif w is not None:
+    raise ValueError(f'feature {feature!r} takes no projection; got w of shape {w.shape}')
+  if interpret is None:
+    interpret = jax.default_backend() != 'gpu'
+
+  dv = v.shape[-1]
+  d_pad, dv_pad = _pow2_at_least(d), _pow2_at_least(dv)
+  if causal:
+    if block_q is not None and block_k is not None and block_q != block_k:
+      raise ValueError(f'causal attention uses one chunk length; got block_q={block_q}, '
+                       f'block_k={block_k}')
+    chunk = block_k or block_q or _default_block(lq, _DEFAULT_CHUNK)
+    block_q = block_k = _check_block('block_k', chunk)
+    lq_pad = lk_pad = -(-lq // chunk) * chunk
+    inner_q = inner_k = 1
+  else:
+    block_q = _check_block('block_q', block_q or _default_block(lq, _DEFAULT_BLOCK))
+    block_k = _check_block('block_k', block_k or _default_block(lk, _DEFAULT_BLOCK))
+    splits_q, inner_q = _splits(-(-lq // block_q), b * h, num_splits)
+    splits_k, inner_k = _splits(-(-lk // block_k), b * h, num_splits)
+    lq_pad, lk_pad = splits_q * inner_q * block_q, splits_k * inner_k * block_k
+
+  half = v.dtype in (jnp.bfloat16, jnp.float16)
+  cfg = _Config(kind=feature, causal=causal, block_q=block_q, block_k=block_k, inner_q=inner_q,
+                inner_k=inner_k, eps=float(eps), interpret=bool(interpret),
+                operand_dtype=jnp.dtype(v.dtype).name if half else 'float32')
+
+  qp = _pad_axis(_pad_axis(q, 3, d_pad), 1, lq_pad)
+  kp = _pad_axis(_pad_axis(k, 3, d_pad), 1, lk_pad)
+  vp = _pad_axis(_pad_axis(v, 3, dv_pad), 1, lk_pad)
+  valid = jnp.ones((b, lk), jnp.float32) if mask is None else jnp.asarray(mask).astype(jnp.float32)
+  valid = _pad_axis(valid, 1, lk_pad)
+  if projected:
+    m = w.shape[1]
+    wf = w.astype(jnp.float32)
+    if feature == 'trig':
+      wf = jnp.concatenate([wf, wf], axis=1)
+      theta = jnp.concatenate([jnp.zeros((m,), jnp.float32),
+                               jnp.full((m,), 0.5 * math.pi, jnp.float32)])
+    else:
+      theta = jnp.zeros((m,), jnp.float32)
+    width = _pow2_at_least(wf.shape[1])
+    wf = _pad_axis(_pad_axis(wf, 2, d_pad), 1, width)
+    theta = _pad_axis(theta, 0, width)
+    sq, sk = _scales(feature, feature_weights, h, m, width)
+  else:
+    if feature_weights is not None:
+      raise ValueError(f'feature {feature!r} takes no feature_weights')
+    wf = theta = None
+    sq = sk = jnp.broadcast_to((jnp.arange(d_pad) < d).astype(jnp.float32), (h, d_pad))
+  out = _core(cfg, qp, kp, vp, wf, theta, sq, sk, valid)
+  return out[:, :lq, :, :dv]
+
+
+def supported(feature: str, q_shape, dtype, backend: Optional[str] = None) -> bool:
+  """Whether ``impl='auto'`` should take these kernels: compiled Triton on a GPU only.
+
+  On CPU the kernels run only in interpret mode (correct, slow) and on TPU they are not written for
+  Mosaic, so 'auto' keeps the XLA path there. Head dims above 256 are left to XLA (one tile holds a
+  ``[M, d]`` projection and ``[M, dv]`` state; larger ones were not considered).
+  """
+  backend = backend or jax.default_backend()
+  return (feature in FEATURES and backend in ('gpu', 'cuda') and len(q_shape) == 4
+          and q_shape[-1] <= 256
+          and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                   jnp.dtype(jnp.float16)))

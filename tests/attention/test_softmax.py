@@ -1,0 +1,79 @@
+"""Softmax attention (Vaswani et al. eq. 1) with masks and the relative-position bias of Luo et al. eq. 6."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernelformer import registry
+from kernelformer.attention import softmax
+
+B, L, H, D = 2, 5, 2, 4
+
+
+def _naive(q, k, v, mask=None, causal=False, bias=None):
+  """softmax(q.k / sqrt(d) + b_{j-i}) v, with the bias indexed by hand, float64."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  length = q.shape[1]
+  logits = np.einsum('blhd,bshd->bhls', q, k) / np.sqrt(q.shape[-1])
+  if bias is not None:
+    b = np.asarray(bias, np.float64)
+    for i in range(length):
+      for j in range(length):
+        logits[:, :, i, j] += b[:, j - i + length - 1]
+  allowed = np.ones(logits.shape, bool)
+  if mask is not None:
+    allowed &= np.asarray(mask)[:, None, None, :]
+  if causal:
+    allowed &= np.tril(np.ones((length, length), bool))
+  logits = np.where(allowed, logits, -np.inf)
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  return np.einsum('bhls,bshd->blhd', w / w.sum(-1, keepdims=True), v)
+
+
+def _inputs(seed=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q, k, v = (jax.random.normal(kk, (B, L, H, D)) for kk in ks[:3])
+  bias = 2.0 * jax.random.normal(ks[3], (H, 2 * L - 1))
+  mask = jnp.array([[True] * L, [True, True, False, False, False]])
+  return q, k, v, bias, mask
+
+
+@pytest.mark.parametrize('causal', [False, True])
+@pytest.mark.parametrize('with_bias', [False, True])
+def test_softmax_matches_naive(causal, with_bias):
+  q, k, v, bias, mask = _inputs()
+  bias = bias if with_bias else None
+  out = softmax.softmax_attention(q, k, v, mask=mask, causal=causal, position_bias=bias)
+  np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, causal, bias),
+                             rtol=1e-5, atol=1e-6)
+  w = softmax.softmax_weights(q, k, mask=mask, causal=causal, position_bias=bias)
+  via_weights = jnp.einsum('bhls,bshd->blhd', w, v)
+  np.testing.assert_allclose(np.asarray(via_weights), np.asarray(out), rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_module_with_bias_and_dropout():
+  q, k, v, bias, mask = _inputs(1)
+  spec = registry.get('softmax')
+  assert spec.supports_position_bias and not spec.requires_position_bias
+  module = registry.build({'kind': 'softmax', 'attention_dropout': 0.5})
+  # Deterministic: dropout off, the exact biased softmax.
+  out = module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=True)
+  np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, False, bias), rtol=1e-5,
+                             atol=1e-6)
+  # Training: dropped weights are rescaled by 1 / (1 - rate), so the mean over many masks is unbiased.
+  def dropped(key):
+    return module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=False,
+                        rngs={'dropout': key})
+  draws = jax.vmap(dropped)(jax.random.split(jax.random.PRNGKey(2), 400))
+  assert bool(jnp.all(jnp.isfinite(draws)))
+  mean = np.asarray(draws.mean(0))
+  se = np.asarray(draws.std(0)) / np.sqrt(400)
+  assert np.all(np.abs(mean - np.asarray(out)) <= 5 * se + 1e-6)
+
+
+def test_softmax_bias_shape_is_checked():
+  q, k, v, bias, _ = _inputs()
+  with pytest.raises(ValueError, match='position_bias'):
+    softmax.softmax_attention(q, k, v, position_bias=bias[:, :-2])

@@ -1,0 +1,91 @@
+"""Every config file and preset loads the way scripts/train.py loads it, is locked, and builds a model."""
+from __future__ import annotations
+
+import glob
+import importlib
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+import lra_tasks
+from kernelformer.training import trainer
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'configs')
+# Every task config offers these; a config file may declare its own list as PRESETS.
+STANDARD_PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+TASK_CONFIGS = ('listops', 'text', 'retrieval', 'image', 'pathfinder')
+
+
+def config_files():
+  names = sorted(os.path.splitext(os.path.basename(p))[0]
+                 for p in glob.glob(os.path.join(CONFIG_DIR, '*.py')))
+  return [n for n in names if n not in ('__init__', 'common')]
+
+
+def presets(name):
+  return tuple(getattr(importlib.import_module(f'configs.{name}'), 'PRESETS', STANDARD_PRESETS))
+
+
+CASES = [(name, preset) for name in config_files() for preset in presets(name)]
+
+
+def load(name, preset, *overrides):
+  """``--config=configs/<name>.py:<preset>`` through ml_collections' config_flags, as the CLI does."""
+  path = os.path.normpath(os.path.join(CONFIG_DIR, f'{name}.py'))
+  argv = ['train.py', f'--config={path}:{preset}', *overrides]
+  flag_values = flags.FlagValues()
+  # sys_argv: the flag finds its --config.* overrides in this argv rather than in sys.argv.
+  config_flags.DEFINE_config_file('config', default=None, flag_values=flag_values, lock_config=True,
+                                  sys_argv=argv)
+  flag_values(argv)
+  return flag_values.config
+
+
+def test_every_task_config_is_present():
+  assert set(TASK_CONFIGS) <= set(config_files())
+  for name in TASK_CONFIGS:
+    assert presets(name) == STANDARD_PRESETS
+
+
+@pytest.mark.parametrize('name, preset', CASES)
+def test_config_parses_and_is_locked(name, preset):
+  config = load(name, preset)
+  assert config.is_locked
+  with pytest.raises(AttributeError):
+    config.model.emb_dimm = 3  # a misspelled field fails instead of being silently added
+  if name in TASK_CONFIGS:
+    assert config.data.task == name
+    assert config.batch_size >= 1 and config.num_train_steps >= 1
+    assert config.model.qkv_dim % config.model.num_heads == 0
+
+
+def test_overrides_and_unknown_presets():
+  config = load('retrieval', 'tiny', '--config.data.max_length=77',
+                '--config.model.attention.kind=posrf-orf')
+  assert config.data.max_length == 77 and config.model.attention.kind == 'posrf-orf'
+  for name in TASK_CONFIGS:
+    module = importlib.import_module(f'configs.{name}')
+    with pytest.raises(ValueError, match='skyformer'):
+      module.get_config('no_such_preset')
+
+
+@pytest.mark.parametrize('name', TASK_CONFIGS)
+def test_build_model_for_every_preset(name):
+  """The preset's model and attention options build and initialize (shapes only: no compute)."""
+  for preset in presets(name):
+    config = load(name, preset)
+    info = lra_tasks.get(config.data.task).info(config.data)
+    model = trainer.build_model(config, info)
+    assert model.dual == (name == 'retrieval') and model.num_classes == info.num_classes
+    dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
+    keys = {'params': jax.random.key(0), 'features': jax.random.key(1),
+            'dropout': jax.random.key(2)}
+    shapes = jax.eval_shape(lambda m=model, d=dummy: m.init(keys, d, train=False))
+    embed = shapes['params']['encoder']['embed']['embedding']
+    assert embed.shape == (info.vocab_size, config.model.emb_dim)
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes['params'])) > 0

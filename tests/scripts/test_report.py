@@ -1,0 +1,132 @@
+"""scripts/report.py: cells are mean ± std over seeds, missing runs stay visible, paper numbers line up."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from kernelformer import registry
+from kernelformer.reproduce import paper_numbers
+from kernelformer.reproduce import report as report_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Test accuracies (fractions) of the finished runs; (kind, task, seed) missing = never finished.
+ACC = {
+    ('posrf-orf', 'listops', 0): 0.361, ('posrf-orf', 'listops', 1): 0.372,
+    ('posrf-orf', 'listops', 2): 0.349,
+    ('posrf-orf', 'text', 0): 0.612, ('posrf-orf', 'text', 1): 0.604,
+    ('softmax', 'listops', 0): 0.380,
+}
+KINDS, TASKS, SEEDS = ('posrf-orf', 'softmax'), ('listops', 'text'), (0, 1, 2)
+
+
+def make_sweep_dir(root):
+  """A sweep directory as scripts/sweep.py leaves it: sweep.json, results.json, failures.jsonl."""
+  runs = []
+  for task in TASKS:
+    for kind in KINDS:
+      for seed in SEEDS:
+        workdir = f'{task}-skyformer/kind={kind}__seed={seed}'
+        runs.append({'workdir': workdir, 'label': kind, 'kind': kind, 'task': task, 'seed': seed})
+        if (kind, task, seed) in ACC:
+          os.makedirs(root / workdir)
+          mem = {'argument_size_in_bytes': 3 * 2 ** 20, 'temp_size_in_bytes': (1 + seed) * 2 ** 20,
+                 'output_size_in_bytes': 5, 'generated_code_size_in_bytes': 0}
+          results = {'task': task, 'attention': kind, 'test_accuracy': ACC[(kind, task, seed)],
+                     'best_val_accuracy': 0.4, 'best_step': 500, 'steps_per_sec': 10.0 + seed,
+                     'compiled_memory_bytes': mem, 'num_devices': 1, 'backend': 'cpu',
+                     'config': {'seed': seed}}
+          (root / workdir / 'results.json').write_text(json.dumps(results))
+  (root / 'sweep.json').write_text(json.dumps({'name': 'demo', 'paper': 'spectraformer',
+                                               'description': 'demo sweep', 'runs': runs}))
+  failure = {'workdir': 'text-skyformer/kind=softmax__seed=1', 'error': 'FloatingPointError: NaN loss'}
+  (root / 'failures.jsonl').write_text(json.dumps(failure) + '\n')
+
+
+def test_cells_mean_std_counts_and_paper_numbers(tmp_path):
+  make_sweep_dir(tmp_path)
+  rep = report_lib.build(str(tmp_path))
+  assert rep.labels == ['posrf-orf', 'softmax'] and rep.tasks == ['listops', 'text']
+  cell = rep.cells[('posrf-orf', 'listops')]
+  values = 100 * np.array([0.361, 0.372, 0.349])
+  np.testing.assert_allclose(cell.mean, values.mean(), rtol=1e-12)
+  np.testing.assert_allclose(cell.std, values.std(ddof=1), rtol=1e-12)
+  assert cell.text() == f'{values.mean():.2f} ± {values.std(ddof=1):.2f} (3/3)'
+  assert rep.cells[('posrf-orf', 'text')].text().endswith('(2/3)')
+  assert rep.cells[('softmax', 'listops')].text() == '38.00 (1/3)'  # one seed: no std
+  assert rep.cells[('softmax', 'text')].text() == '— (0/3, 1 failed)'
+  # Memory: argument + temp bytes, averaged over finished seeds; speed averaged likewise.
+  assert rep.cells[('posrf-orf', 'listops')].memory_bytes == (3 + 2) * 2 ** 20
+  assert rep.cells[('posrf-orf', 'listops')].steps_per_sec == 11.0
+  # The paper's printed numbers (Spectraformer tables 2 and 3) beside ours.
+  assert rep.cells[('posrf-orf', 'listops')].paper.accuracy == 37.35
+  assert rep.cells[('softmax', 'text')].paper.accuracy == 61.95
+  assert rep.cells[('softmax', 'text')].paper.table == 'Table 3'
+
+  md = report_lib.markdown(rep)
+  rows = {l.split(' | ')[0].strip('| `'): l for l in md.splitlines() if l.startswith('| `')}
+  # The softmax row stays although its Text cell has no finished run; its average is then missing.
+  first = md.split('## Training speed')[0]
+  soft = [l for l in first.splitlines() if l.startswith('| `softmax`')][0].split(' | ')
+  assert soft[1:] == ['38.00 (1/3)', '38.37', '— (0/3, 1 failed)', '61.95', '—', '50.16 |']
+  orf = [l for l in first.splitlines() if l.startswith('| `posrf-orf`')][0].split(' | ')
+  assert orf[2] == '37.35' and orf[4] == '61.60'
+  assert float(orf[5]) == round((values.mean() + 100 * (0.612 + 0.604) / 2) / 2, 2)
+  assert 'posrf-orf' in rows and 'Informer' in md and 'OPRF-MM' in md  # paper-only rows listed
+  assert 'failed: FloatingPointError: NaN loss' in md
+
+
+def test_csv_png_and_cli(tmp_path):
+  make_sweep_dir(tmp_path / 'sw')
+  out = tmp_path / 'out' / 'demo'
+  env = {**os.environ, 'MPLBACKEND': 'Agg'}
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'report.py'),
+                         str(tmp_path / 'sw'), '--out', str(out)],
+                        capture_output=True, text=True, env=env, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert '| `posrf-orf` |' in proc.stdout
+  with open(str(out) + '.csv', encoding='utf-8') as f:
+    cells = list(csv.DictReader(f))
+  assert len(cells) == len(KINDS) * len(TASKS)
+  soft_text = [c for c in cells if c['kernel'] == 'softmax' and c['task'] == 'text'][0]
+  assert soft_text['finished'] == '0' and soft_text['planned'] == '3' and soft_text['failed'] == '1'
+  assert soft_text['accuracy_mean'] == '' and soft_text['paper_accuracy'] == '61.95'
+  with open(str(out) + '_runs.csv', encoding='utf-8') as f:
+    runs = list(csv.DictReader(f))
+  assert len(runs) == len(KINDS) * len(TASKS) * len(SEEDS)
+  assert sum(r['status'] == 'finished' for r in runs) == len(ACC)
+  png = open(str(out) + '.png', 'rb').read()
+  assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10_000
+  # --paper none hides the paper columns.
+  rep = report_lib.build(str(tmp_path / 'sw'), paper='none')
+  assert 'paper' not in report_lib.markdown(rep).split('\n## ')[0].split('\n| ')[1]
+
+
+def test_paper_numbers_are_consistent_with_the_registry():
+  numbers = paper_numbers.load()
+  assert {n.paper for n in numbers} == set(paper_numbers.PAPERS)
+  kinds = set(registry.list_kernels())
+  keys = set()
+  for n in numbers:
+    assert 0.0 < n.accuracy < 100.0 and n.table.startswith('Table')
+    assert not n.kind or n.kind in kinds, n
+    if n.kind:
+      key = (n.paper, n.kind, n.task)
+      assert key not in keys, key  # one printed number per kernel and task
+      keys.add(key)
+  # Spot checks against the printed tables.
+  assert paper_numbers.lookup('skyformer', 'skyformer', 'text').accuracy == 64.70
+  assert paper_numbers.lookup('skyformer', 'gaussian', 'pathfinder').accuracy == 70.73
+  assert paper_numbers.lookup('kernel_learning', 'fastfood-prf', 'retrieval').accuracy == 67.90
+  assert paper_numbers.lookup('spectraformer', 'posrf-mm', 'listops').accuracy == 38.05
+  assert paper_numbers.lookup('spectraformer', 'softmax', 'image') is None
+  # Each paper's Table rows: the sweep of that name covers every implemented kind it printed.
+  from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
+  for paper in paper_numbers.PAPERS:
+    swept = {p.get(sweeps.KIND_KEY) for p in sweeps.load_sweep(paper).points}
+    printed = {n.kind for n in paper_numbers.for_paper(paper) if n.kind}
+    assert printed <= swept, (paper, printed - swept)
