@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from configs import common
 
+PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+
 
 def listops_data(c):
   c.data.task = 'listops'
@@ -61,6 +63,7 @@ def get_config(preset: str = 'lra'):
     c.model.num_heads = 2
     c.model.num_layers = 2
     c.model.pooling = 'mean'
+    c.model.pos_encoding = 'learned'   # as the Skyformer/Spectraformer code (and the other task configs)
     c.model.attention.kind = 'skyformer'
     c.model.attention.num_features = 128
     c.model.attention.num_landmarks = 128
@@ -99,5 +102,5 @@ def get_config(preset: str = 'lra'):
     c.checkpoint_every = 500 if quick else 6
     c.log_every = 100 if quick else 3
   else:
-    raise ValueError(f"unknown listops preset {preset!r}; valid: lra, kernel_learning, skyformer, quick, tiny")
+    raise ValueError(f"unknown listops preset {preset!r}; valid: {', '.join(PRESETS)}")
   return common.lock(c)
