@@ -115,6 +115,7 @@ class RandomFeatureAttention(nn.Module):
   chunk_size: int = 64
   feature_eps: float = 1e-6
   share_heads: bool = False
+  impl: str = 'auto'   # 'auto' (fused Pallas on GPU where supported, else XLA) | 'pallas' | 'xla'
 
   def _projection(self, head_dim: int, num_heads: int, step: Optional[Array]):
     """W for this call: ``Projection`` with a leading head axis (or none if ``share_heads``)."""
@@ -155,6 +156,8 @@ class RandomFeatureAttention(nn.Module):
       s = input_scale(head_dim)
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
+    if self._use_pallas(position_bias, q.shape, v.dtype):
+      return self._pallas_attention(qf, kf, v, proj, mask, causal)
     phi_q, phi_k = per_head_features(self.component, qf, kf, proj, mask,
                                      heads_share_proj=self.share_heads)
     # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise.
@@ -167,6 +170,42 @@ class RandomFeatureAttention(nn.Module):
                                       eps=self.feature_eps)
     return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
                                    chunk_size=self.chunk_size, eps=self.feature_eps)
+
+
+  def _use_pallas(self, position_bias, q_shape, dtype) -> bool:
+    """Whether this call takes the fused Pallas kernels (kernelformer/pallas, docs/pallas.md)."""
+    if self.impl not in ('auto', 'pallas', 'xla'):
+      raise ValueError(f"attention impl must be 'auto', 'pallas' or 'xla', got {self.impl!r}")
+    if self.impl == 'xla':
+      return False
+    feature = PALLAS_FEATURES.get(self.component)
+    fused_ok = feature is not None and position_bias is None
+    if self.impl == 'pallas':
+      if not fused_ok:
+        raise ValueError(
+            f'impl=pallas supports components {", ".join(sorted(PALLAS_FEATURES))} without a '
+            f'position bias; got component {self.component!r}'
+            f'{" with a position bias" if position_bias is not None else ""}. Use impl=xla.')
+      return True
+    from kernelformer import pallas  # pylint: disable=g-import-not-at-top
+    return fused_ok and pallas.supported(feature, q_shape, dtype)
+
+  def _pallas_attention(self, qf, kf, v, proj, mask, causal):
+    from kernelformer import pallas  # pylint: disable=g-import-not-at-top
+    from kernelformer.features import projection as projection_lib  # pylint: disable=g-import-not-at-top
+    w, weights = None, None
+    if proj is not None:
+      dense = projection_lib.dense_matrix
+      w = dense(proj) if self.share_heads else jax.vmap(dense)(proj)
+      weights = proj.feature_weights
+    block_k = self.chunk_size if causal else None
+    return pallas.feature_attention(qf, kf, v, w, feature=PALLAS_FEATURES[self.component],
+                                    feature_weights=weights, mask=mask, causal=causal,
+                                    block_k=block_k, eps=self.feature_eps)
+
+
+# Components with a fused Pallas kernel (the kernel's feature name).
+PALLAS_FEATURES = {'posrf': 'exp', 'trigrf': 'trig', 'elu': 'elu', 'relu': 'relu'}
 
 
 # ----------------------------------------------------------------------------------------------

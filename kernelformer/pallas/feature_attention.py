@@ -28,18 +28,24 @@ Stabilizer (why it cancels). With ``l_r(x)`` the log-magnitude of feature r (``w
 ``|x|^2/2`` for trig), keys are shifted per feature by a running max ``beta_r`` over the valid keys seen
 so far, queries get the compensating ``+beta_r`` and then a per-row max ``a_i``:
 
-    phi(k_j)_r = s_r exp(l_r(k_j) - beta_r) t_r(k_j),   phi(q_i)_r = s'_r exp(l_r(q_i) + beta_r - a_i) t_r(q_i)
+    phi(k_j)_r = s_r exp(l_r(k_j) - beta_r) t_r(k_j)
+    phi(q_i)_r = s'_r exp(l_r(q_i) + beta_r - a_i) t_r(q_i)
 
 (``t_r`` = 1 or the cosine, ``s, s'`` the quadrature scales). Every product ``phi(q_i)_r phi(k_j)_r`` is the
 exact one times ``exp(-a_i)``: one factor per query row, common to its numerator and normalizer, so it
 cancels. When ``beta`` grows (flash-attention style) the accumulated state is rescaled row-wise by
-``exp(beta_old - beta_new) <= 1``. All exponents are ``<= 0`` (no overflow) and, for positive features,
-``a_i = max_{j,r} (l_r(q_i) + l_r(k_j))``, so the largest term of every normalizer is exactly one weight
-``c_r``: the normalizer cannot underflow however large the input norms (the fixed bound
-``w.k - |k|^2/2 <= |w|^2/2`` of the prototype, and the single key max of components.py, can). For trig
-``l_r`` does not depend on r and this is exactly components.py's convention. Masked keys and padded
-feature columns are excluded from the maxima (a finite ``-1e30`` stands for -inf, so no ``inf - inf``).
-The shifts are constants for differentiation (their exact contribution is zero), as in components.py.
+``exp(beta_old - beta_new) <= 1``. All exponents are ``<= 0`` (no overflow). Bidirectional, ``beta`` is
+the max over all valid keys, so for positive features ``a_i = max_{j,r} (l_r(q_i) + l_r(k_j))`` and the
+largest term of every normalizer is exactly one weight ``c_r``: the normalizer cannot underflow however
+large the input norms (the prototype's fixed bound ``w.k - |k|^2/2 <= |w|^2/2`` and components.py's
+single key max can). Causal, ``beta`` is the running max up to the end of the row's chunk, so keys
+later in the same chunk enter it: a row whose visible keys all lie ~80 (in log-magnitude) below a later
+in-chunk key still underflows (finite: the eps guard then gives 0). In both cases the normalizer is
+never smaller than the XLA path's (``a_i <= max_r l_r(q_i) + max_{j,r} l_r(k_j)``, the XLA shift). For
+trig ``l_r`` does not depend on r and this is exactly components.py's convention. Masked keys and
+padded feature columns are excluded from the maxima (a finite ``-1e30`` stands for -inf, so no
+``inf - inf``). The shifts are constants for differentiation (their exact contribution is zero), as in
+components.py.
 
 Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``[.]`` an indicator):
 
@@ -72,7 +78,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -695,7 +701,8 @@ def _backward(cfg: _Config, res, g):
 
   def split_outs(splits):
     proj_only = (lambda x: x) if cfg.projected else (lambda x: None)
-    return [(proj_only(_f32((b, h, splits, nm, d))), (None, None, None, nm, d), lambda i, j, s: (i, j, s, 0, 0)),
+    return [(proj_only(_f32((b, h, splits, nm, d))), (None, None, None, nm, d),
+             lambda i, j, s: (i, j, s, 0, 0)),
             (proj_only(_f32((b, h, splits, nm))), (None, None, None, nm),
              lambda i, j, s: (i, j, s, 0))]
 
