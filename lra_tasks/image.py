@@ -12,7 +12,7 @@ tasks. Every image has exactly 1024 tokens (``TaskInfo.max_length``); ``data.max
 or 0 (= automatic).
 
 The data is TFDS' ``cifar10`` read with ``tfds.data_source`` (prepared ``array_record`` files; see
-``text.TfdsDataset`` for the on-disk check that keeps TFDS from trying to download). Splits: LRA used
+``common.TfdsDataset`` for the on-disk check that keeps TFDS from trying to download). Splits: LRA used
 ``train[:90%]`` / ``train[90%:]`` / ``test``; here train/val are the same sizes (90/10 of CIFAR-10 train,
 ``data.val_fraction``) drawn by a permutation seeded with ``data.split_seed``; test is CIFAR-10 test.
 """
@@ -23,7 +23,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from lra_tasks import common
-from lra_tasks import text
 
 NUM_CLASSES = 10
 VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding
@@ -33,8 +32,8 @@ NUM_PIXELS = SIDE * SIDE
 # tf.image.rgb_to_grayscale's weights (ITU-R BT.601 luma, as TensorFlow rounds them).
 GRAY_WEIGHTS = np.array([0.2989, 0.5870, 0.1140], dtype=np.float32)
 
-CIFAR10 = text.TfdsDataset(task='image', name='cifar10', config=None, version='3.0.2',
-                           splits=('train', 'test'))
+CIFAR10 = common.TfdsDataset(task='image', name='cifar10', config=None, version='3.0.2',
+                             splits=('train', 'test'))
 
 
 def lra_grayscale(rgb: np.ndarray) -> np.ndarray:
@@ -81,15 +80,15 @@ def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
     raise ValueError(f'unknown split {split!r}; valid: {", ".join(common.SPLITS)}')
   _check_length(data)
   tfds_split = 'test' if split == 'test' else 'train'
-  inputs, targets = text.read_tfds_split(CIFAR10, data, tfds_split, _convert, cache_key=())
+  inputs, targets = common.read_tfds_split(CIFAR10, data, tfds_split, _convert, cache_key=())
   if split != 'test':
-    fraction = text.validation_fraction(data, 'image')
-    train_idx, val_idx = text.split_indices(len(targets), (1.0 - fraction, fraction),
-                                            data.split_seed)
+    fraction = common.validation_fraction(data, 'image')
+    train_idx, val_idx = common.split_indices(len(targets), (1.0 - fraction, fraction),
+                                              data.split_seed)
     idx = train_idx if split == 'train' else val_idx
     inputs, targets = inputs[idx], targets[idx]
   arrays = {'inputs': inputs, 'targets': targets}
-  text.check_nonempty('image', arrays, split, 'use more data or another data.val_fraction')
+  common.check_nonempty('image', arrays, split, 'use more data or another data.val_fraction')
   return arrays
 
 

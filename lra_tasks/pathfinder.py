@@ -27,6 +27,12 @@ came from TFDS sharding of a Beam pipeline and cannot be reproduced).
 No TFDS, no Beam and no constants to edit: the path comes from the config. Decoding costs about 0.11 ms
 per 32x32 PNG and 0.6 ms per 128x128 PNG (measured with PIL), so ~20 s for Pathfinder's 200k images and
 ~2 min for Path-X; the arrays are cached per process.
+
+Disk cache (``lra_tasks.cache``, built by ``scripts/prepare_data.py``): the valid images decoded once,
+in metadata order, into one memory-mapped uint8 ``[N, resolution**2]`` array plus int32 labels,
+keyed by the size and modification time of every metadata file and every image they name. The
+80/10/10 split is applied to it exactly as to the decoded images, so a changed ``split_seed`` needs
+no rebuild; ``source()`` then reads one row at a time (``pixel + 1`` as int32), the same examples.
 """
 from __future__ import annotations
 
@@ -39,8 +45,8 @@ from typing import Any
 
 import numpy as np
 
+from lra_tasks import cache
 from lra_tasks import common
-from lra_tasks import text
 
 NUM_CLASSES = 2
 VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding
@@ -49,6 +55,8 @@ DIFFICULTIES = {'easy': 'curv_baseline', 'intermediate': 'curv_contour_length_9'
                 'hard': 'curv_contour_length_14'}
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 RELEASE_URL = 'https://storage.googleapis.com/long-range-arena/lra_release.gz'
+# Bumped whenever decoding changes for the same files, so old caches are not read.
+CACHE_VERSION = 1
 
 _log = logging.getLogger(__name__)
 
@@ -126,10 +134,12 @@ def decode_png(path: str, res: int) -> np.ndarray | None:
   return pixels
 
 
-def load_examples(directory: str, res: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-  """All valid examples in metadata order: ``(tokens int32[N, res*res], labels int32[N], skipped)``."""
-  start = time.perf_counter()
-  rows, labels, skipped = [], [], []
+def iter_examples(directory: str, res: int, skipped: list[str]):
+  """Yields ``(pixels uint8[res, res], label)`` of every valid image, in metadata order.
+
+  Empty or undecodable images are appended to ``skipped``; a metadata line naming a missing image is
+  a ``DataError``.
+  """
   for meta in metadata_files(directory):
     for number, relative, label in read_metadata(meta):
       path = os.path.join(directory, relative)
@@ -141,11 +151,23 @@ def load_examples(directory: str, res: int) -> tuple[np.ndarray, np.ndarray, lis
       if pixels is None:
         skipped.append(path)
         continue
-      rows.append(pixels.reshape(-1))
-      labels.append(label)
+      yield pixels, label
+
+
+def _log_skipped(directory: str, skipped: list[str]) -> None:
   if skipped:
     _log.warning('pathfinder: skipped %d empty or unreadable image(s) in %s (first: %s)',
                  len(skipped), directory, skipped[0])
+
+
+def load_examples(directory: str, res: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+  """All valid examples in metadata order: ``(tokens int32[N, res*res], labels int32[N], skipped)``."""
+  start = time.perf_counter()
+  rows, labels, skipped = [], [], []
+  for pixels, label in iter_examples(directory, res, skipped):
+    rows.append(pixels.reshape(-1))
+    labels.append(label)
+  _log_skipped(directory, skipped)
   tokens = (np.stack(rows).astype(np.int32) + 1) if rows else np.zeros((0, res * res), np.int32)
   labels_arr = np.asarray(labels, dtype=np.int32).reshape(len(labels))
   tokens.setflags(write=False)
@@ -153,6 +175,45 @@ def load_examples(directory: str, res: int) -> tuple[np.ndarray, np.ndarray, lis
   _log.info('pathfinder: read %d images of %s in %.1f s', len(rows), directory,
             time.perf_counter() - start)
   return tokens, labels_arr, skipped
+
+
+def source_files(directory: str) -> list[str]:
+  """The metadata files and every image they name: what the decoded examples depend on."""
+  files = metadata_files(directory)
+  images = [os.path.join(directory, relative)
+            for meta in files for _, relative, _ in read_metadata(meta)]
+  return files + images
+
+
+def examples_cache(data: Any) -> cache.Cache:
+  """The cache of the decoded images of ``data``'s set (resolution and difficulty)."""
+  res = resolution(data)
+  return cache.Cache(cache.root(data.data_dir), 'pathfinder', f'pathfinder{res}/{curv_dir(data)}',
+                     {'resolution': res, 'version': CACHE_VERSION})
+
+
+def cached_examples(data: Any) -> dict[str, np.ndarray] | None:
+  """``{'pixels': uint8[N, res*res], 'labels': int32[N]}`` memory maps, if a current cache exists."""
+  directory = difficulty_dir(data)
+  return examples_cache(data).load(directory, lambda: source_files(directory))
+
+
+def build_cache(data: Any) -> str:
+  """Decodes the set once into a new cache (streaming, one image at a time); returns its directory."""
+  directory = difficulty_dir(data)
+  res = resolution(data)
+  if not metadata_files(directory):
+    raise common.DataError('pathfinder: data missing: ' + '; '.join(TASK.check(data)))
+  c = examples_cache(data)
+  key = c.key(cache.fingerprint(directory, source_files(directory)))
+  skipped: list[str] = []
+  with c.writer(key, {'pixels': (np.uint8, (res * res,)), 'labels': (np.int32, ())}) as w:
+    for pixels, label in iter_examples(directory, res, skipped):
+      w.append(pixels=pixels.reshape(-1), labels=label)
+    if c.key(cache.fingerprint(directory, source_files(directory))) != key:
+      raise common.DataError(f'pathfinder: {directory} changed while it was being cached; run again')
+  _log_skipped(directory, skipped)
+  return c.directory(key)
 
 
 @functools.lru_cache(maxsize=2)
@@ -174,22 +235,39 @@ def _check_length(data: Any) -> int:
   return pixels
 
 
-def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
-  """``{'inputs': int32[N, resolution**2], 'targets': int32[N]}`` for the seeded 80/10/10 ``split``."""
+def _split_source(data: Any, split: str) -> common.ArraySource | common.IndexedSource:
+  """The examples of the seeded 80/10/10 ``split``: cached rows if a current cache exists, else decoded."""
   if split not in common.SPLITS:
     raise ValueError(f'unknown split {split!r}; valid: {", ".join(common.SPLITS)}')
   _check_length(data)
   directory = difficulty_dir(data)
   if not metadata_files(directory):
     raise common.DataError('pathfinder: data missing: ' + '; '.join(TASK.check(data)))
-  tokens, labels = _cached_examples(directory, resolution(data), _stamp(directory))
-  parts = dict(zip(common.SPLITS, text.split_indices(len(labels), SPLIT_FRACTIONS,
-                                                     data.split_seed)))
+  stored = cached_examples(data)
+  if stored is not None:
+    n = len(stored['labels'])
+  else:
+    tokens, labels = _cached_examples(directory, resolution(data), _stamp(directory))
+    n = len(labels)
+  parts = dict(zip(common.SPLITS, common.split_indices(n, SPLIT_FRACTIONS, data.split_seed)))
   idx = parts[split]
-  arrays = {'inputs': tokens[idx], 'targets': labels[idx]}
-  text.check_nonempty('pathfinder', arrays, split,
-                      f'{directory} has {len(labels)} valid images, too few for an 80/10/10 split')
-  return arrays
+  if stored is not None:
+    # Pixels are stored as decoded (uint8); tokens are pixel + 1, as in load_examples.
+    src = common.IndexedSource(idx, {'inputs': 1}, inputs=stored['pixels'],
+                               targets=stored['labels'])
+  else:
+    src = common.ArraySource(inputs=tokens[idx], targets=labels[idx])
+  common.check_nonempty('pathfinder', {'targets': idx}, split,
+                        f'{directory} has {n} valid images, too few for an 80/10/10 split')
+  return src
+
+
+def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
+  """``{'inputs': int32[N, resolution**2], 'targets': int32[N]}`` for the seeded 80/10/10 ``split``."""
+  src = _split_source(data, split)
+  if isinstance(src, common.IndexedSource):
+    return src.materialize()
+  return dict(src.arrays)
 
 
 class PathfinderTask:
@@ -214,15 +292,17 @@ class PathfinderTask:
         return [f'{directory} is missing, but {os.path.join(root, nested, release)} exists: move '
                 f'{os.path.join(root, nested, folder)} to {os.path.join(root, folder)}']
     return [f'{os.path.join(directory, "metadata")}/*.npy is missing (with {directory}/imgs/): run: '
-            f'python scripts/prepare_data.py --task pathfinder --data_dir {data.data_dir}, or '
-            f'download {RELEASE_URL}, extract it and copy {release} (metadata/ and imgs/) there']
+            f'python scripts/prepare_data.py --task pathfinder --data_dir {data.data_dir} '
+            f'--resolution {resolution(data)} --difficulty {data.difficulty} --source <lra_release.gz '
+            f'or its extracted folder>, or download {RELEASE_URL}, extract it and copy {release} '
+            '(metadata/ and imgs/) there']
 
   def prepare(self, data: Any) -> None:
     """Nothing to make locally: the images come from the LRA release."""
     del data
 
-  def source(self, data: Any, split: str) -> common.ArraySource:
-    return common.ArraySource(**build_arrays(data, split))
+  def source(self, data: Any, split: str) -> common.ArraySource | common.IndexedSource:
+    return _split_source(data, split)
 
 
 TASK = PathfinderTask()

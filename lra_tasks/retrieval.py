@@ -23,6 +23,11 @@ data, as with ``use_quote_delim=False``), ``field_size_limit`` raised for long d
 decoded with ``surrogateescape`` so that any byte sequence round-trips exactly to the same tokens.
 Blank lines are skipped; a row with another field count or label is a ``DataError`` naming
 ``{path}:{line}``.
+
+Cache (``lra_tasks.cache``, built by ``scripts/prepare_data.py``): the byte tokens of each file at
+``data.max_length`` as uint16 (tokens are 0..256), keyed by the file's size and modification time
+and ``max_length``. When a cache for the current file and length exists, ``source()`` maps it and
+converts one row at a time; otherwise the file is parsed as above. The examples are identical.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from lra_tasks import cache
 from lra_tasks import common
 
 NUM_CLASSES = 2
@@ -42,6 +48,9 @@ SPLIT_FILES = {'train': 'new_aan_pairs.train.tsv', 'val': 'new_aan_pairs.eval.ts
 FIELDS = ('label', 'id1', 'id2', 'text1', 'text2')
 RELEASE_DIR = 'lra_release/tsv_data'
 RELEASE_URL = 'https://storage.googleapis.com/long-range-arena/lra_release.gz'
+
+# Bumped whenever the tokens of a file change for the same max_length, so old caches are not read.
+CACHE_VERSION = 1
 
 # Documents are long single fields; csv's default limit is 128 KiB. 2**31 - 1 fits every C long.
 _FIELD_SIZE_LIMIT = 2**31 - 1
@@ -121,18 +130,77 @@ def _cached_read(path: str, max_length: int, mtime_ns: int, size: int) -> dict[s
   return read_tsv(path, max_length)
 
 
-def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
-  """The token/label arrays of our ``split`` (train = train, val = eval, test = test)."""
-  path = split_path(data, split)
-  if not os.path.isfile(path):
-    raise common.DataError('retrieval: data missing: ' + '; '.join(TASK.check(data)))
+def _max_length(data: Any) -> int:
   max_length = int(data.max_length)
   if max_length < 1:
     raise common.DataError(f'retrieval: data.max_length must be >= 1, got {max_length}')
+  return max_length
+
+
+def split_cache(data: Any, split: str) -> cache.Cache:
+  """The cache of one split file's tokens at ``data.max_length``."""
+  return cache.Cache(cache.root(data.data_dir), 'retrieval', f'retrieval/{SPLIT_FILES[split]}',
+                     {'max_length': _max_length(data), 'version': CACHE_VERSION})
+
+
+def cached_arrays(data: Any, split: str) -> dict[str, np.ndarray] | None:
+  """The memory-mapped uint16 tokens and int32 targets of ``split``, if a current cache exists."""
+  path = split_path(data, split)
+  return split_cache(data, split).load(data_root(data), lambda: [path])
+
+
+def build_cache(data: Any, split: str) -> str:
+  """Writes the cache of ``split`` (streaming, one row at a time); returns its directory."""
+  path = split_path(data, split)
+  if not os.path.isfile(path):
+    raise common.DataError('retrieval: data missing: ' + '; '.join(TASK.check(data)))
+  max_length = _max_length(data)
+  c = split_cache(data, split)
+  key = c.key(cache.fingerprint(data_root(data), [path]))
+  columns = {'inputs1': (np.uint16, (max_length,)), 'inputs2': (np.uint16, (max_length,)),
+             'targets': (np.int32, ())}
+  with c.writer(key, columns) as w:
+    for _, label, text1, text2 in iter_rows(path):
+      w.append(inputs1=common.byte_tokens(text1, max_length),
+               inputs2=common.byte_tokens(text2, max_length), targets=label)
+    if c.key(cache.fingerprint(data_root(data), [path])) != key:
+      raise common.DataError(f'retrieval: {path} changed while it was being cached; run again')
+  return c.directory(key)
+
+
+def _stored(data: Any, split: str) -> common.IndexedSource | None:
+  stored = cached_arrays(data, split)
+  if stored is None:
+    return None
+  return common.IndexedSource(None, **stored)
+
+
+def _check_file(data: Any, split: str) -> str:
+  path = split_path(data, split)
+  if not os.path.isfile(path):
+    raise common.DataError('retrieval: data missing: ' + '; '.join(TASK.check(data)))
+  return path
+
+
+def _check_nonempty(n: int, path: str) -> None:
+  if n == 0:
+    raise common.DataError(f'retrieval: {path} holds no examples; copy it again from the LRA release')
+
+
+def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
+  """The token/label arrays of our ``split`` (train = train, val = eval, test = test).
+
+  From the cache when a current one exists (identical values), else parsed from the TSV.
+  """
+  path = _check_file(data, split)
+  max_length = _max_length(data)
+  stored = _stored(data, split)
+  if stored is not None:
+    _check_nonempty(len(stored), path)
+    return stored.materialize()
   st = os.stat(path)
   arrays = _cached_read(path, max_length, st.st_mtime_ns, st.st_size)
-  if len(arrays['targets']) == 0:
-    raise common.DataError(f'retrieval: {path} holds no examples; copy it again from the LRA release')
+  _check_nonempty(len(arrays['targets']), path)
   return dict(arrays)
 
 
@@ -156,15 +224,22 @@ class RetrievalTask:
           continue
         lines.append(
             f'{path} is missing: run: python scripts/prepare_data.py --task retrieval --data_dir '
-            f'{data.data_dir}, or download {RELEASE_URL}, extract it and copy '
-            f'{RELEASE_DIR}/{SPLIT_FILES[split]} there')
+            f'{data.data_dir} --source <lra_release.gz or its extracted folder>, or download '
+            f'{RELEASE_URL}, extract it and copy {RELEASE_DIR}/{SPLIT_FILES[split]} there')
     return lines
 
   def prepare(self, data: Any) -> None:
     """Nothing to make locally: the files come from the LRA release."""
     del data
 
-  def source(self, data: Any, split: str) -> common.ArraySource:
+  def source(self, data: Any, split: str) -> common.ArraySource | common.IndexedSource:
+    """The cached split as a memory-mapped source if there is one, else the parsed arrays."""
+    path = _check_file(data, split)
+    _max_length(data)
+    stored = _stored(data, split)
+    if stored is not None:
+      _check_nonempty(len(stored), path)
+      return stored
     return common.ArraySource(**build_arrays(data, split))
 
 

@@ -15,187 +15,34 @@ Splits: IMDb has 25k train and 25k test reviews and no validation set. LRA valid
 here validation is carved from train (``data.val_fraction``, a permutation seeded by
 ``data.split_seed``), so model selection never sees a test review. The test split is IMDb's test split.
 
-This module also holds what the TFDS-backed tasks share (``TfdsDataset``, ``read_tfds_split``) and the
-seeded split helper ``split_indices`` that Image and Pathfinder use too.
+Cache (``lra_tasks.cache``, built by ``scripts/prepare_data.py``): the byte tokens of TFDS' train and
+test splits at ``data.max_length`` as uint16, keyed by the size and modification time of the prepared
+``dataset_info.json`` and the split's shards. With a current cache, ``source()`` maps it and converts
+one row at a time; the validation carve is the same index set, so the examples are identical.
 """
 from __future__ import annotations
 
-import dataclasses
-import glob
-import logging
 import os
-import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from lra_tasks import cache
 from lra_tasks import common
+# Re-exported: split_indices moved to common; tests/lra_tasks/test_{text,image}.py still call it here.
+from lra_tasks.common import split_indices  # noqa: F401
 
 NUM_CLASSES = 2
 VOCAB_SIZE = common.BYTE_VOCAB_SIZE  # 257: 256 bytes + padding
-
-_log = logging.getLogger(__name__)
-
-
-# ----------------------------------------------------------------------------------------------
-# Seeded splits (shared with image.py and pathfinder.py).
-
-
-def split_indices(n: int, fractions: Sequence[float], seed: int) -> list[np.ndarray]:
-  """Disjoint index sets covering ``range(n)``: a seeded permutation cut at cumulative fractions.
-
-  The cuts are ``int(n * f1)``, ``int(n * (f1 + f2))``, ... as in LRA's Pathfinder split
-  (``int(len * 0.8)``, ``int(len * 0.9)``); the last part takes the rest. Each part is returned sorted,
-  so a split keeps the upstream order of its examples and is identical in every process.
-
-  Args:
-    n: number of examples.
-    fractions: part sizes as fractions of ``n``; they must sum to 1.
-    seed: seed of the permutation (``np.random.default_rng``).
-  """
-  if abs(sum(fractions) - 1.0) > 1e-9 or min(fractions) <= 0:
-    raise ValueError(f'fractions must be positive and sum to 1, got {list(fractions)}')
-  perm = np.random.default_rng(int(seed)).permutation(n)
-  cuts = [int(n * float(np.sum(fractions[:i + 1]))) for i in range(len(fractions) - 1)]
-  return [np.sort(part) for part in np.split(perm, cuts)]
-
-
-def validation_fraction(data: Any, task: str) -> float:
-  fraction = float(data.val_fraction)
-  if not 0.0 < fraction < 1.0:
-    raise common.DataError(f'{task}: data.val_fraction must be in (0, 1), got {fraction}')
-  return fraction
-
-
-def check_nonempty(task: str, arrays: Mapping[str, np.ndarray], split: str, hint: str) -> None:
-  n = len(next(iter(arrays.values())))
-  if n == 0:
-    raise common.DataError(f'{task}: the {split} split is empty; {hint}')
-
-
-# ----------------------------------------------------------------------------------------------
-# TFDS datasets on disk (shared with image.py).
-
-
-@dataclasses.dataclass(frozen=True)
-class TfdsDataset:
-  """A TFDS dataset that must already be prepared as ``array_record`` files under a data dir.
-
-  TFDS lays a prepared dataset out as ``{data_dir}/{name}[/{config}]/{version}/`` holding
-  ``dataset_info.json`` and shards ``{name}-{split}.array_record-NNNNN-of-MMMMM``. ``tfds.load``
-  prepares TFRecord shards by default, which ``tfds.data_source`` cannot read.
-  """
-
-  task: str                      # our task name (for messages and the prepare command)
-  name: str                      # TFDS name, e.g. 'imdb_reviews'
-  config: str | None             # TFDS builder config, e.g. 'plain_text', or None
-  version: str                   # the version tensorflow-datasets 4.9 builds
-  splits: tuple[str, ...]        # TFDS splits the task reads
-
-  def root(self, data: Any) -> str:
-    return os.path.expanduser(str(data.tfds_data_dir or data.data_dir))
-
-  def base_dir(self, data: Any) -> str:
-    parts = [self.root(data), self.name] + ([self.config] if self.config else [])
-    return os.path.join(*parts)
-
-  def expected_dir(self, data: Any) -> str:
-    return os.path.join(self.base_dir(data), self.version)
-
-  def _shards(self, directory: str, split: str, file_format: str) -> list[str]:
-    return glob.glob(os.path.join(directory, f'{self.name}-{split}.{file_format}-*'))
-
-  def _is_prepared(self, directory: str) -> bool:
-    return (os.path.isfile(os.path.join(directory, 'dataset_info.json'))
-            and all(self._shards(directory, s, 'array_record') for s in self.splits))
-
-  def prepared_dir(self, data: Any) -> str | None:
-    """The version directory holding prepared array_record files (ours first, else the newest)."""
-    if self._is_prepared(self.expected_dir(data)):
-      return self.expected_dir(data)
-    candidates = sorted(glob.glob(os.path.join(self.base_dir(data), '*')), reverse=True)
-    for directory in candidates:
-      if os.path.isdir(directory) and self._is_prepared(directory):
-        return directory
-    return None
-
-  def check(self, data: Any) -> list[str]:
-    if not bool(data.tfds_check) or self.prepared_dir(data) is not None:
-      return []
-    directory = self.expected_dir(data)
-    prepare = (f'run: python scripts/prepare_data.py --task {self.task} --data_dir {data.data_dir}'
-               ' (or set data.tfds_data_dir to a TFDS data dir that has it)')
-    if any(self._shards(directory, s, 'tfrecord') for s in self.splits):
-      return [f'{directory} holds TFRecord shards, but tfds.data_source reads only array_record: '
-              f'{prepare}; it re-prepares with file_format=array_record']
-    splits = ', '.join(self.splits)
-    return [f'{directory} has no prepared {self.name} ({splits}: dataset_info.json + '
-            f'{self.name}-<split>.array_record-* shards): {prepare}']
-
-  def open(self, data: Any, split: str):
-    """``tfds.data_source`` for ``split``; never downloads (``download=False``)."""
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    name = self.name + (f'/{self.config}' if self.config else '')
-    directory = self.prepared_dir(data) if bool(data.tfds_check) else None
-    if directory is not None:
-      name += ':' + os.path.basename(directory)
-    return tfds.data_source(name, split=split, data_dir=self.root(data), download=False)
-
-
-def read_tfds_split(dataset: TfdsDataset, data: Any, split: str,
-                    convert: Callable[[Mapping[str, Any]], tuple[np.ndarray, int]],
-                    cache_key: tuple) -> tuple[np.ndarray, np.ndarray]:
-  """``(inputs int32[N, L], targets int32[N])`` of a whole TFDS split, one record at a time.
-
-  Records are read singly: the batched ``__getitems__`` of TFDS' mock data source is broken, and a
-  single read costs the same per record. With real prepared data the result is cached per process
-  (the trainer asks for train and val, both carved from TFDS' train split); ``cache_key`` must name
-  everything ``convert`` depends on. Mock data (``data.tfds_check=False``) is never cached.
-  """
-  if bool(data.tfds_check):
-    directory = dataset.prepared_dir(data)
-    if directory is None:
-      raise common.DataError(f'{dataset.task}: data missing: ' + '; '.join(dataset.check(data)))
-    info = os.stat(os.path.join(directory, 'dataset_info.json'))
-    return _cached_tfds_split(dataset, data, split, convert,
-                              (directory, split, info.st_mtime_ns, *cache_key))
-  return _read_tfds_split(dataset, data, split, convert)
-
-
-def _read_tfds_split(dataset, data, split, convert):
-  start = time.perf_counter()
-  source = dataset.open(data, split)
-  rows, targets = [], []
-  for i in range(len(source)):
-    ids, target = convert(source[i])
-    rows.append(ids)
-    targets.append(target)
-  inputs = np.stack(rows) if rows else np.zeros((0, 0), np.int32)
-  targets_arr = np.asarray(targets, dtype=np.int32).reshape(len(targets))
-  inputs.setflags(write=False)
-  targets_arr.setflags(write=False)
-  _log.info('%s: read %d records of %s/%s in %.1f s', dataset.task, len(rows), dataset.name, split,
-            time.perf_counter() - start)
-  return inputs, targets_arr
-
-
-_TFDS_CACHE: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-
-
-def _cached_tfds_split(dataset, data, split, convert, key):
-  if key not in _TFDS_CACHE:
-    # Two entries at most: a task's TFDS train and test splits.
-    while len(_TFDS_CACHE) >= 2:
-      _TFDS_CACHE.pop(next(iter(_TFDS_CACHE)))
-    _TFDS_CACHE[key] = _read_tfds_split(dataset, data, split, convert)
-  return _TFDS_CACHE[key]
+# Bumped whenever the tokens of a record change for the same max_length, so old caches are not read.
+CACHE_VERSION = 1
 
 
 # ----------------------------------------------------------------------------------------------
 # The task.
 
-IMDB = TfdsDataset(task='text', name='imdb_reviews', config='plain_text', version='1.0.0',
-                   splits=('train', 'test'))
+IMDB = common.TfdsDataset(task='text', name='imdb_reviews', config='plain_text', version='1.0.0',
+                          splits=('train', 'test'))
 
 
 def _tokenize_review(max_length: int) -> Callable[[Mapping[str, Any]], tuple[np.ndarray, int]]:
@@ -208,28 +55,90 @@ def _tokenize_review(max_length: int) -> Callable[[Mapping[str, Any]], tuple[np.
   return convert
 
 
+def _max_length(data: Any) -> int:
+  max_length = int(data.max_length)
+  if max_length < 1:
+    raise common.DataError(f'text: data.max_length must be >= 1, got {max_length}')
+  return max_length
+
+
+def split_cache(data: Any, tfds_split: str) -> cache.Cache:
+  """The cache of one TFDS split's byte tokens at ``data.max_length``."""
+  return cache.Cache(cache.root(data.data_dir), 'text', f'{IMDB.full_name}/{tfds_split}',
+                     {'max_length': _max_length(data), 'version': CACHE_VERSION})
+
+
+def _cache_sources(directory: str, tfds_split: str) -> list[str]:
+  return [os.path.join(directory, 'dataset_info.json')] + IMDB.shards(directory, tfds_split)
+
+
+def cached_split(data: Any, tfds_split: str) -> dict[str, np.ndarray] | None:
+  """Memory-mapped ``{'inputs': uint16[N, L], 'targets': int32[N]}`` if a current cache exists.
+
+  Only for prepared data on disk (``data.tfds_check``): mock data has no files to key a cache by.
+  """
+  if not bool(data.tfds_check):
+    return None
+  directory = IMDB.prepared_dir(data)
+  if directory is None:
+    return None
+  return split_cache(data, tfds_split).load(directory,
+                                            lambda: _cache_sources(directory, tfds_split))
+
+
+def build_cache(data: Any, tfds_split: str) -> str:
+  """Tokenizes a prepared TFDS split into a new cache, one record at a time; returns its directory."""
+  directory = IMDB.prepared_dir(data)
+  if directory is None:
+    raise common.DataError('text: data missing: ' + '; '.join(IMDB.check(data)))
+  max_length = _max_length(data)
+  c = split_cache(data, tfds_split)
+  key = c.key(cache.fingerprint(directory, _cache_sources(directory, tfds_split)))
+  with c.writer(key, {'inputs': (np.uint16, (max_length,)), 'targets': (np.int32, ())}) as w:
+    for ids, label in common.iter_tfds_split(IMDB, data, tfds_split, _tokenize_review(max_length)):
+      w.append(inputs=ids, targets=label)
+  return c.directory(key)
+
+
+def _split_source(data: Any, split: str) -> common.ArraySource | common.IndexedSource:
+  """Our ``split`` of IMDb, from the cache if a current one exists, else read from TFDS."""
+  if split not in common.SPLITS:
+    raise ValueError(f'unknown split {split!r}; valid: {", ".join(common.SPLITS)}')
+  max_length = _max_length(data)
+  tfds_split = 'test' if split == 'test' else 'train'
+  stored = cached_split(data, tfds_split)
+  if stored is not None:
+    n = len(stored['targets'])
+  else:
+    inputs, targets = common.read_tfds_split(IMDB, data, tfds_split, _tokenize_review(max_length),
+                                             cache_key=(max_length,))
+    n = len(targets)
+  idx = None
+  if split != 'test':
+    fraction = common.validation_fraction(data, 'text')
+    train_idx, val_idx = common.split_indices(n, (1.0 - fraction, fraction), data.split_seed)
+    idx = train_idx if split == 'train' else val_idx
+  if stored is not None:
+    src = common.IndexedSource(idx, **stored)
+  elif idx is None:
+    src = common.ArraySource(inputs=inputs, targets=targets)
+  else:
+    src = common.ArraySource(inputs=inputs[idx], targets=targets[idx])
+  common.check_nonempty('text', {'targets': range(len(src))}, split,
+                        'use more data or another data.val_fraction')
+  return src
+
+
 def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
   """``{'inputs': int32[N, max_length], 'targets': int32[N]}`` for our split of IMDb.
 
   ``train``/``val`` are the two parts of TFDS' train split (``split_indices`` with fractions
   ``1 - val_fraction, val_fraction``); ``test`` is TFDS' test split.
   """
-  if split not in common.SPLITS:
-    raise ValueError(f'unknown split {split!r}; valid: {", ".join(common.SPLITS)}')
-  max_length = int(data.max_length)
-  if max_length < 1:
-    raise common.DataError(f'text: data.max_length must be >= 1, got {max_length}')
-  tfds_split = 'test' if split == 'test' else 'train'
-  inputs, targets = read_tfds_split(IMDB, data, tfds_split, _tokenize_review(max_length),
-                                    cache_key=(max_length,))
-  if split != 'test':
-    fraction = validation_fraction(data, 'text')
-    train_idx, val_idx = split_indices(len(targets), (1.0 - fraction, fraction), data.split_seed)
-    idx = train_idx if split == 'train' else val_idx
-    inputs, targets = inputs[idx], targets[idx]
-  arrays = {'inputs': inputs, 'targets': targets}
-  check_nonempty('text', arrays, split, 'use more data or another data.val_fraction')
-  return arrays
+  src = _split_source(data, split)
+  if isinstance(src, common.IndexedSource):
+    return src.materialize()
+  return dict(src.arrays)
 
 
 class TextTask:
@@ -248,11 +157,11 @@ class TextTask:
     """Nothing to make locally: preparing IMDb downloads it (scripts/prepare_data.py does that)."""
     del data
 
-  def source(self, data: Any, split: str) -> common.ArraySource:
+  def source(self, data: Any, split: str) -> common.ArraySource | common.IndexedSource:
     missing = self.check(data)
     if missing:
       raise common.DataError('text: data missing: ' + '; '.join(missing))
-    return common.ArraySource(**build_arrays(data, split))
+    return _split_source(data, split)
 
 
 TASK = TextTask()
