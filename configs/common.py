@@ -43,7 +43,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.task = ''                      # lra_tasks name
-  c.data.data_dir = 'data'              # root of every task's files (see README, "Getting the data")
+  c.data.data_dir = 'data'              # root of every task's files (see docs/data.md, "Getting the data")
   c.data.max_length = 1000              # tokens per example (per document for Retrieval)
 
   c.model = ml_collections.ConfigDict()

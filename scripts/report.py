@@ -1,7 +1,7 @@
 """Tables and a plot from a sweep directory: kernels x tasks, mean ± std over seeds, paper numbers beside.
 
-  python scripts/report.py sweeps/mini                       # writes sweeps/mini/report.{md,csv,png}
-  python scripts/report.py sweeps/sf --paper spectraformer --out docs/sweeps/spectraformer
+  python scripts/report.py runs/sweeps/mini             # writes runs/sweeps/mini/report.{md,csv,png}
+  python scripts/report.py runs/sweeps/sf --paper spectraformer --out docs/sweeps/spectraformer
 
 --paper defaults to the paper of the named sweep that made the directory (none for a --grid sweep);
 --paper none hides paper numbers. The markdown table is also printed. The work is

@@ -1,10 +1,10 @@
 """Run a sweep: a grid of overrides over task configs, or a named sweep from configs/sweeps/.
 
   python scripts/sweep.py --config configs/listops.py:quick \\
-      --grid model.attention.kind=softmax,posrf-orf,oprf-mm --grid seed=0,1,2 --sweep_dir sweeps/mine
-  python scripts/sweep.py --sweep mini --sweep_dir sweeps/mini           # configs/sweeps/mini.py
-  python scripts/sweep.py --sweep spectraformer --sweep_dir sweeps/sf --dry_run
-  python scripts/sweep.py --sweep skyformer --sweep_dir /shared/sky --emit jobs.txt   # one command per run
+      --grid model.attention.kind=softmax,posrf-orf,oprf-mm --grid seed=0,1,2 --sweep_dir runs/sweeps/mine
+  python scripts/sweep.py --sweep mini --sweep_dir runs/sweeps/mini           # configs/sweeps/mini.py
+  python scripts/sweep.py --sweep spectraformer --sweep_dir runs/sweeps/sf --dry_run
+  python scripts/sweep.py --sweep skyformer --sweep_dir /shared/runs/sky --emit jobs.txt   # one command per run
 
 Each point trains in SWEEP_DIR/<config>-<preset>/<overrides>; finished points are skipped, interrupted
 ones resume, failures go to SWEEP_DIR/failures.jsonl and the sweep goes on. Then:

@@ -1,12 +1,12 @@
 """A sweep small enough for a laptop: 3 kernels x 2 seeds on short ListOps, < 20 minutes on 2 CPU cores.
 
 The ``quick`` ListOps preset (expressions of 20-100 tokens, 2 layers x 64 dims, batch 64) trained for
-800 instead of 3000 steps: softmax, Performer's FAVOR+ (``posrf-orf``) and Spectraformer's best variant
+600 instead of 3000 steps: softmax, Performer's FAVOR+ (``posrf-orf``) and Spectraformer's best variant
 (``posrf-mm``). It exercises the whole pipeline (sweep, resume, report, plot); its accuracies are far
 from the papers' (a different, shorter ListOps and a short schedule) and no paper column is shown.
 
-  python scripts/sweep.py --sweep mini --sweep_dir sweeps/mini
-  python scripts/report.py sweeps/mini --out docs/sweeps/mini
+  python scripts/sweep.py --sweep mini --sweep_dir runs/sweeps/mini
+  python scripts/report.py runs/sweeps/mini --out docs/sweeps/mini
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SEEDS = (0, 1)
 
 def get_sweep() -> Sweep:
   points = grid('configs/listops.py', 'quick', {KIND_KEY: KINDS, 'seed': SEEDS})
-  common = (('num_train_steps', 800), ('eval_every', 200), ('checkpoint_every', 200),
+  common = (('num_train_steps', 600), ('eval_every', 200), ('checkpoint_every', 200),
             ('log_every', 100), ('progress', False))
   return Sweep(name='mini', points=tuple(points), common=common,
-               description='3 kernels x 2 seeds, ListOps `quick` preset shortened to 800 steps')
+               description='3 kernels x 2 seeds, ListOps `quick` preset shortened to 600 steps')

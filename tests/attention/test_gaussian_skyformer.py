@@ -9,6 +9,27 @@ import pytest
 from kernelformer import registry
 from kernelformer.attention import gaussian, skyformer
 
+# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
+# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
+# Option names unknown to another jax version fall back to a plain jit.
+_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
+                 'xla_cpu_use_fusion_emitters': False}
+
+
+def _fast_jit(fn, **jit_kwargs):
+  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
+  plain = jax.jit(fn, **jit_kwargs)
+
+  def call(*args, **kwargs):
+    try:
+      return fast(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      if 'compile option' not in str(e):
+        raise
+      return plain(*args, **kwargs)
+
+  return call
+
 
 def _naive_kernelized(q, k, v, mask=None, causal=False):
   """C V with C_ij = exp(-|q_i - k_j|^2 / (2 sqrt(p))) by explicit differences, float64, unnormalized."""
@@ -29,13 +50,15 @@ def _qkv(seed, b=2, length=6, h=2, p=8, scale=0.7):
 
 
 @pytest.mark.parametrize('p', [4, 16])
-@pytest.mark.parametrize('causal', [False, True])
-def test_gaussian_attention_matches_naive(p, causal):
+def test_gaussian_attention_matches_naive(p):
+  """The input scale follows the head dimension p (a constant 32^-1/4 would fail for p = 4 and 16)."""
   q, k, v = _qkv(p, p=p)
   mask = jnp.array([[True] * 6, [True, True, True, False, False, False]])
-  out = gaussian.gaussian_attention(q, k, v, mask=mask, causal=causal)
-  np.testing.assert_allclose(np.asarray(out), _naive_kernelized(q, k, v, mask, causal),
-                             rtol=1e-5, atol=1e-6)
+  attend = _fast_jit(gaussian.gaussian_attention, static_argnames='causal')
+  for causal in (False, True):
+    out = attend(q, k, v, mask=mask, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), _naive_kernelized(q, k, v, mask, causal),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_gaussian_attention_is_not_row_normalized():
@@ -52,7 +75,7 @@ def test_gaussian_registry_names():
   assert registry.get('kernelized-attention').name == 'gaussian'
   module = registry.build({'kind': 'gaussian'})
   q, k, v = _qkv(1)
-  out = module.apply({}, q, k, v)
+  out = _fast_jit(module.apply)({}, q, k, v)
   np.testing.assert_allclose(np.asarray(out), _naive_kernelized(q, k, v), rtol=1e-5, atol=1e-6)
 
 
@@ -77,9 +100,10 @@ def test_skyformer_with_every_row_as_landmark_matches_exact():
   """d = 2n: C_tilde = (I, 0) C_bar (C_bar + gamma I)^-1 C_bar (0, I)^T, within gamma of C (spectral)."""
   length, gamma = 16, 1e-3
   q, k = _low_rank_qk(0, length)
-  exact = gaussian.gaussian_scores(q, k)[0, 0]
-  approx = skyformer.skyformer_matrix(q, k, key=None, mask=None, num_landmarks=2 * length,
-                                      gamma=gamma, num_iterations=None)[0, 0]
+  exact, approx = _fast_jit(lambda q, k: (
+      gaussian.gaussian_scores(q, k)[0, 0],
+      skyformer.skyformer_matrix(q, k, key=None, mask=None, num_landmarks=2 * length, gamma=gamma,
+                                 num_iterations=None)[0, 0]))(q, k)
   # Theory: the eigenvalues of C_bar - C_bar (C_bar + gamma)^-1 C_bar are gamma l / (l + gamma) < gamma.
   err = _spectral(approx - exact)
   assert err <= gamma + 1e-4 * _spectral(exact), (err, _spectral(exact))
@@ -89,14 +113,21 @@ def test_skyformer_error_decreases_with_landmarks():
   """Spectral error of C_tilde against C, averaged over 3 landmark draws, falls as d grows (Figure 1)."""
   length = 32
   q, k = _low_rank_qk(1, length)
-  exact = np.asarray(gaussian.gaussian_scores(q, k)[0, 0])
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  sizes = (2, 4, 8, 16, 64)
+
+  @_fast_jit
+  def matrices(q, k, keys):
+    exact = gaussian.gaussian_scores(q, k)[0, 0]
+    return exact, [jax.vmap(lambda kk, d=d: skyformer.skyformer_matrix(
+        q, k, key=kk, mask=None, num_landmarks=d, gamma=1e-3, num_iterations=None)[0, 0])(keys)
+                   for d in sizes]
+
+  exact, approx = matrices(q, k, keys)
+  exact = np.asarray(exact)
   norm = _spectral(exact)
-  errors = []
-  for d in (2, 4, 8, 16, 64):
-    errs = [_spectral(np.asarray(skyformer.skyformer_matrix(
-        q, k, key=jax.random.PRNGKey(seed), mask=None, num_landmarks=d, gamma=1e-3,
-        num_iterations=None)[0, 0]) - exact) / norm for seed in range(3)]
-    errors.append(float(np.mean(errs)))
+  errors = [float(np.mean([_spectral(np.asarray(m) - exact) / norm for m in mats]))
+            for mats in approx]
   assert all(a > b for a, b in zip(errors, errors[1:])), errors
   assert errors[-1] < 1e-3, errors
 
@@ -105,13 +136,17 @@ def test_skyformer_output_matches_its_matrix_and_padding_equals_truncation():
   """C_tilde V computed right-to-left equals the dense C_tilde times V; padding = shorter sequence."""
   q, k, v = _qkv(3, b=1, length=8)
   mask = jnp.array([[True] * 5 + [False] * 3])
-  kwargs = dict(mask=mask, num_landmarks=16, gamma=0.1, num_iterations=None)
-  out = skyformer.skyformer_attention(q, k, v, key=None, **kwargs)
-  mat = skyformer.skyformer_matrix(q, k, key=None, **kwargs)
-  dense = jnp.einsum('bhls,bshd->blhd', mat, v)
+  kwargs = dict(key=None, num_landmarks=16, gamma=0.1, num_iterations=None)
+
+  @_fast_jit
+  def compute(q, k, v):
+    out = skyformer.skyformer_attention(q, k, v, mask=mask, **kwargs)
+    mat = skyformer.skyformer_matrix(q, k, mask=mask, **kwargs)
+    short = skyformer.skyformer_attention(q[:, :5], k[:, :5], v[:, :5], mask=None, **kwargs)
+    return out, jnp.einsum('bhls,bshd->blhd', mat, v), short
+
+  out, dense, short = compute(q, k, v)
   np.testing.assert_allclose(np.asarray(out), np.asarray(dense), rtol=1e-5, atol=1e-6)
-  short = skyformer.skyformer_attention(q[:, :5], k[:, :5], v[:, :5], key=None, mask=None,
-                                        num_landmarks=16, gamma=0.1, num_iterations=None)
   np.testing.assert_allclose(np.asarray(out[:, :5]), np.asarray(short), rtol=1e-5, atol=1e-6)
 
 
@@ -128,8 +163,8 @@ def test_newton_schulz_converges_per_matrix():
   y = w / jnp.sqrt(dm[:, None] * dm[None, :])
   ys = jnp.stack([y, 0.01 * y])
   iters = skyformer.default_iterations(64, gamma)
-  z = skyformer.newton_schulz_inverse(ys, iters)
-  residual = jnp.max(jnp.abs(jnp.eye(64) - ys @ z), axis=(-2, -1))
+  residual = _fast_jit(lambda ys: jnp.max(jnp.abs(
+      jnp.eye(64) - ys @ skyformer.newton_schulz_inverse(ys, iters)), axis=(-2, -1)))(ys)
   assert float(residual[0]) < 1e-3 and float(residual[1]) < 1e-3, residual
   assert skyformer.default_iterations(128, 0.1) == 15
 
@@ -137,7 +172,7 @@ def test_newton_schulz_converges_per_matrix():
 def test_sample_landmarks_uniform_without_replacement_among_valid():
   valid = jnp.array([True] * 10 + [False] * 6)
   keys = jax.random.split(jax.random.PRNGKey(0), 2000)
-  idx, ok = jax.vmap(lambda kk: skyformer.sample_landmarks(kk, valid, 3))(keys)
+  idx, ok = _fast_jit(jax.vmap(lambda kk: skyformer.sample_landmarks(kk, valid, 3)))(keys)
   idx = np.asarray(idx)
   assert np.all(np.asarray(ok)) and np.all(idx < 10)
   assert all(len(set(row)) == 3 for row in idx)                      # without replacement
@@ -159,16 +194,20 @@ def test_skyformer_module_randomness_edge_cases_and_errors():
   def run(q, k, v, mask, step):
     return module.apply({}, q, k, v, mask=mask, step=step, rngs=rngs)
 
-  eval_a, eval_b = run(q, k, v, mask, None), run(q, k, v, mask, None)
+  @_fast_jit
+  def everything(q, k, v):
+    outs = [run(q, k, v, mask, s) for s in (None, None, jnp.int32(3), jnp.int32(7), jnp.int32(12))]
+    grads = jax.grad(lambda q, k, v: jnp.sum(run(q, k, v, mask, None) ** 2),
+                     argnums=(0, 1, 2))(q, k, v)
+    return outs, grads, run(q[:, :1], k[:, :1], v[:, :1], None, None)
+
+  (eval_a, eval_b, s3, s7, s12), grads, one = everything(q, k, v)
   np.testing.assert_array_equal(np.asarray(eval_a), np.asarray(eval_b))       # fixed draw
-  s3, s7, s12 = (run(q, k, v, mask, jnp.int32(s)) for s in (3, 7, 12))
   np.testing.assert_array_equal(np.asarray(s3), np.asarray(s7))               # same window
   assert not np.allclose(np.asarray(s7), np.asarray(s12))                      # redrawn
-  # Sequence with a single valid token: its query sees only that key.
+  # The second sequence has a single valid token; everything stays finite, gradients too.
   assert np.all(np.isfinite(np.asarray(s3)))
-  grads = jax.grad(lambda q, k, v: jnp.sum(run(q, k, v, mask, None) ** 2), argnums=(0, 1, 2))(q, k, v)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
-  one = run(q[:, :1], k[:, :1], v[:, :1], None, None)
   # Length 1: both rows are landmarks (exact Nyström of the 2x2 C_bar), so |C_tilde - C| <= gamma.
   err = np.abs(np.asarray(one) - _naive_kernelized(q[:, :1], k[:, :1], v[:, :1]))
   assert np.all(err <= module.gamma * np.abs(np.asarray(v[:, :1])) + 1e-6)

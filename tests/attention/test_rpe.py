@@ -1,6 +1,8 @@
 """RPE by FFT (Luo et al. 2021, §3.2): Toeplitz products, kernelized attention with RPE, and nprf-rpe."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,27 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import rpe
+
+# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
+# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
+# Option names unknown to another jax version fall back to a plain jit.
+_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
+                 'xla_cpu_use_fusion_emitters': False}
+
+
+def _fast_jit(fn, **jit_kwargs):
+  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
+  plain = jax.jit(fn, **jit_kwargs)
+
+  def call(*args, **kwargs):
+    try:
+      return fast(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      if 'compile option' not in str(e):
+        raise
+      return plain(*args, **kwargs)
+
+  return call
 
 
 def _naive_toeplitz(c, x, causal):
@@ -21,16 +44,18 @@ def _naive_toeplitz(c, x, causal):
   return np.einsum('...ij,...jc->...ic', t, x)
 
 
-@pytest.mark.parametrize('n', [1, 2, 5, 8, 13])
-@pytest.mark.parametrize('causal', [False, True])
-def test_toeplitz_matmul_matches_naive_product(n, causal):
+@pytest.mark.parametrize('n', [1, 2, 7, 8])
+def test_toeplitz_matmul_matches_naive_product(n):
+  """Odd and even n, n a power of two (FFT size 2n exactly) or not, causal and not."""
   kc, kx = jax.random.split(jax.random.PRNGKey(n))
   c = jax.random.normal(kc, (3, 2 * n - 1))                    # per head, broadcast over batch
   x = jax.random.normal(kx, (2, 3, n, 4))
-  y = rpe.toeplitz_matmul(c[None], x, causal=causal)
-  want = _naive_toeplitz(np.asarray(c)[None], x, causal)
-  # float32 FFT: error ~ eps * log(n) * sum|c||x|; the entries here are O(sqrt(n)).
-  np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5 * np.sqrt(n))
+  toeplitz = _fast_jit(rpe.toeplitz_matmul, static_argnames='causal')
+  for causal in (False, True):
+    y = toeplitz(c[None], x, causal=causal)
+    want = _naive_toeplitz(np.asarray(c)[None], x, causal)
+    # float32 FFT: error ~ eps * log(n) * sum|c||x|; the entries here are O(sqrt(n)).
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-5, atol=1e-5 * np.sqrt(n))
 
 
 def test_toeplitz_matmul_rejects_wrong_coefficient_count():
@@ -59,14 +84,21 @@ def _features(seed, b=2, length=6, h=2, m=5, dv=3):
   return phi_q, phi_k, v, bias
 
 
-@pytest.mark.parametrize('causal', [False, True])
-@pytest.mark.parametrize('length', [1, 6, 7])
-def test_rpe_linear_attention_matches_quadratic_reference(causal, length):
+@functools.partial(_fast_jit, static_argnames='causal')
+def _fast_and_reference(phi_q, phi_k, v, bias, mask, *, causal, reference_bias=None):
+  """(FFT path with ``bias``, quadratic reference with ``reference_bias`` or ``bias``), one program."""
+  ref_bias = bias if reference_bias is None else reference_bias
+  return (rpe.rpe_linear_attention(phi_q, phi_k, v, bias, mask=mask, causal=causal),
+          rpe.rpe_quadratic_reference(phi_q, phi_k, v, ref_bias, mask=mask, causal=causal))
+
+
+@pytest.mark.parametrize('length', [1, 7])
+def test_rpe_linear_attention_matches_quadratic_reference(length):
   phi_q, phi_k, v, bias = _features(length, length=length)
   mask = jnp.arange(length)[None, :] < jnp.array([[length], [max(1, length - 2)]])
-  out = rpe.rpe_linear_attention(phi_q, phi_k, v, bias, mask=mask, causal=causal)
-  ref = rpe.rpe_quadratic_reference(phi_q, phi_k, v, bias, mask=mask, causal=causal)
-  np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+  for causal in (False, True):
+    out, ref = _fast_and_reference(phi_q, phi_k, v, bias, mask, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
 def test_rpe_linear_attention_large_biases_do_not_overflow():
@@ -76,10 +108,10 @@ def test_rpe_linear_attention_large_biases_do_not_overflow():
   query sees must stay within float32 range; a common offset is harmless and is what this checks.)
   """
   phi_q, phi_k, v, bias = _features(3)
+  shifted = bias + jnp.array([[100.0], [-100.0]])
   for causal in (False, True):
-    shifted = bias + jnp.array([[100.0], [-100.0]])
-    out = rpe.rpe_linear_attention(phi_q, phi_k, v, shifted, causal=causal)
-    ref = rpe.rpe_quadratic_reference(phi_q, phi_k, v, bias, causal=causal)
+    out, ref = _fast_and_reference(phi_q, phi_k, v, shifted, None, causal=causal,
+                                   reference_bias=bias)
     assert bool(jnp.all(jnp.isfinite(out)))
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
 
@@ -87,12 +119,13 @@ def test_rpe_linear_attention_large_biases_do_not_overflow():
 def test_rpe_padded_keys_drop_out_and_gradient_is_finite():
   phi_q, phi_k, v, bias = _features(5)
   mask = jnp.array([[True] * 6, [True, False, False, False, False, False]])
-  out = rpe.rpe_linear_attention(phi_q, phi_k, v, bias, mask=mask)
+  attend = lambda *a: rpe.rpe_linear_attention(*a, mask=mask)
+  out, grads = _fast_jit(lambda *a: (attend(*a), jax.grad(lambda *b: jnp.sum(attend(*b) ** 2),
+                                                          argnums=(0, 1, 2, 3))(*a)))(
+                                                              phi_q, phi_k, v, bias)
   # Query rows of the second sequence see only key 0: the output is v_0 whatever the weights.
   np.testing.assert_allclose(np.asarray(out[1]), np.broadcast_to(np.asarray(v[1, 0]), out[1].shape),
                              rtol=1e-5, atol=1e-5)
-  grads = jax.grad(lambda *a: jnp.sum(rpe.rpe_linear_attention(*a, mask=mask) ** 2),
-                   argnums=(0, 1, 2, 3))(phi_q, phi_k, v, bias)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
 
 
@@ -136,26 +169,23 @@ def test_nprf_rpe_end_to_end_estimates_normalized_softmax_with_rpe():
   variables = module.init({'params': jax.random.PRNGKey(0), 'features': jax.random.PRNGKey(0)},
                           q, k, v, position_bias=bias)
 
-  @jax.jit
-  def one_draw(key):
-    out, inter = module.apply(variables, q, k, v, position_bias=bias, rngs={'features': key},
-                              mutable=['intermediates'])
-    return out, inter['intermediates']['phi_q'][0], inter['intermediates']['phi_k'][0]
+  @_fast_jit
+  def one_draw(key, scale_q=1.0, scale_k=1.0):
+    out, inter = module.apply(variables, scale_q * q, scale_k * k, v, position_bias=bias,
+                              rngs={'features': key}, mutable=['intermediates'])
+    phi_q, phi_k = inter['intermediates']['phi_q'][0], inter['intermediates']['phi_k'][0]
+    return out, rpe.rpe_quadratic_reference(phi_q, phi_k, v, bias)
 
   draws = []
   for seed in range(16):
-    out, phi_q, phi_k = one_draw(jax.random.PRNGKey(100 + seed))
-    if seed == 0:
-      # The module's output is exactly the RPE-weighted linear attention of its own features.
-      ref = rpe.rpe_quadratic_reference(phi_q, phi_k, v, bias)
-      np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
+    out, ref = one_draw(jax.random.PRNGKey(100 + seed))
+    # The module's output is exactly the RPE-weighted linear attention of its own features.
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=1e-4, atol=1e-5)
     draws.append(np.asarray(out, np.float64))
   draws = np.stack(draws)
   mean, se = draws.mean(0), draws.std(0, ddof=1) / np.sqrt(len(draws))
   want = _exact_normalized_softmax_rpe(q, k, v, bias)
   assert np.all(np.abs(mean - want) <= 5.0 * se + 0.02), np.max(np.abs(mean - want) - 5.0 * se)
   # q and k enter only through their directions (l2 normalization, no temperature).
-  out_scaled, _, _ = one_draw(jax.random.PRNGKey(100))
-  out_big = module.apply(variables, 7.0 * q, 0.2 * k, v, position_bias=bias,
-                         rngs={'features': jax.random.PRNGKey(100)})
-  np.testing.assert_allclose(np.asarray(out_big), np.asarray(out_scaled), rtol=1e-4, atol=1e-5)
+  out_big, _ = one_draw(jax.random.PRNGKey(100), 7.0, 0.2)
+  np.testing.assert_allclose(np.asarray(out_big), draws[0], rtol=1e-4, atol=1e-5)

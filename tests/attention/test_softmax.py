@@ -1,6 +1,8 @@
 """Softmax attention (Vaswani et al. eq. 1) with masks and the relative-position bias of Luo et al. eq. 6."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,28 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import softmax
+
+# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
+# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
+# Option names unknown to another jax version fall back to a plain jit.
+_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
+                 'xla_cpu_use_fusion_emitters': False}
+
+
+def _fast_jit(fn, **jit_kwargs):
+  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
+  plain = jax.jit(fn, **jit_kwargs)
+
+  def call(*args, **kwargs):
+    try:
+      return fast(*args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-except
+      if 'compile option' not in str(e):
+        raise
+      return plain(*args, **kwargs)
+
+  return call
+
 
 B, L, H, D = 2, 5, 2, 4
 
@@ -40,17 +64,22 @@ def _inputs(seed=0):
   return q, k, v, bias, mask
 
 
-@pytest.mark.parametrize('causal', [False, True])
 @pytest.mark.parametrize('with_bias', [False, True])
-def test_softmax_matches_naive(causal, with_bias):
+def test_softmax_matches_naive(with_bias):
   q, k, v, bias, mask = _inputs()
   bias = bias if with_bias else None
-  out = softmax.softmax_attention(q, k, v, mask=mask, causal=causal, position_bias=bias)
-  np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, causal, bias),
-                             rtol=1e-5, atol=1e-6)
-  w = softmax.softmax_weights(q, k, mask=mask, causal=causal, position_bias=bias)
-  via_weights = jnp.einsum('bhls,bshd->blhd', w, v)
-  np.testing.assert_allclose(np.asarray(via_weights), np.asarray(out), rtol=1e-5, atol=1e-6)
+
+  @functools.partial(_fast_jit, static_argnames='causal')
+  def both(q, k, v, mask, bias, causal):
+    out = softmax.softmax_attention(q, k, v, mask=mask, causal=causal, position_bias=bias)
+    w = softmax.softmax_weights(q, k, mask=mask, causal=causal, position_bias=bias)
+    return out, jnp.einsum('bhls,bshd->blhd', w, v)
+
+  for causal in (False, True):
+    out, via_weights = both(q, k, v, mask, bias, causal=causal)
+    np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, causal, bias),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(via_weights), np.asarray(out), rtol=1e-5, atol=1e-6)
 
 
 def test_softmax_module_with_bias_and_dropout():
@@ -59,17 +88,19 @@ def test_softmax_module_with_bias_and_dropout():
   assert spec.supports_position_bias and not spec.requires_position_bias
   module = registry.build({'kind': 'softmax', 'attention_dropout': 0.5})
   # Deterministic: dropout off, the exact biased softmax.
-  out = module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=True)
-  np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, False, bias), rtol=1e-5,
-                             atol=1e-6)
-  # Training: dropped weights are rescaled by 1 / (1 - rate), so the mean over many masks is unbiased.
   def dropped(key):
     return module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=False,
                         rngs={'dropout': key})
-  draws = jax.vmap(dropped)(jax.random.split(jax.random.PRNGKey(2), 400))
+
+  out, draws = _fast_jit(lambda keys: (
+      module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=True),
+      jax.vmap(dropped)(keys)))(jax.random.split(jax.random.PRNGKey(2), 256))
+  np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, False, bias), rtol=1e-5,
+                             atol=1e-6)
+  # Training: dropped weights are rescaled by 1 / (1 - rate), so the mean over many masks is unbiased.
   assert bool(jnp.all(jnp.isfinite(draws)))
   mean = np.asarray(draws.mean(0))
-  se = np.asarray(draws.std(0)) / np.sqrt(400)
+  se = np.asarray(draws.std(0)) / np.sqrt(256)
   assert np.all(np.abs(mean - np.asarray(out)) <= 5 * se + 1e-6)
 
 
