@@ -5,14 +5,15 @@
 
     C_ij = exp(-||q_i - k_j||^2 / (2 sqrt(p))).
 
-**Normalization.** The paper does *not* divide by the row sum ``C 1``: §4.1 argues that the Gaussian kernel
-is already normalized, ``C = D_Q^{-1/2} A D_K^{-1/2}`` with ``A = exp(Q K^T / sqrt(p))`` and
-``(D_Q)_ii = exp(||q_i||^2 / sqrt(p))``, and presents that as the counterpart of softmax's ``D^{-1} A``. So
-this module returns exactly ``C V``: every weight lies in (0, 1], rows do not sum to one, and an output row
-grows with the number of keys near its query. This is the quadratic reference that Skyformer
+**Normalization.** The paper does *not* divide by the row sum ``C 1``: §4.1 argues that the Gaussian
+kernel is already normalized, ``C = D_Q^{-1/2} A D_K^{-1/2}`` with ``A = exp(Q K^T / sqrt(p))`` and
+``(D_Q)_ii = exp(||q_i||^2 / sqrt(p))``, and presents that as the counterpart of softmax's ``D^{-1} A``.
+So this module returns exactly ``C V``: every weight lies in (0, 1], rows do not sum to one, and an
+output row grows with the number of keys near its query. This is the quadratic reference that Skyformer
 (``skyformer.py``) approximates.
 
-Padded keys (mask False) get weight 0; ``causal`` zeroes ``C_ij`` for ``j > i``. O(L S p) time, O(L S) memory.
+Padded keys (mask False) get weight 0; ``causal`` zeroes ``C_ij`` for ``j > i``. O(L S p) time,
+O(L S) memory.
 """
 from __future__ import annotations
 
@@ -26,12 +27,12 @@ Array = jax.Array
 
 
 def gaussian_kernel_matrix(x: Array, y: Array) -> Array:
-  """``kappa(x_i, y_j) = exp(-||x_i - y_j||^2 / 2)`` for ``x [..., n, p]``, ``y [..., m, p]`` -> ``[..., n, m]``.
+  """``kappa(x_i, y_j) = exp(-||x_i - y_j||^2 / 2)`` for ``x [..., n, p]``, ``y [..., m, p]``.
 
-  Inputs must already carry the 1/p^(1/4) scale. Computed in float32 from the expansion
-  ``x.y - ||x||^2/2 - ||y||^2/2``; the exponent is clipped at 0 because rounding can make that expansion of
-  a squared distance slightly positive, and a kernel value above 1 would break the PSD arguments of
-  Skyformer (its Lemma 3 needs non-negative entries; values above one are only ever rounding).
+  Returns ``[..., n, m]`` float32. Inputs must already carry the 1/p^(1/4) scale. Computed from the
+  expansion ``x.y - ||x||^2/2 - ||y||^2/2``, whose rounding can make a squared distance slightly
+  negative: the exponent is clipped at 0, so 0 < kappa <= 1 holds exactly (Skyformer's iteration count
+  relies on kappa <= 1).
   """
   x = x.astype(jnp.float32)
   y = y.astype(jnp.float32)

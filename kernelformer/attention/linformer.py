@@ -26,7 +26,7 @@ Array = jax.Array
 
 def linformer_attention(q: Array, k: Array, v: Array, e: Array, f: Array, *,
                         mask: Array | None = None) -> Array:
-  """``softmax(Q (E K)^T / sqrt(d)) (F V)`` with ``e, f [k_proj, L]``; ``[B, L, H, Dv]`` in ``v.dtype``."""
+  """``softmax(Q (E K)^T / sqrt(d)) (F V)``, ``e, f [k_proj, L]``; ``[B, L, H, Dv]`` in ``v.dtype``."""
   length = k.shape[1]
   if e.shape[-1] != length or f.shape[-1] != length:
     raise ValueError(f'projections must have {length} columns, got {e.shape} and {f.shape}')

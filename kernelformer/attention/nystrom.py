@@ -1,4 +1,4 @@
-"""Nyströmformer: Nyström approximation of softmax attention with segment-means landmarks (Xiong et al. 2021).
+"""Nyströmformer: Nyström approximation of softmax attention, segment-means landmarks (Xiong et al. 2021).
 
 With landmarks ``Q_tilde, K_tilde`` (m rows each: means of consecutive segments of Q and K) and
 ``s(X) = softmax(X / sqrt(d))`` row-wise,
@@ -48,7 +48,7 @@ def segment_layout(length: int, num_landmarks: int) -> tuple[int, int]:
 
 
 def segment_means(x: Array, mask: Array | None, num_landmarks: int) -> tuple[Array, Array]:
-  """Masked means of consecutive segments: ``x [B, L, H, d]`` -> ``([B, m', H, d] float32, valid [B, m'])``.
+  """Masked means of consecutive segments: ``x [B, L, H, d]`` -> ``([B, m', H, d] f32, valid [B, m'])``.
 
   A segment with no valid token gets a zero mean and ``valid = False``.
   """

@@ -164,11 +164,13 @@ def _register_nprf_rpe() -> None:
   modelling, 32 for images, 16/24 for translation), and the FFT cost grows with M * Dv.
   """
   try:
-    from kernelformer.attention.random_features import RandomFeatureAttention  # pylint: disable=g-import-not-at-top
+    # Imported at call time so that rpe.py loads even without random_features.py (which imports rpe
+    # lazily inside its __call__, so there is no import cycle).
+    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
   except ImportError:
     return
   registry.register(registry.AttentionSpec(
-      name='nprf-rpe', module=RandomFeatureAttention,
+      name='nprf-rpe', module=random_features.RandomFeatureAttention,
       fixed={'component': 'posrf', 'weights': 'iid', 'normalize_qk': True},
       paper='Luo et al. 2021, eqs. 5, 10 and §3.3 (Algorithm 1)',
       approximates='softmax with RPE, exp(q.k/(|q||k|) + b_{j-i}), on l2-normalized q, k',

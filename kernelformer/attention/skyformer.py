@@ -14,8 +14,8 @@ With a uniform sub-sampling S of d rows of X (the landmarks ``X_S``) the approxi
 so ``C_tilde V`` costs O(n d p + d^3) and the n x n matrix is never formed. Like eq. 3, the output is not
 normalized by row sums (the paper approximates ``C V`` itself).
 
-Implementation choices, each one fixing a known defect of the public code
-(``shared/reference/attention-facts.md``):
+Implementation choices (the first four fix known defects of the public code,
+``shared/reference/attention-facts.md``):
 
 * **Input scale** ``p^(-1/4)`` from the actual head dimension (not a constant 32^(-1/4)).
 * **Landmarks** are drawn uniformly *without* replacement, and only among valid rows: a query row or key
@@ -23,18 +23,19 @@ Implementation choices, each one fixing a known defect of the public code
   than d rows are valid, the surplus landmarks are switched off exactly (see ``nystrom_factors``); when
   ``d >= 2n`` every row is used and nothing is random.
 * **Inverse.** §4.4: the pseudo-inverse of ``M = S^T C_bar S`` is replaced by ``(M + gamma I)^-1``
-  computed as ``D^-1/2 Y^-1 D^-1/2`` with ``Y = D^-1/2 (M + gamma I) D^-1/2``, ``D = diag((M + gamma I) 1)``.
+  computed as ``D^-1/2 Y^-1 D^-1/2`` with ``Y = D^-1/2 (M + gamma I) D^-1/2`` and
+  ``D = diag((M + gamma I) 1)``.
   Lemma 3 puts the spectrum of Y in (0, 1). ``Y^-1`` comes from the Newton-Schulz iteration
   ``Z <- Z (2I - Y Z)`` (the second-order member of the Schulz/Razavi family, matrix products only). The
-  start is ``Z_0 = alpha I`` with ``alpha = 1 / min(1, ||Y||_inf)`` computed **per matrix** (not a max over
-  the batch): ``||Y||_inf`` bounds Y's largest eigenvalue and Lemma 3 bounds it by 1, so
+  start is ``Z_0 = alpha I`` with ``alpha = 1 / min(1, ||Y||_inf)`` computed **per matrix** (not a max
+  over the batch): ``||Y||_inf`` bounds Y's largest eigenvalue and Lemma 3 bounds it by 1, so
   ``I - alpha Y`` has spectrum in [0, 1) and the error contracts as ``e_k = e_0^(2^k)``. For an SPD Y the
   identity start beats the classical ``Z_0 = alpha Y^T`` (its error ``1 - alpha lambda`` instead of
   ``1 - alpha lambda^2``).
 * **Iterations.** The eigenvalue that limits convergence obeys ``lambda_min(Y) >= gamma / max_i D_ii >=
   gamma / (d + gamma)`` (Y >= gamma D^-1, and kernel entries are <= 1). ``num_iterations=None`` (default)
-  takes the smallest k with ``(1 - gamma / (d + gamma))^(2^k) <= e^-16``, i.e. a residual below float32
-  resolution for *every* input: ``k = ceil(log2(16 (d + gamma) / gamma))`` (15 for d = 128,
+  takes the smallest k with ``(1 - gamma / (d + gamma))^(2^k) <= e^-16``, i.e. (in exact arithmetic) a
+  residual below float32 resolution for *every* input: ``k = ceil(log2(16 (d + gamma) / gamma))`` (15 for d = 128,
   gamma = 0.1). The public code's 6 third-order steps leave ``max|I - Y Z| ~ 0.5``: no inverse at all.
 * **gamma** = 0.1: the paper names no value; 0.1 is the one in the authors' released code. It bounds
   the condition number of Y by ``(d + gamma) / gamma`` (float32-safe) and costs little accuracy: with
@@ -69,9 +70,9 @@ def sample_landmarks(key: Array, valid: Array, num_landmarks: int) -> tuple[Arra
     num_landmarks: d <= N (static).
 
   Returns:
-    ``(indices [..., d] int32, landmark_valid [..., d] bool)``. The top d of i.i.d. uniforms is a uniformly
-    random d-subset; invalid rows get -1 so they are picked only once every valid row has been, and those
-    picks are reported invalid.
+    ``(indices [..., d] int32, landmark_valid [..., d] bool)``. The top d of i.i.d. uniforms is a
+    uniformly random d-subset; invalid rows get -1 so they are picked only once every valid row has
+    been, and those picks are reported invalid.
   """
   u = jax.random.uniform(key, valid.shape)
   u = jnp.where(valid, u, -1.0)
@@ -106,7 +107,7 @@ def default_iterations(num_landmarks: int, gamma: float) -> int:
 
 
 def regularized_inverse(m: Array, gamma: float, num_iterations: int | None = None) -> Array:
-  """``(M + gamma I)^-1`` through ``D^-1/2 Y^-1 D^-1/2`` with ``Y = D^-1/2 (M + gamma I) D^-1/2`` (§4.4)."""
+  """``(M + gamma I)^-1`` as ``D^-1/2 Y^-1 D^-1/2``, ``Y = D^-1/2 (M + gamma I) D^-1/2`` (§4.4)."""
   w = m + gamma * jnp.eye(m.shape[-1], dtype=m.dtype)
   d_inv_sqrt = jax.lax.rsqrt(jnp.sum(w, axis=-1))                # rows of M are >= 0, so D >= gamma
   y = d_inv_sqrt[..., :, None] * w * d_inv_sqrt[..., None, :]
@@ -165,7 +166,7 @@ def skyformer_matrix(q: Array, k: Array, **kwargs) -> Array:
 def skyformer_attention(q: Array, k: Array, v: Array, *, key: Array | None, mask: Array | None = None,
                         num_landmarks: int = 128, gamma: float = 0.1,
                         num_iterations: int | None = None) -> Array:
-  """``C_tilde V`` (Skyformer eqs. 4-6), ``[B, L, H, Dv]`` in ``v.dtype``; right-to-left, O(n d (p + Dv))."""
+  """``C_tilde V`` (Skyformer eqs. 4-6), ``[B, L, H, Dv]`` in ``v.dtype``; O(n d (p + Dv))."""
   left, middle, right = nystrom_factors(q, k, key=key, mask=mask, num_landmarks=num_landmarks,
                                         gamma=gamma, num_iterations=num_iterations)
   rv = jnp.einsum('bhds,bshe->bhde', right, v.astype(jnp.float32))
@@ -183,7 +184,7 @@ class SkyformerAttention(nn.Module):
   num_landmarks: int = 128      # d; 128 in the paper's LRA runs ("the number of features to be 128")
   gamma: float = 0.1            # §4.4's constant; the paper gives none, 0.1 is the authors' code's
   num_iterations: int | None = None  # Newton-Schulz steps; None: enough for any input (docstring)
-  redraw_every: int = 1         # a fresh uniform sub-sampling S every step (Definition 1 is random)
+  redraw_every: int = 1         # a fresh uniform sub-sampling S every step; 0: never redraw
 
   @nn.compact
   def __call__(self, q, k, v, *, mask=None, causal=False, step=None, deterministic=True,
@@ -202,8 +203,15 @@ class SkyformerAttention(nn.Module):
 
 
 def landmark_key(rng: Array, step, redraw_every: int) -> Array:
-  """``fold_in(rng, step // redraw_every)``; a fixed counter (0) when ``step`` is None."""
-  counter = 0 if step is None else jnp.asarray(step, jnp.int32) // max(1, int(redraw_every))
+  """``fold_in(rng, step // redraw_every)``, as the random-feature kernels draw their W.
+
+  The counter is 0 when ``step`` is None (evaluation: one fixed draw) and when ``redraw_every <= 0``
+  (never redraw).
+  """
+  if step is None or redraw_every <= 0:
+    counter = jnp.zeros((), jnp.int32)
+  else:
+    counter = jnp.asarray(step, jnp.int32) // redraw_every
   return jax.random.fold_in(rng, counter)
 
 

@@ -215,10 +215,18 @@ def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = 
   return (eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k)
 
 
+def _query_mask(mask: Optional[Array], q: Array, k: Array) -> Optional[Array]:
+  """In self-attention the key padding mask also marks padded *queries*: their content must not
+  enter the data-dependent statistics (else padding would change real outputs)."""
+  if mask is None or q.shape[-2] != k.shape[-2]:
+    return None
+  return mask
+
+
 def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   """OPRF's variance-optimal A (Spectraformer eq. 35; Likhosherstov et al. 2022), ``[...]``.
 
-  ``|x + y|^2`` in eq. 35 is replaced by its mean over all (query, valid key) pairs, which factors
+  ``|x + y|^2`` in eq. 35 is replaced by its mean over all (valid query, valid key) pairs, which factors
   into first and second moments: ``mean|q|^2 + 2 mean(q).mean(k) + mean|k|^2``. With u that mean and
   ``rho = (sqrt((2u + d)^2 + 8 d u) - 2u - d) / (4u)``, ``A = (1 - 1/rho) / 8 < 1/8``. rho is computed as
   the algebraically equal ``2d / (sqrt((2u + d)^2 + 8 d u) + 2u + d)``, which has no 0/0 at u = 0 (where
@@ -228,10 +236,11 @@ def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   dt = _compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
   mask = _key_mask(mask, k)
+  qmask = _query_mask(mask, q, k)
   d = q.shape[-1]
-  mean_q = jnp.mean(q, axis=-2)
+  mean_q = _masked_mean(q, qmask)
   mean_k = _masked_mean(k, mask)
-  u = (jnp.mean(_sq_norm(q)[..., 0], axis=-1)
+  u = (_masked_mean(_sq_norm(q), qmask)[..., 0]
        + 2.0 * jnp.sum(mean_q * mean_k, axis=-1)
        + _masked_mean(_sq_norm(k), mask)[..., 0])
   u = jnp.maximum(u, 0.0)            # a mean of squared norms: negative only by rounding
@@ -294,7 +303,7 @@ def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   dt = _compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
   mask = _key_mask(mask, k)
-  mq = jnp.mean(q * q, axis=-2)
+  mq = _masked_mean(q * q, _query_mask(mask, q, k))
   mk = _masked_mean(k * k, mask)
   eps = _SADERF_EPS * 0.5 * jnp.mean(mq + mk, axis=-1, keepdims=True) + jnp.finfo(dt).tiny
   return jax.lax.stop_gradient(((mk + eps) / (mq + eps)) ** 0.25)

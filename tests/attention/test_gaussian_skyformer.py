@@ -1,4 +1,4 @@
-"""Exact Gaussian-kernel attention (Skyformer eq. 3) and its Nyström approximation Skyformer (eqs. 4-6)."""
+"""Exact Gaussian-kernel attention (Skyformer eq. 3) and its Nyström approximation (eqs. 4-6)."""
 from __future__ import annotations
 
 import jax
@@ -62,7 +62,7 @@ def test_gaussian_attention_matches_naive(p):
 
 
 def test_gaussian_attention_is_not_row_normalized():
-  """Skyformer eq. 3 is C V itself: with every key equal to the query, C = 1 and the output is sum_j v_j."""
+  """Skyformer eq. 3 is C V itself: with every key equal to the query, C = 1 and the output is sum v_j."""
   q = jnp.ones((1, 5, 1, 4))
   v = jax.random.normal(jax.random.PRNGKey(0), (1, 5, 1, 3))
   out = gaussian.gaussian_attention(q, q, v)

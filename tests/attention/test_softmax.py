@@ -1,4 +1,4 @@
-"""Softmax attention (Vaswani et al. eq. 1) with masks and the relative-position bias of Luo et al. eq. 6."""
+"""Softmax attention (Vaswani et al. eq. 1) with masks and Luo et al.'s relative-position bias (eq. 6)."""
 from __future__ import annotations
 
 import functools
