@@ -1,4 +1,5 @@
-"""A sweep small enough for a laptop: 3 kernels x 2 seeds on short ListOps, < 20 minutes on 2 CPU cores.
+"""A sweep small enough for a laptop: 3 kernels x 2 seeds on short ListOps, < 20 minutes on 2 CPU cores
+(18.4 CPU-minutes measured; see docs/reproduce.md).
 
 The ``quick`` ListOps preset (expressions of 20-100 tokens, 2 layers x 64 dims, batch 64) trained for
 600 instead of 3000 steps: softmax, Performer's FAVOR+ (``posrf-orf``) and Spectraformer's best variant

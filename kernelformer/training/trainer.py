@@ -109,7 +109,10 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
                                                       state.step, dropout_key)
     else:
       # Micro-batches of one global batch, gradients averaged: the update equals the large-batch one.
-      micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+      # Strided rows (micro-batch i = rows i, i+k, ...) keep each device's rows on that device: with
+      # the batch sharded on its leading axis, contiguous blocks would be resharded every step.
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
 
       def body(carry, xs):
         g_sum, l_sum, a_sum, mstate = carry
@@ -272,6 +275,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     raise
   finally:
     progress.close()
+    _stop_profile()
 
   # Test accuracy of the best checkpoint (by validation accuracy).
   if best.latest_step() is not None:
@@ -316,16 +320,26 @@ def _maybe_profile(config, workdir: str, step: int, start_step: int):
   if n <= 0 or jax.process_index() != 0:
     return contextlib.nullcontext()
   first = start_step + 1
-  if step == first:
+  if step == first and not _TRACING:
     jax.profiler.start_trace(os.path.join(workdir, 'profile'))
+    _TRACING.append(True)
   if step == first + n - 1:
     return _StopTrace()
   return contextlib.nullcontext()
 
 
+_TRACING = []  # non-empty while this process has a profiler trace open
+
+
+def _stop_profile() -> None:
+  if _TRACING:
+    _TRACING.clear()
+    jax.effects_barrier()
+    jax.profiler.stop_trace()
+
+
 class _StopTrace(contextlib.AbstractContextManager):
 
   def __exit__(self, *exc):
-    jax.effects_barrier()
-    jax.profiler.stop_trace()
+    _stop_profile()
     return False
