@@ -87,3 +87,138 @@ def base_config() -> ml_collections.ConfigDict:
 def lock(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   c.lock()
   return c
+
+
+def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning_rate: float,
+                      warmup_steps: int, eval_every: int = 500) -> None:
+  """The ``skyformer`` preset's shared small setting, for one task's batch, rate and warm-up.
+
+  Skyformer (Chen et al. 2021) appendix "Implementation Details": a 2-layer transformer, 64 embedding
+  dims, 128 hidden, 2 heads, mean pooling, 128 features for every method, 50k steps, keeping the
+  checkpoint with the best validation accuracy; the batch (16 Text, 32 ListOps, 16 Retrieval, 128
+  Pathfinder, 256 Image) and the learning rate (1e-4 Text, ListOps, Image; 2e-4 Retrieval, Pathfinder)
+  are per task. Spectraformer table 5 follows it for ListOps/Text/Retrieval and adds what Skyformer
+  leaves out: transformer (qkv) dim 64, dropout and attention dropout 0.1, linear decay, no weight decay,
+  the warm-up (1000 / 80 / 800) and the evaluation frequency (500 / 500 / 1000). Learned positions
+  follow Skyformer's code. Both ``num_features`` (random-feature kinds) and ``num_landmarks``
+  (Skyformer, Nystromformer) are 128, so switching ``kind`` keeps the paper's 128 * n visited entries.
+
+  Args:
+    c: the task config, changed in place.
+    batch_size: global batch of the task (the list above).
+    learning_rate: peak learning rate of the task.
+    warmup_steps: linear warm-up steps before the linear decay.
+    eval_every: validation (and best-checkpoint) frequency in steps.
+  """
+  c.model.emb_dim = 64
+  c.model.qkv_dim = 64
+  c.model.mlp_dim = 128
+  c.model.num_heads = 2
+  c.model.num_layers = 2
+  c.model.dropout_rate = 0.1
+  c.model.attention.attention_dropout = 0.1
+  c.model.pooling = 'mean'
+  c.model.pos_encoding = 'learned'
+  c.model.attention.kind = 'skyformer'
+  c.model.attention.num_features = 128
+  c.model.attention.num_landmarks = 128
+  c.optim.learning_rate = learning_rate
+  c.optim.schedule = 'linear'
+  c.optim.warmup_steps = warmup_steps
+  c.optim.weight_decay = 0.0
+  c.batch_size = batch_size
+  c.num_train_steps = 50000
+  c.eval_every = eval_every
+  c.checkpoint_every = 1000
+
+
+def kernel_learning_setting(c: ml_collections.ConfigDict, *, num_features: int) -> None:
+  """The ``kernel_learning`` preset's kernel: GMM-RKS with the task's M.
+
+  Chowdhury et al., "On Learning the Transformer Kernel": GMM-RKS is the kernel the presets default to
+  (any of the paper's six is picked with ``--config.model.attention.kind``); its table 5 lists the
+  number of random samples M per kernel and task, and ``num_features`` is the GMM-RKS entry of the
+  task's column (the task config quotes the whole column). The model sizes are the task's (table 4)
+  and stay in the task config.
+
+  Args:
+    c: the task config, changed in place.
+    num_features: M, the number of random features (table 5, GMM-RKS row).
+  """
+  c.model.attention.kind = 'gmm-rks'
+  c.model.attention.num_features = num_features
+
+
+def _cpu_setting(c: ml_collections.ConfigDict, *, dim: int, num_heads: int, num_layers: int,
+                 dropout_rate: float, learning_rate: float, warmup_steps: int, weight_decay: float,
+                 batch_size: int, num_train_steps: int, eval_every: int, checkpoint_every: int,
+                 log_every: int, max_eval_batches: int) -> None:
+  """The model and schedule of the CPU presets; ``quick_setting`` and ``tiny_setting`` pick the values."""
+  c.model.emb_dim = dim
+  c.model.qkv_dim = dim
+  c.model.mlp_dim = 2 * dim
+  c.model.num_heads = num_heads
+  c.model.num_layers = num_layers
+  c.model.pooling = 'mean'
+  c.model.dropout_rate = dropout_rate
+  c.model.attention.attention_dropout = 0.0
+  c.optim.schedule = 'cosine'
+  c.optim.learning_rate = learning_rate
+  c.optim.warmup_steps = warmup_steps
+  c.optim.weight_decay = weight_decay
+  c.batch_size = batch_size
+  c.num_train_steps = num_train_steps
+  c.eval_every = eval_every
+  c.max_eval_batches = max_eval_batches
+  c.checkpoint_every = checkpoint_every
+  c.log_every = log_every
+
+
+def quick_setting(c: ml_collections.ConfigDict, *, dim: int, num_layers: int, warmup_steps: int,
+                  weight_decay: float, batch_size: int, num_train_steps: int, num_heads: int = 2,
+                  learning_rate: float = 1e-3, eval_every: int = 250, log_every: int = 50,
+                  max_eval_batches: int = 0) -> None:
+  """The ``quick`` preset (minutes on a 2-core CPU; the README's measured runs). Not a paper setting.
+
+  A small model (emb = qkv = ``dim``, mlp 2 x ``dim``, mean pooling, dropout 0.1, no attention dropout)
+  under a cosine schedule, checkpointing every 500 steps; the sizes and step counts are the task's.
+
+  Args:
+    c: the task config, changed in place.
+    dim: embedding and qkv width (mlp is twice it).
+    num_layers: encoder layers.
+    warmup_steps: warm-up steps of the cosine schedule.
+    weight_decay: AdamW decoupled weight decay.
+    batch_size: global batch.
+    num_train_steps: training steps.
+    num_heads: attention heads.
+    learning_rate: peak learning rate.
+    eval_every: validation frequency in steps.
+    log_every: logging frequency in steps.
+    max_eval_batches: validation batches per evaluation (0 = the whole split).
+  """
+  _cpu_setting(c, dim=dim, num_heads=num_heads, num_layers=num_layers, dropout_rate=0.1,
+               learning_rate=learning_rate, warmup_steps=warmup_steps, weight_decay=weight_decay,
+               batch_size=batch_size, num_train_steps=num_train_steps, eval_every=eval_every,
+               checkpoint_every=500, log_every=log_every, max_eval_batches=max_eval_batches)
+
+
+def tiny_setting(c: ml_collections.ConfigDict, *, weight_decay: float, warmup_steps: int = 1,
+                 num_train_steps: int = 4, eval_every: int = 2, log_every: int = 2) -> None:
+  """The ``tiny`` preset of the smoke tests (seconds): 1 layer of 16 dims, 2 heads, batch 8, no dropout.
+
+  Evaluation and checkpoints come every ``eval_every`` steps so that a few steps exercise both (and a
+  resume). Not a paper setting.
+
+  Args:
+    c: the task config, changed in place.
+    weight_decay: AdamW decoupled weight decay (the task's ``quick`` value).
+    warmup_steps: warm-up steps of the cosine schedule.
+    num_train_steps: training steps.
+    eval_every: validation and checkpoint frequency in steps.
+    log_every: logging frequency in steps.
+  """
+  _cpu_setting(c, dim=16, num_heads=2, num_layers=1, dropout_rate=0.0, learning_rate=2e-3,
+               warmup_steps=warmup_steps, weight_decay=weight_decay, batch_size=8,
+               num_train_steps=num_train_steps, eval_every=eval_every, checkpoint_every=eval_every,
+               log_every=log_every, max_eval_batches=0)

@@ -70,55 +70,20 @@ def get_config(preset: str = 'lra'):
     c.model.qkv_dim = 64            # 8 heads x 8 (table 4: key/query/value dim 8 per head)
     c.model.mlp_dim = 128
     c.model.num_heads = 8
-    c.model.attention.kind = 'gmm-rks'
-    c.model.attention.num_features = 128
+    common.kernel_learning_setting(c, num_features=128)
   elif preset == 'skyformer':
     # Skyformer §5 (batch 256, lr 1e-4 for Image); warm-up 175 and learned positions from its code.
-    c.model.emb_dim = 64
-    c.model.qkv_dim = 64
-    c.model.mlp_dim = 128
-    c.model.num_heads = 2
-    c.model.num_layers = 2
-    c.model.dropout_rate = 0.1
-    c.model.attention.attention_dropout = 0.1
-    c.model.pooling = 'mean'
-    c.model.pos_encoding = 'learned'
-    c.model.attention.kind = 'skyformer'
-    c.model.attention.num_features = 128
-    c.model.attention.num_landmarks = 128
-    c.optim.learning_rate = 1e-4
-    c.optim.schedule = 'linear'
-    c.optim.warmup_steps = 175
-    c.optim.weight_decay = 0.0
-    c.batch_size = 256
-    c.num_train_steps = 50000
-    c.eval_every = 500
-    c.checkpoint_every = 1000
-  elif preset in ('quick', 'tiny'):
-    quick = preset == 'quick'
-    c.data.val_fraction = 0.1 if quick else 0.25
-    c.model.emb_dim = 32 if quick else 16
-    c.model.qkv_dim = 32 if quick else 16
-    c.model.mlp_dim = 64 if quick else 32
-    c.model.num_heads = 2
-    c.model.num_layers = 1
-    c.model.pooling = 'mean'
-    c.model.pos_encoding = 'learned'
-    if quick:
-      c.model.attention.kind = 'posrf-orf'
-      c.model.attention.num_features = 32
-    c.model.dropout_rate = 0.1 if quick else 0.0
-    c.model.attention.attention_dropout = 0.0
-    c.optim.schedule = 'cosine'
-    c.optim.learning_rate = 1e-3 if quick else 2e-3
-    c.optim.warmup_steps = 50 if quick else 1
-    c.optim.weight_decay = 0.0
-    c.batch_size = 32 if quick else 8
-    c.num_train_steps = 1000 if quick else 4
-    c.eval_every = 250 if quick else 2
-    c.max_eval_batches = 40 if quick else 0   # 1280 of the 5000 validation images
-    c.checkpoint_every = 500 if quick else 2
-    c.log_every = 50 if quick else 2
+    common.skyformer_setting(c, batch_size=256, learning_rate=1e-4, warmup_steps=175)
+  elif preset == 'quick':
+    # Learned positions (as lra); Performer attention: softmax over 1024 tokens is ~8x slower on a CPU.
+    common.quick_setting(c, dim=32, num_layers=1, warmup_steps=50, weight_decay=0.0, batch_size=32,
+                         num_train_steps=1000,
+                         max_eval_batches=40)   # 1280 of the 5000 validation images
+    c.model.attention.kind = 'posrf-orf'
+    c.model.attention.num_features = 32
+  elif preset == 'tiny':
+    c.data.val_fraction = 0.25
+    common.tiny_setting(c, weight_decay=0.0)
   else:
     raise ValueError(f"unknown image preset {preset!r}; valid: {', '.join(PRESETS)}")
   return common.lock(c)

@@ -53,27 +53,10 @@ def get_config(preset: str = 'lra'):
     c.optim.learning_rate = 5e-3
     c.num_train_steps = 10000
     c.model.qkv_dim = 512           # 8 heads x 64 (table 4: key/query/value dim 64 per head)
-    c.model.attention.kind = 'gmm-rks'
-    c.model.attention.num_features = 256
+    common.kernel_learning_setting(c, num_features=256)
   elif preset == 'skyformer':
-    # Skyformer §5 / Spectraformer table 5: shared small setting, linear decay, no weight decay.
-    c.model.emb_dim = 64
-    c.model.qkv_dim = 64
-    c.model.mlp_dim = 128
-    c.model.num_heads = 2
-    c.model.num_layers = 2
-    c.model.pooling = 'mean'
-    c.model.pos_encoding = 'learned'   # as the Skyformer/Spectraformer code (and the other task configs)
-    c.model.attention.kind = 'skyformer'
-    c.model.attention.num_features = 128
-    c.model.attention.num_landmarks = 128
-    c.optim.learning_rate = 1e-4
-    c.optim.schedule = 'linear'
-    c.optim.warmup_steps = 1000
-    c.optim.weight_decay = 0.0
-    c.num_train_steps = 50000
-    c.eval_every = 500
-    c.checkpoint_every = 1000
+    # Skyformer §5 (batch 32, lr 1e-4 for ListOps) / Spectraformer table 5 (warm-up 1000).
+    common.skyformer_setting(c, batch_size=32, learning_rate=1e-4, warmup_steps=1000)
   elif preset in ('quick', 'tiny'):
     quick = preset == 'quick'
     c.data.max_length = 64 if quick else 32
@@ -84,23 +67,13 @@ def get_config(preset: str = 'lra'):
     c.data.num_train = 20000 if quick else 256
     c.data.num_val = 1000 if quick else 64
     c.data.num_test = 1000 if quick else 64
-    c.model.emb_dim = 64 if quick else 16
-    c.model.qkv_dim = 64 if quick else 16
-    c.model.mlp_dim = 128 if quick else 32
-    c.model.num_heads = 4 if quick else 2
-    c.model.num_layers = 2 if quick else 1
-    c.model.pooling = 'mean'
-    c.model.dropout_rate = 0.0 if not quick else 0.1
-    c.model.attention.attention_dropout = 0.0
-    c.optim.schedule = 'cosine'
-    c.optim.learning_rate = 2e-3
-    c.optim.warmup_steps = 200 if quick else 5
-    c.optim.weight_decay = 0.01
-    c.batch_size = 64 if quick else 8
-    c.num_train_steps = 2000 if quick else 12
-    c.eval_every = 500 if quick else 6
-    c.checkpoint_every = 500 if quick else 6
-    c.log_every = 100 if quick else 3
+    if quick:
+      common.quick_setting(c, dim=64, num_layers=2, num_heads=4, learning_rate=2e-3, warmup_steps=200,
+                           weight_decay=0.01, batch_size=64, num_train_steps=2000, eval_every=500,
+                           log_every=100)
+    else:
+      common.tiny_setting(c, weight_decay=0.01, warmup_steps=5, num_train_steps=12, eval_every=6,
+                          log_every=3)
   else:
     raise ValueError(f"unknown listops preset {preset!r}; valid: {', '.join(PRESETS)}")
   return common.lock(c)

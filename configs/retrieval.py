@@ -57,49 +57,18 @@ def get_config(preset: str = 'lra'):
   elif preset == 'kernel_learning':
     # Chowdhury et al., table 4 (Retrieval column); M from table 5.
     c.model.qkv_dim = 128           # 4 heads x 32 (table 4: key/query/value dim 32 per head)
-    c.model.attention.kind = 'gmm-rks'
-    c.model.attention.num_features = 64
+    common.kernel_learning_setting(c, num_features=64)
   elif preset == 'skyformer':
-    # Skyformer §5 (batch 16, lr 2e-4 for Retrieval) / Spectraformer table 5 (warm-up 800).
-    c.model.emb_dim = 64
-    c.model.qkv_dim = 64
-    c.model.mlp_dim = 128
-    c.model.num_heads = 2
-    c.model.num_layers = 2
-    c.model.pooling = 'mean'
-    c.model.pos_encoding = 'learned'
-    c.model.attention.kind = 'skyformer'
-    c.model.attention.num_features = 128
-    c.model.attention.num_landmarks = 128
-    c.optim.learning_rate = 2e-4
-    c.optim.schedule = 'linear'
-    c.optim.warmup_steps = 800
-    c.optim.weight_decay = 0.0
-    c.batch_size = 16
-    c.num_train_steps = 50000
-    c.eval_every = 1000
-    c.checkpoint_every = 1000
-  elif preset in ('quick', 'tiny'):
-    quick = preset == 'quick'
-    c.data.max_length = 256 if quick else 48
-    c.model.emb_dim = 64 if quick else 16
-    c.model.qkv_dim = 64 if quick else 16
-    c.model.mlp_dim = 128 if quick else 32
-    c.model.num_heads = 2
-    c.model.num_layers = 2 if quick else 1
-    c.model.pooling = 'mean'
-    c.model.dropout_rate = 0.1 if quick else 0.0
-    c.model.attention.attention_dropout = 0.0
-    c.optim.schedule = 'cosine'
-    c.optim.learning_rate = 1e-3 if quick else 2e-3
-    c.optim.warmup_steps = 100 if quick else 1
-    c.optim.weight_decay = 0.01
-    c.batch_size = 16 if quick else 8
-    c.num_train_steps = 1500 if quick else 4
-    c.eval_every = 250 if quick else 2
-    c.max_eval_batches = 120 if quick else 0  # the eval split has 18k pairs: a fixed 1920 of them
-    c.checkpoint_every = 500 if quick else 2
-    c.log_every = 50 if quick else 2
+    # Skyformer §5 (batch 16, lr 2e-4 for Retrieval) / Spectraformer table 5 (warm-up 800, eval 1000).
+    common.skyformer_setting(c, batch_size=16, learning_rate=2e-4, warmup_steps=800, eval_every=1000)
+  elif preset == 'quick':
+    c.data.max_length = 256
+    common.quick_setting(c, dim=64, num_layers=2, warmup_steps=100, weight_decay=0.01, batch_size=16,
+                         num_train_steps=1500,
+                         max_eval_batches=120)  # the eval split has 18k pairs: a fixed 1920 of them
+  elif preset == 'tiny':
+    c.data.max_length = 48
+    common.tiny_setting(c, weight_decay=0.01)
   else:
     raise ValueError(f"unknown retrieval preset {preset!r}; valid: {', '.join(PRESETS)}")
   return common.lock(c)

@@ -65,50 +65,19 @@ def get_config(preset: str = 'lra'):
     # Chowdhury et al., table 4 (Text column); M from table 5.
     c.data.max_length = 4000
     c.model.qkv_dim = 256           # 4 heads x 64 (table 4: key/query/value dim 64 per head)
-    c.model.attention.kind = 'gmm-rks'
-    c.model.attention.num_features = 128
+    common.kernel_learning_setting(c, num_features=128)
   elif preset == 'skyformer':
-    # Skyformer §5 (batch 16 for Text) / Spectraformer table 5; Skyformer's code: learned positions.
+    # Skyformer §5 (batch 16 for Text) / Spectraformer table 5 (warm-up 80); 4000 bytes as both papers.
     c.data.max_length = 4000
-    c.model.emb_dim = 64
-    c.model.qkv_dim = 64
-    c.model.mlp_dim = 128
-    c.model.num_heads = 2
-    c.model.num_layers = 2
-    c.model.pooling = 'mean'
-    c.model.pos_encoding = 'learned'
-    c.model.attention.kind = 'skyformer'
-    c.model.attention.num_features = 128
-    c.model.attention.num_landmarks = 128
-    c.optim.learning_rate = 1e-4
-    c.optim.schedule = 'linear'
-    c.optim.warmup_steps = 80
-    c.optim.weight_decay = 0.0
-    c.batch_size = 16
-    c.num_train_steps = 50000
-    c.eval_every = 500
-    c.checkpoint_every = 1000
-  elif preset in ('quick', 'tiny'):
-    quick = preset == 'quick'
-    c.data.max_length = 256 if quick else 64
-    c.data.val_fraction = 0.1 if quick else 0.25
-    c.model.emb_dim = 64 if quick else 16
-    c.model.qkv_dim = 64 if quick else 16
-    c.model.mlp_dim = 128 if quick else 32
-    c.model.num_heads = 2
-    c.model.num_layers = 2 if quick else 1
-    c.model.pooling = 'mean'
-    c.model.dropout_rate = 0.1 if quick else 0.0
-    c.model.attention.attention_dropout = 0.0
-    c.optim.schedule = 'cosine'
-    c.optim.learning_rate = 1e-3 if quick else 2e-3
-    c.optim.warmup_steps = 100 if quick else 1
-    c.optim.weight_decay = 0.01
-    c.batch_size = 32 if quick else 8
-    c.num_train_steps = 1500 if quick else 4
-    c.eval_every = 250 if quick else 2
-    c.checkpoint_every = 500 if quick else 2
-    c.log_every = 50 if quick else 2
+    common.skyformer_setting(c, batch_size=16, learning_rate=1e-4, warmup_steps=80)
+  elif preset == 'quick':
+    c.data.max_length = 256
+    common.quick_setting(c, dim=64, num_layers=2, warmup_steps=100, weight_decay=0.01, batch_size=32,
+                         num_train_steps=1500)
+  elif preset == 'tiny':
+    c.data.max_length = 64
+    c.data.val_fraction = 0.25
+    common.tiny_setting(c, weight_decay=0.01)
   else:
     raise ValueError(f"unknown text preset {preset!r}; valid: {', '.join(PRESETS)}")
   return common.lock(c)

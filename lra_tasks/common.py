@@ -144,6 +144,17 @@ class IndexedSource:
     return out
 
 
+def source_arrays(src: ArraySource | IndexedSource) -> dict[str, np.ndarray]:
+  """Every row of a split's source as whole int32 arrays (a loader's ``build_arrays``).
+
+  An ``IndexedSource`` (a cached split) is converted with ``materialize``; an ``ArraySource`` already
+  holds the int32 arrays and gives them as they are.
+  """
+  if isinstance(src, IndexedSource):
+    return src.materialize()
+  return dict(src.arrays)
+
+
 def pad_or_truncate(ids: Sequence[int], length: int) -> np.ndarray:
   """``ids`` cut to ``length`` tokens or right-padded with PAD_ID (right padding, as cuDNN expects)."""
   out = np.full((length,), PAD_ID, dtype=np.int32)
@@ -192,6 +203,14 @@ def split_indices(n: int, fractions: Sequence[float], seed: int) -> list[np.ndar
   perm = np.random.default_rng(int(seed)).permutation(n)
   cuts = [int(n * float(np.sum(fractions[:i + 1]))) for i in range(len(fractions) - 1)]
   return [np.sort(part) for part in np.split(perm, cuts)]
+
+
+def positive_max_length(data: Any, task: str) -> int:
+  """``data.max_length`` of a byte-level task (Text, Retrieval), which must be at least one token."""
+  max_length = int(data.max_length)
+  if max_length < 1:
+    raise DataError(f'{task}: data.max_length must be >= 1, got {max_length}')
+  return max_length
 
 
 def validation_fraction(data: Any, task: str) -> float:

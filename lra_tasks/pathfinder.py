@@ -264,10 +264,7 @@ def _split_source(data: Any, split: str) -> common.ArraySource | common.IndexedS
 
 def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
   """``{'inputs': int32[N, resolution**2], 'targets': int32[N]}`` for the seeded 80/10/10 ``split``."""
-  src = _split_source(data, split)
-  if isinstance(src, common.IndexedSource):
-    return src.materialize()
-  return dict(src.arrays)
+  return common.source_arrays(_split_source(data, split))
 
 
 class PathfinderTask:

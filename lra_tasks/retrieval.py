@@ -130,17 +130,11 @@ def _cached_read(path: str, max_length: int, mtime_ns: int, size: int) -> dict[s
   return read_tsv(path, max_length)
 
 
-def _max_length(data: Any) -> int:
-  max_length = int(data.max_length)
-  if max_length < 1:
-    raise common.DataError(f'retrieval: data.max_length must be >= 1, got {max_length}')
-  return max_length
-
-
 def split_cache(data: Any, split: str) -> cache.Cache:
   """The cache of one split file's tokens at ``data.max_length``."""
   return cache.Cache(cache.root(data.data_dir), 'retrieval', f'retrieval/{SPLIT_FILES[split]}',
-                     {'max_length': _max_length(data), 'version': CACHE_VERSION})
+                     {'max_length': common.positive_max_length(data, 'retrieval'),
+                      'version': CACHE_VERSION})
 
 
 def cached_arrays(data: Any, split: str) -> dict[str, np.ndarray] | None:
@@ -154,7 +148,7 @@ def build_cache(data: Any, split: str) -> str:
   path = split_path(data, split)
   if not os.path.isfile(path):
     raise common.DataError('retrieval: data missing: ' + '; '.join(TASK.check(data)))
-  max_length = _max_length(data)
+  max_length = common.positive_max_length(data, 'retrieval')
   c = split_cache(data, split)
   key = c.key(cache.fingerprint(data_root(data), [path]))
   columns = {'inputs1': (np.uint16, (max_length,)), 'inputs2': (np.uint16, (max_length,)),
@@ -193,7 +187,7 @@ def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
   From the cache when a current one exists (identical values), else parsed from the TSV.
   """
   path = _check_file(data, split)
-  max_length = _max_length(data)
+  max_length = common.positive_max_length(data, 'retrieval')
   stored = _stored(data, split)
   if stored is not None:
     _check_nonempty(len(stored), path)
@@ -235,7 +229,7 @@ class RetrievalTask:
   def source(self, data: Any, split: str) -> common.ArraySource | common.IndexedSource:
     """The cached split as a memory-mapped source if there is one, else the parsed arrays."""
     path = _check_file(data, split)
-    _max_length(data)
+    common.positive_max_length(data, 'retrieval')
     stored = _stored(data, split)
     if stored is not None:
       _check_nonempty(len(stored), path)

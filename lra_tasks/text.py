@@ -55,17 +55,11 @@ def _tokenize_review(max_length: int) -> Callable[[Mapping[str, Any]], tuple[np.
   return convert
 
 
-def _max_length(data: Any) -> int:
-  max_length = int(data.max_length)
-  if max_length < 1:
-    raise common.DataError(f'text: data.max_length must be >= 1, got {max_length}')
-  return max_length
-
-
 def split_cache(data: Any, tfds_split: str) -> cache.Cache:
   """The cache of one TFDS split's byte tokens at ``data.max_length``."""
   return cache.Cache(cache.root(data.data_dir), 'text', f'{IMDB.full_name}/{tfds_split}',
-                     {'max_length': _max_length(data), 'version': CACHE_VERSION})
+                     {'max_length': common.positive_max_length(data, 'text'),
+                      'version': CACHE_VERSION})
 
 
 def _cache_sources(directory: str, tfds_split: str) -> list[str]:
@@ -91,7 +85,7 @@ def build_cache(data: Any, tfds_split: str) -> str:
   directory = IMDB.prepared_dir(data)
   if directory is None:
     raise common.DataError('text: data missing: ' + '; '.join(IMDB.check(data)))
-  max_length = _max_length(data)
+  max_length = common.positive_max_length(data, 'text')
   c = split_cache(data, tfds_split)
   key = c.key(cache.fingerprint(directory, _cache_sources(directory, tfds_split)))
   with c.writer(key, {'inputs': (np.uint16, (max_length,)), 'targets': (np.int32, ())}) as w:
@@ -104,7 +98,7 @@ def _split_source(data: Any, split: str) -> common.ArraySource | common.IndexedS
   """Our ``split`` of IMDb, from the cache if a current one exists, else read from TFDS."""
   if split not in common.SPLITS:
     raise ValueError(f'unknown split {split!r}; valid: {", ".join(common.SPLITS)}')
-  max_length = _max_length(data)
+  max_length = common.positive_max_length(data, 'text')
   tfds_split = 'test' if split == 'test' else 'train'
   stored = cached_split(data, tfds_split)
   if stored is not None:
@@ -135,10 +129,7 @@ def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
   ``train``/``val`` are the two parts of TFDS' train split (``split_indices`` with fractions
   ``1 - val_fraction, val_fraction``); ``test`` is TFDS' test split.
   """
-  src = _split_source(data, split)
-  if isinstance(src, common.IndexedSource):
-    return src.materialize()
-  return dict(src.arrays)
+  return common.source_arrays(_split_source(data, split))
 
 
 class TextTask:

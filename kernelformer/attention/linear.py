@@ -91,9 +91,17 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int):
 
 
 def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None = None,
-                        causal: bool = False, eps: float = DEFAULT_EPS) -> Array:
-  """``normalize(phi(Q) phi(K)^T) V`` formed naively as an L x S matrix: the test oracle."""
+                        causal: bool = False, eps: float = DEFAULT_EPS,
+                        score_weights: Array | None = None) -> Array:
+  """``normalize(phi(Q) phi(K)^T) V`` formed naively as an L x S matrix: the test oracle.
+
+  ``score_weights`` (float32, broadcastable to ``[B, H, L, S]``) multiplies the matrix entrywise before
+  masking and normalization: ``exp(B)`` there gives Luo et al.'s RPE reference
+  (``rpe.rpe_quadratic_reference``, eq. 10).
+  """
   a = jnp.einsum('blhm,bshm->bhls', phi_q.astype(jnp.float32), phi_k.astype(jnp.float32))
+  if score_weights is not None:
+    a = a * score_weights
   if mask is not None:
     a = jnp.where(mask[:, None, None, :], a, 0.0)
   if causal:

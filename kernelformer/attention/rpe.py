@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from kernelformer import registry
-from kernelformer.attention.linear import DEFAULT_EPS, einsum_f32, mask_keys, safe_normalizer
+from kernelformer.attention.linear import (DEFAULT_EPS, einsum_f32, mask_keys, quadratic_reference,
+                                           safe_normalizer)
 from kernelformer.features.hadamard import next_pow2
 
 Array = jax.Array
@@ -138,15 +139,8 @@ def rpe_quadratic_reference(phi_q: Array, phi_k: Array, v: Array, position_bias:
                             eps: float = DEFAULT_EPS) -> Array:
   """``normalize((phi(Q) phi(K)^T) * exp(B)) V`` with the L x L matrix formed naively: the test oracle."""
   length = phi_k.shape[1]
-  a = jnp.einsum('blhm,bshm->bhls', phi_q.astype(jnp.float32), phi_k.astype(jnp.float32))
-  a = a * jnp.exp(relative_bias_matrix(position_bias.astype(jnp.float32), length))[None]
-  if mask is not None:
-    a = jnp.where(mask[:, None, None, :], a, 0.0)
-  if causal:
-    a = jnp.where(jnp.tril(jnp.ones(a.shape[-2:], dtype=bool)), a, 0.0)
-  den = safe_normalizer(a.sum(-1), eps)
-  out = jnp.einsum('bhls,bshd->blhd', a / den[..., None], v.astype(jnp.float32))
-  return out.astype(v.dtype)
+  weights = jnp.exp(relative_bias_matrix(position_bias.astype(jnp.float32), length))[None]
+  return quadratic_reference(phi_q, phi_k, v, mask=mask, causal=causal, eps=eps, score_weights=weights)
 
 
 def _register_nprf_rpe() -> None:

@@ -8,27 +8,7 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import gaussian, skyformer
-
-# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
-# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
-# Option names unknown to another jax version fall back to a plain jit.
-_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
-                 'xla_cpu_use_fusion_emitters': False}
-
-
-def _fast_jit(fn, **jit_kwargs):
-  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
-  plain = jax.jit(fn, **jit_kwargs)
-
-  def call(*args, **kwargs):
-    try:
-      return fast(*args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      if 'compile option' not in str(e):
-        raise
-      return plain(*args, **kwargs)
-
-  return call
+from tests.attention.helpers import fast_jit
 
 
 def _naive_kernelized(q, k, v, mask=None, causal=False):
@@ -54,7 +34,7 @@ def test_gaussian_attention_matches_naive(p):
   """The input scale follows the head dimension p (a constant 32^-1/4 would fail for p = 4 and 16)."""
   q, k, v = _qkv(p, p=p)
   mask = jnp.array([[True] * 6, [True, True, True, False, False, False]])
-  attend = _fast_jit(gaussian.gaussian_attention, static_argnames='causal')
+  attend = fast_jit(gaussian.gaussian_attention, static_argnames='causal')
   for causal in (False, True):
     out = attend(q, k, v, mask=mask, causal=causal)
     np.testing.assert_allclose(np.asarray(out), _naive_kernelized(q, k, v, mask, causal),
@@ -75,7 +55,7 @@ def test_gaussian_registry_names():
   assert registry.get('kernelized-attention').name == 'gaussian'
   module = registry.build({'kind': 'gaussian'})
   q, k, v = _qkv(1)
-  out = _fast_jit(module.apply)({}, q, k, v)
+  out = fast_jit(module.apply)({}, q, k, v)
   np.testing.assert_allclose(np.asarray(out), _naive_kernelized(q, k, v), rtol=1e-5, atol=1e-6)
 
 
@@ -100,7 +80,7 @@ def test_skyformer_with_every_row_as_landmark_matches_exact():
   """d = 2n: C_tilde = (I, 0) C_bar (C_bar + gamma I)^-1 C_bar (0, I)^T, within gamma of C (spectral)."""
   length, gamma = 16, 1e-3
   q, k = _low_rank_qk(0, length)
-  exact, approx = _fast_jit(lambda q, k: (
+  exact, approx = fast_jit(lambda q, k: (
       gaussian.gaussian_scores(q, k)[0, 0],
       skyformer.skyformer_matrix(q, k, key=None, mask=None, num_landmarks=2 * length, gamma=gamma,
                                  num_iterations=None)[0, 0]))(q, k)
@@ -116,7 +96,7 @@ def test_skyformer_error_decreases_with_landmarks():
   keys = jax.random.split(jax.random.PRNGKey(0), 3)
   sizes = (2, 4, 8, 16, 64)
 
-  @_fast_jit
+  @fast_jit
   def matrices(q, k, keys):
     exact = gaussian.gaussian_scores(q, k)[0, 0]
     return exact, [jax.vmap(lambda kk, d=d: skyformer.skyformer_matrix(
@@ -138,7 +118,7 @@ def test_skyformer_output_matches_its_matrix_and_padding_equals_truncation():
   mask = jnp.array([[True] * 5 + [False] * 3])
   kwargs = dict(key=None, num_landmarks=16, gamma=0.1, num_iterations=None)
 
-  @_fast_jit
+  @fast_jit
   def compute(q, k, v):
     out = skyformer.skyformer_attention(q, k, v, mask=mask, **kwargs)
     mat = skyformer.skyformer_matrix(q, k, mask=mask, **kwargs)
@@ -163,7 +143,7 @@ def test_newton_schulz_converges_per_matrix():
   y = w / jnp.sqrt(dm[:, None] * dm[None, :])
   ys = jnp.stack([y, 0.01 * y])
   iters = skyformer.default_iterations(64, gamma)
-  residual = _fast_jit(lambda ys: jnp.max(jnp.abs(
+  residual = fast_jit(lambda ys: jnp.max(jnp.abs(
       jnp.eye(64) - ys @ skyformer.newton_schulz_inverse(ys, iters)), axis=(-2, -1)))(ys)
   assert float(residual[0]) < 1e-3 and float(residual[1]) < 1e-3, residual
   assert skyformer.default_iterations(128, 0.1) == 15
@@ -172,7 +152,7 @@ def test_newton_schulz_converges_per_matrix():
 def test_sample_landmarks_uniform_without_replacement_among_valid():
   valid = jnp.array([True] * 10 + [False] * 6)
   keys = jax.random.split(jax.random.PRNGKey(0), 2000)
-  idx, ok = _fast_jit(jax.vmap(lambda kk: skyformer.sample_landmarks(kk, valid, 3)))(keys)
+  idx, ok = fast_jit(jax.vmap(lambda kk: skyformer.sample_landmarks(kk, valid, 3)))(keys)
   idx = np.asarray(idx)
   assert np.all(np.asarray(ok)) and np.all(idx < 10)
   assert all(len(set(row)) == 3 for row in idx)                      # without replacement
@@ -194,7 +174,7 @@ def test_skyformer_module_randomness_edge_cases_and_errors():
   def run(q, k, v, mask, step):
     return module.apply({}, q, k, v, mask=mask, step=step, rngs=rngs)
 
-  @_fast_jit
+  @fast_jit
   def everything(q, k, v):
     outs = [run(q, k, v, mask, s) for s in (None, None, jnp.int32(3), jnp.int32(7), jnp.int32(12))]
     grads = jax.grad(lambda q, k, v: jnp.sum(run(q, k, v, mask, None) ** 2),

@@ -8,27 +8,7 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import linformer, nystrom
-
-# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
-# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
-# Option names unknown to another jax version fall back to a plain jit.
-_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
-                 'xla_cpu_use_fusion_emitters': False}
-
-
-def _fast_jit(fn, **jit_kwargs):
-  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
-  plain = jax.jit(fn, **jit_kwargs)
-
-  def call(*args, **kwargs):
-    try:
-      return fast(*args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      if 'compile option' not in str(e):
-        raise
-      return plain(*args, **kwargs)
-
-  return call
+from tests.attention.helpers import fast_jit
 
 
 def _softmax_ref(q, k, v, mask=None):
@@ -52,7 +32,7 @@ def test_iterative_pinv_matches_pinv_with_per_matrix_start():
   logits = jax.random.normal(jax.random.PRNGKey(0), (5, 5)) + 3.0 * jnp.eye(5)
   a = jax.nn.softmax(logits, axis=-1)
   batch = jnp.stack([a, 100.0 * a])
-  z = _fast_jit(nystrom.iterative_pinv, static_argnames='num_iterations')(batch, num_iterations=6)
+  z = fast_jit(nystrom.iterative_pinv, static_argnames='num_iterations')(batch, num_iterations=6)
   np.testing.assert_allclose(np.asarray(z[0]), np.linalg.pinv(np.asarray(a, np.float64)), atol=1e-4)
   np.testing.assert_allclose(np.asarray(z[1]), np.linalg.pinv(np.asarray(a, np.float64)) / 100.0,
                              atol=1e-6)
@@ -64,7 +44,7 @@ def test_segment_layout_and_masked_means():
   assert nystrom.segment_layout(1, 64) == (1, 1)
   x = jnp.arange(7, dtype=jnp.float32).reshape(1, 7, 1, 1)
   mask = jnp.array([[True, True, False, True, True, False, False]])
-  means, valid = _fast_jit(nystrom.segment_means, static_argnames='num_landmarks')(
+  means, valid = fast_jit(nystrom.segment_means, static_argnames='num_landmarks')(
       x, mask, num_landmarks=3)
   np.testing.assert_allclose(np.asarray(means[0, :, 0, 0]), [0.5, 3.5, 0.0])
   np.testing.assert_array_equal(np.asarray(valid[0]), [True, True, False])
@@ -78,7 +58,7 @@ def test_nystrom_with_a_landmark_per_token_is_softmax():
   q, _, v = _qkv(1, scale=1.5)
   k = q
   mask = jnp.array([[True] * 6, [True, True, True, True, False, False]])
-  out = _fast_jit(nystrom.nystrom_attention, static_argnames=('num_landmarks', 'num_iterations'))(
+  out = fast_jit(nystrom.nystrom_attention, static_argnames=('num_landmarks', 'num_iterations'))(
       q, k, v, mask=mask, num_landmarks=8, num_iterations=12)
   want = _softmax_ref(q, k, v, mask)
   valid = np.asarray(mask)
@@ -90,8 +70,8 @@ def test_nystrom_approximates_softmax_on_odd_lengths():
   and the module matches the pure function."""
   q, k, v = _qkv(2, b=1, length=13, scale=0.3)
   module = registry.build({'kind': 'nystrom', 'num_landmarks': 4})
-  out, via_module = _fast_jit(lambda q, k, v: (nystrom.nystrom_attention(q, k, v, num_landmarks=4),
-                                               module.apply({}, q, k, v)))(q, k, v)
+  out, via_module = fast_jit(lambda q, k, v: (nystrom.nystrom_attention(q, k, v, num_landmarks=4),
+                                              module.apply({}, q, k, v)))(q, k, v)
   err = np.abs(np.asarray(out) - _softmax_ref(q, k, v)).max()
   # Weights are nearly uniform at this scale; a mean-field error of a few percent of |v| is expected.
   assert err < 0.05 * float(jnp.abs(v).max()), err
@@ -108,7 +88,7 @@ def test_linformer_with_identity_projections_is_softmax():
   q, k, v = _qkv(3)
   eye = jnp.eye(6)
   mask = jnp.array([[True] * 6, [True, True, False, False, False, False]])
-  out = _fast_jit(linformer.linformer_attention)(q, k, v, eye, eye, mask=mask)
+  out = fast_jit(linformer.linformer_attention)(q, k, v, eye, eye, mask=mask)
   # Zeroed padded keys still receive logit 0 after projection: with E = I the reference is softmax over
   # all keys where padded keys have k = 0 and v = 0.
   keep = np.asarray(mask)[:, :, None, None]
@@ -127,7 +107,7 @@ def test_linformer_module_params_slicing_and_errors():
   both = np.concatenate([np.asarray(e).ravel(), np.asarray(f).ravel()])
   se = np.sqrt(2.0 / len(both)) * (1 / 3)
   assert abs(both.var() - 1 / 3) < 5 * se
-  out, want = _fast_jit(lambda variables, q, k, v: (
+  out, want = fast_jit(lambda variables, q, k, v: (
       module.apply(variables, q, k, v),
       linformer.linformer_attention(q, k, v, e[:, :7], f[:, :7])))(variables, q, k, v)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), rtol=1e-6)

@@ -10,27 +10,7 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import rpe
-
-# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
-# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
-# Option names unknown to another jax version fall back to a plain jit.
-_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
-                 'xla_cpu_use_fusion_emitters': False}
-
-
-def _fast_jit(fn, **jit_kwargs):
-  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
-  plain = jax.jit(fn, **jit_kwargs)
-
-  def call(*args, **kwargs):
-    try:
-      return fast(*args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      if 'compile option' not in str(e):
-        raise
-      return plain(*args, **kwargs)
-
-  return call
+from tests.attention.helpers import fast_jit
 
 
 def _naive_toeplitz(c, x, causal):
@@ -50,7 +30,7 @@ def test_toeplitz_matmul_matches_naive_product(n):
   kc, kx = jax.random.split(jax.random.PRNGKey(n))
   c = jax.random.normal(kc, (3, 2 * n - 1))                    # per head, broadcast over batch
   x = jax.random.normal(kx, (2, 3, n, 4))
-  toeplitz = _fast_jit(rpe.toeplitz_matmul, static_argnames='causal')
+  toeplitz = fast_jit(rpe.toeplitz_matmul, static_argnames='causal')
   for causal in (False, True):
     y = toeplitz(c[None], x, causal=causal)
     want = _naive_toeplitz(np.asarray(c)[None], x, causal)
@@ -84,7 +64,7 @@ def _features(seed, b=2, length=6, h=2, m=5, dv=3):
   return phi_q, phi_k, v, bias
 
 
-@functools.partial(_fast_jit, static_argnames='causal')
+@functools.partial(fast_jit, static_argnames='causal')
 def _fast_and_reference(phi_q, phi_k, v, bias, mask, *, causal, reference_bias=None):
   """(FFT path with ``bias``, quadratic reference with ``reference_bias`` or ``bias``), one program."""
   ref_bias = bias if reference_bias is None else reference_bias
@@ -120,9 +100,9 @@ def test_rpe_padded_keys_drop_out_and_gradient_is_finite():
   phi_q, phi_k, v, bias = _features(5)
   mask = jnp.array([[True] * 6, [True, False, False, False, False, False]])
   attend = lambda *a: rpe.rpe_linear_attention(*a, mask=mask)
-  out, grads = _fast_jit(lambda *a: (attend(*a), jax.grad(lambda *b: jnp.sum(attend(*b) ** 2),
-                                                          argnums=(0, 1, 2, 3))(*a)))(
-                                                              phi_q, phi_k, v, bias)
+  out, grads = fast_jit(lambda *a: (attend(*a), jax.grad(lambda *b: jnp.sum(attend(*b) ** 2),
+                                                         argnums=(0, 1, 2, 3))(*a)))(
+                                                             phi_q, phi_k, v, bias)
   # Query rows of the second sequence see only key 0: the output is v_0 whatever the weights.
   np.testing.assert_allclose(np.asarray(out[1]), np.broadcast_to(np.asarray(v[1, 0]), out[1].shape),
                              rtol=1e-5, atol=1e-5)
@@ -169,7 +149,7 @@ def test_nprf_rpe_end_to_end_estimates_normalized_softmax_with_rpe():
   variables = module.init({'params': jax.random.PRNGKey(0), 'features': jax.random.PRNGKey(0)},
                           q, k, v, position_bias=bias)
 
-  @_fast_jit
+  @fast_jit
   def one_draw(key, scale_q=1.0, scale_k=1.0):
     out, inter = module.apply(variables, scale_q * q, scale_k * k, v, position_bias=bias,
                               rngs={'features': key}, mutable=['intermediates'])

@@ -10,28 +10,7 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import softmax
-
-# These tests are dominated by XLA compile time, not run time: compile each test's computation once,
-# with XLA's cheapest CPU settings (no LLVM optimization, no fusion emitters: ~3x faster to compile).
-# Option names unknown to another jax version fall back to a plain jit.
-_FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
-                 'xla_cpu_use_fusion_emitters': False}
-
-
-def _fast_jit(fn, **jit_kwargs):
-  fast = jax.jit(fn, compiler_options=_FAST_COMPILE, **jit_kwargs)
-  plain = jax.jit(fn, **jit_kwargs)
-
-  def call(*args, **kwargs):
-    try:
-      return fast(*args, **kwargs)
-    except Exception as e:  # pylint: disable=broad-except
-      if 'compile option' not in str(e):
-        raise
-      return plain(*args, **kwargs)
-
-  return call
-
+from tests.attention.helpers import fast_jit
 
 B, L, H, D = 2, 5, 2, 4
 
@@ -69,7 +48,7 @@ def test_softmax_matches_naive(with_bias):
   q, k, v, bias, mask = _inputs()
   bias = bias if with_bias else None
 
-  @functools.partial(_fast_jit, static_argnames='causal')
+  @functools.partial(fast_jit, static_argnames='causal')
   def both(q, k, v, mask, bias, causal):
     out = softmax.softmax_attention(q, k, v, mask=mask, causal=causal, position_bias=bias)
     w = softmax.softmax_weights(q, k, mask=mask, causal=causal, position_bias=bias)
@@ -92,7 +71,7 @@ def test_softmax_module_with_bias_and_dropout():
     return module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=False,
                         rngs={'dropout': key})
 
-  out, draws = _fast_jit(lambda keys: (
+  out, draws = fast_jit(lambda keys: (
       module.apply({}, q, k, v, mask=mask, position_bias=bias, deterministic=True),
       jax.vmap(dropped)(keys)))(jax.random.split(jax.random.PRNGKey(2), 256))
   np.testing.assert_allclose(np.asarray(out), _naive(q, k, v, mask, False, bias), rtol=1e-5,

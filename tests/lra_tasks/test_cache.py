@@ -18,14 +18,7 @@ from lra_tasks import fixtures
 from lra_tasks import pathfinder
 from lra_tasks import retrieval
 from lra_tasks import text
-
-
-def config_data(module, root, **overrides):
-  c = module.get_config('tiny')
-  c.data.data_dir = str(root)
-  for key, value in overrides.items():
-    c.data[key] = value
-  return c.data
+from tests.lra_tasks import helpers
 
 
 def assert_same_batches(raw, cached, batch_size=4, steps=5):
@@ -55,7 +48,7 @@ def assert_same_arrays(a, b):
 
 def test_pathfinder_cache_gives_identical_batches(tmp_path):
   fixtures.write_pathfinder_fixture(str(tmp_path), 32, 'hard', 26, seed=4)
-  data = config_data(pathfinder_config, tmp_path)
+  data = helpers.tiny_data(pathfinder_config, tmp_path)
   pathfinder._cached_examples.cache_clear()
   raw = {s: pathfinder.TASK.source(data, s) for s in common.SPLITS}
   raw_arrays = {s: pathfinder.build_arrays(data, s) for s in common.SPLITS}
@@ -72,7 +65,7 @@ def test_pathfinder_cache_gives_identical_batches(tmp_path):
     assert_same_batches(raw[split], cached, batch_size=4, steps=3)
     assert_same_arrays(raw_arrays[split], pathfinder.build_arrays(data, split))
   # Another split seed needs no rebuild: the split is applied to the cached examples.
-  reseeded = config_data(pathfinder_config, tmp_path, split_seed=9)
+  reseeded = helpers.tiny_data(pathfinder_config, tmp_path, split_seed=9)
   pathfinder._cached_examples.cache_clear()
   expected = pathfinder.load_examples(pathfinder.difficulty_dir(data), 32)[0]
   idx = common.split_indices(24, pathfinder.SPLIT_FRACTIONS, 9)[0]
@@ -81,7 +74,7 @@ def test_pathfinder_cache_gives_identical_batches(tmp_path):
 
 def test_pathfinder_changed_image_is_never_read_stale(tmp_path):
   written = fixtures.write_pathfinder_fixture(str(tmp_path), 32, 'hard', 10, seed=5)
-  data = config_data(pathfinder_config, tmp_path)
+  data = helpers.tiny_data(pathfinder_config, tmp_path)
   old = pathfinder.build_cache(data)
   image = os.path.join(written.directory, 'imgs', '0', 'sample_0.png')
   Image.fromarray(np.full((32, 32), 200, np.uint8)).save(image)
@@ -98,7 +91,7 @@ def test_pathfinder_changed_image_is_never_read_stale(tmp_path):
 
 def test_retrieval_cache_gives_identical_batches(tmp_path):
   fixtures.write_retrieval_fixture(str(tmp_path), n_per_split=7, seed=2)
-  data = config_data(retrieval_config, tmp_path)
+  data = helpers.tiny_data(retrieval_config, tmp_path)
   raw = {s: retrieval.TASK.source(data, s) for s in common.SPLITS}
   raw_arrays = {s: retrieval.build_arrays(data, s) for s in common.SPLITS}
   for split in common.SPLITS:
@@ -114,9 +107,9 @@ def test_retrieval_cache_gives_identical_batches(tmp_path):
 
 def test_retrieval_changed_option_or_file_rebuilds(tmp_path):
   fixtures.write_retrieval_fixture(str(tmp_path), n_per_split=4, seed=0)
-  data = config_data(retrieval_config, tmp_path, max_length=48)
+  data = helpers.tiny_data(retrieval_config, tmp_path, max_length=48)
   at48 = retrieval.build_cache(data, 'test')
-  shorter = config_data(retrieval_config, tmp_path, max_length=20)
+  shorter = helpers.tiny_data(retrieval_config, tmp_path, max_length=20)
   assert retrieval.cached_arrays(shorter, 'test') is None   # another option: no cache yet
   at20 = retrieval.build_cache(shorter, 'test')
   assert at20 != at48 and os.path.isdir(at48)   # both settings keep their own cache
@@ -134,7 +127,7 @@ def test_retrieval_changed_option_or_file_rebuilds(tmp_path):
 
 def test_damaged_cache_is_not_used(tmp_path):
   fixtures.write_retrieval_fixture(str(tmp_path), n_per_split=3, seed=0)
-  data = config_data(retrieval_config, tmp_path)
+  data = helpers.tiny_data(retrieval_config, tmp_path)
   where = retrieval.build_cache(data, 'val')
   with open(os.path.join(where, 'inputs2.bin'), 'r+b') as f:
     f.truncate(10)
@@ -157,7 +150,7 @@ def fake_prepared_imdb(root):
 
 def test_text_cache_gives_identical_batches_on_mock_data(tmp_path):
   fake_prepared_imdb(str(tmp_path))
-  data = config_data(text_config, tmp_path, tfds_check=True)
+  data = helpers.tiny_data(text_config, tmp_path, tfds_check=True)
   with tfds.testing.mock_data(num_examples=20):
     common._TFDS_CACHE.clear()
     raw = {s: text.TASK.source(data, s) for s in common.SPLITS}
@@ -172,7 +165,7 @@ def test_text_cache_gives_identical_batches_on_mock_data(tmp_path):
     assert isinstance(cached, common.IndexedSource)
     assert_same_batches(raw[split], cached, batch_size=2, steps=4)
     assert_same_arrays(raw_arrays[split], text.build_arrays(data, split))
-  assert text.cached_split(config_data(text_config, tmp_path, tfds_check=True, max_length=32),
+  assert text.cached_split(helpers.tiny_data(text_config, tmp_path, tfds_check=True, max_length=32),
                            'train') is None
 
 

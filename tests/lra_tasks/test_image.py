@@ -11,17 +11,13 @@ from configs import image as image_config
 from lra_tasks import common
 from lra_tasks import image
 from lra_tasks import text
+from tests.lra_tasks import helpers
 
 N = 20
 
 
 def tiny_data(tmp_path, **overrides):
-  c = image_config.get_config('tiny')
-  c.data.data_dir = str(tmp_path / 'data')
-  c.data.tfds_check = False
-  for key, value in overrides.items():
-    c.data[key] = value
-  return c.data
+  return helpers.tiny_data(image_config, tmp_path / 'data', **{'tfds_check': False, **overrides})
 
 
 def test_grayscale_is_tensorflows_not_pils():

@@ -1,13 +1,10 @@
 """LRA Pathfinder loader on release-format PNGs + text metadata: tokens, skips, seeded split, errors."""
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 import logging
 import os
 import re
-import subprocess
-import sys
 
 import ml_collections
 import numpy as np
@@ -18,24 +15,12 @@ from configs import pathfinder as pathfinder_config
 from lra_tasks import common
 from lra_tasks import fixtures
 from lra_tasks import pathfinder
+from tests.lra_tasks import helpers
 
 N_IMAGES = 12  # 10 decodable + 1 empty + 1 corrupt
 
 
-def tiny_data(root, **overrides):
-  c = pathfinder_config.get_config('tiny')
-  c.data.data_dir = str(root)
-  for key, value in overrides.items():
-    c.data[key] = value
-  return c.data
-
-
-def digest(arrays):
-  h = hashlib.sha256()
-  for name in sorted(arrays):
-    h.update(name.encode())
-    h.update(np.ascontiguousarray(arrays[name]).tobytes())
-  return h.hexdigest()
+tiny_data = functools.partial(helpers.tiny_data, pathfinder_config)
 
 
 @pytest.fixture(name='written')
@@ -79,27 +64,15 @@ def test_split_is_seeded_and_deterministic(tmp_path, written):
 def test_second_process_sees_identical_token_ids(tmp_path, written):
   del written
   data = tiny_data(tmp_path)
-  here = {s: digest(pathfinder.build_arrays(data, s)) for s in common.SPLITS}
+  here = helpers.split_digests(pathfinder.build_arrays, data, common.SPLITS)
   script = f"""
-import hashlib, json
-import numpy as np
 import ml_collections
 from lra_tasks import common, pathfinder
-
-def digest(arrays):
-  h = hashlib.sha256()
-  for name in sorted(arrays):
-    h.update(name.encode())
-    h.update(np.ascontiguousarray(arrays[name]).tobytes())
-  return h.hexdigest()
-
 data = ml_collections.ConfigDict({{'data_dir': {str(tmp_path)!r}, 'resolution': 32,
                                    'difficulty': 'hard', 'max_length': 0, 'split_seed': 0}})
-print(json.dumps({{s: digest(pathfinder.build_arrays(data, s)) for s in common.SPLITS}}))
+print(json.dumps(split_digests(pathfinder.build_arrays, data, common.SPLITS)))
 """
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True,
-                       cwd=os.getcwd(), env={**os.environ, 'PYTHONHASHSEED': '11'})
-  assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+  assert helpers.split_digests_in_subprocess(script, hash_seed=11) == here
 
 
 def test_difficulty_and_resolution_pick_the_folder(tmp_path):

@@ -1,12 +1,9 @@
 """LRA Retrieval loader on release-format TSVs, its error messages, and the dual encoder's independence."""
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
 import os
 import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,27 +16,10 @@ from kernelformer.training import trainer
 from lra_tasks import common
 from lra_tasks import fixtures
 from lra_tasks import retrieval
+from tests.lra_tasks import helpers
 
 
-def tiny_data(root, **overrides):
-  c = retrieval_config.get_config('tiny')
-  c.data.data_dir = str(root)
-  for key, value in overrides.items():
-    c.data[key] = value
-  return c.data
-
-
-def naive_bytes(field, length):
-  ids = [b + 1 for b in field.encode('utf-8')][:length]
-  return np.array(ids + [0] * (length - len(ids)), dtype=np.int32)
-
-
-def digest(arrays):
-  h = hashlib.sha256()
-  for name in sorted(arrays):
-    h.update(name.encode())
-    h.update(np.ascontiguousarray(arrays[name]).tobytes())
-  return h.hexdigest()
+tiny_data = functools.partial(helpers.tiny_data, retrieval_config)
 
 
 def write_tsv(path, text):
@@ -61,7 +41,7 @@ def test_splits_match_the_fixture_rows(tmp_path):
       inputs = arrays[name]
       assert inputs.shape == (6, length) and inputs.dtype == np.int32
       np.testing.assert_array_equal(
-          inputs, np.stack([naive_bytes(getattr(r, field), length) for r in expected]))
+          inputs, np.stack([helpers.naive_bytes(getattr(r, field), length) for r in expected]))
       real = inputs != 0
       assert np.all(real[:, :-1] >= real[:, 1:])  # right padding
       truncated += int(real[:, -1].sum())
@@ -131,26 +111,14 @@ def test_file_copied_to_the_wrong_folder_is_named(tmp_path):
 def test_second_process_sees_identical_token_ids(tmp_path):
   fixtures.write_retrieval_fixture(str(tmp_path), n_per_split=4, seed=1)
   data = tiny_data(tmp_path)
-  here = {s: digest(retrieval.build_arrays(data, s)) for s in common.SPLITS}
+  here = helpers.split_digests(retrieval.build_arrays, data, common.SPLITS)
   script = f"""
-import hashlib, json
-import numpy as np
 import ml_collections
 from lra_tasks import common, retrieval
-
-def digest(arrays):
-  h = hashlib.sha256()
-  for name in sorted(arrays):
-    h.update(name.encode())
-    h.update(np.ascontiguousarray(arrays[name]).tobytes())
-  return h.hexdigest()
-
 data = ml_collections.ConfigDict({{'data_dir': {str(tmp_path)!r}, 'max_length': {data.max_length}}})
-print(json.dumps({{s: digest(retrieval.build_arrays(data, s)) for s in common.SPLITS}}))
+print(json.dumps(split_digests(retrieval.build_arrays, data, common.SPLITS)))
 """
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True,
-                       cwd=os.getcwd(), env={**os.environ, 'PYTHONHASHSEED': '7'})
-  assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+  assert helpers.split_digests_in_subprocess(script, hash_seed=7) == here
 
 
 def test_dual_encoder_has_no_cross_attention(tmp_path):

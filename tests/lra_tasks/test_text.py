@@ -1,11 +1,7 @@
 """LRA Text loader on TFDS mock records: byte tokens, padding, the seeded validation carve, data checks."""
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,37 +10,19 @@ import tensorflow_datasets as tfds
 from configs import text as text_config
 from lra_tasks import common
 from lra_tasks import text
+from tests.lra_tasks import helpers
 
 N = 20   # mock records per TFDS split
 
 
 def tiny_data(tmp_path, **overrides):
-  c = text_config.get_config('tiny')
-  c.data.data_dir = str(tmp_path / 'data')
-  c.data.tfds_check = False
-  for key, value in overrides.items():
-    c.data[key] = value
-  return c.data
+  return helpers.tiny_data(text_config, tmp_path / 'data', **{'tfds_check': False, **overrides})
 
 
 def mock_records(split):
   """The mock records as TFDS serves them, read independently of the loader."""
   ds = tfds.data_source('imdb_reviews', split=split, data_dir='/nonexistent', download=False)
   return [(ds[i]['text'], int(np.asarray(ds[i]['label']))) for i in range(len(ds))]
-
-
-def naive_bytes(textual, length):
-  raw = textual.encode('utf-8') if isinstance(textual, str) else textual
-  ids = [b + 1 for b in raw][:length]
-  return np.array(ids + [0] * (length - len(ids)), dtype=np.int32)
-
-
-def digest(arrays):
-  h = hashlib.sha256()
-  for name in sorted(arrays):
-    h.update(name.encode())
-    h.update(np.ascontiguousarray(arrays[name]).tobytes())
-  return h.hexdigest()
 
 
 def test_splits_are_byte_tokens_of_the_records(tmp_path):
@@ -63,7 +41,7 @@ def test_splits_are_byte_tokens_of_the_records(tmp_path):
     inputs, targets = arrays[split]['inputs'], arrays[split]['targets']
     assert inputs.shape == (len(records), length) and inputs.dtype == np.int32
     assert targets.dtype == np.int32
-    np.testing.assert_array_equal(inputs, np.stack([naive_bytes(t, length) for t, _ in records]))
+    np.testing.assert_array_equal(inputs, np.stack([helpers.naive_bytes(t, length) for t, _ in records]))
     np.testing.assert_array_equal(targets, [label for _, label in records])
     assert inputs.min() >= 0 and inputs.max() <= 256 and set(targets.tolist()) <= {0, 1}
     # Right padding: once a row reaches a 0 it stays 0.
@@ -91,30 +69,18 @@ def test_truncation_and_seed(tmp_path):
 def test_second_process_sees_identical_token_ids(tmp_path):
   data = tiny_data(tmp_path)
   with tfds.testing.mock_data(num_examples=N):
-    here = {s: digest(text.build_arrays(data, s)) for s in common.SPLITS}
+    here = helpers.split_digests(text.build_arrays, data, common.SPLITS)
   script = f"""
-import hashlib, json
-import numpy as np
 import tensorflow_datasets as tfds
 from configs import text as text_config
 from lra_tasks import common, text
-
-def digest(arrays):
-  h = hashlib.sha256()
-  for name in sorted(arrays):
-    h.update(name.encode())
-    h.update(np.ascontiguousarray(arrays[name]).tobytes())
-  return h.hexdigest()
-
 c = text_config.get_config('tiny')
 c.data.data_dir = {str(tmp_path / 'data')!r}
 c.data.tfds_check = False
 with tfds.testing.mock_data(num_examples={N}):
-  print(json.dumps({{s: digest(text.build_arrays(c.data, s)) for s in common.SPLITS}}))
+  print(json.dumps(split_digests(text.build_arrays, c.data, common.SPLITS)))
 """
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True,
-                       cwd=os.getcwd(), env={**os.environ, 'PYTHONHASHSEED': '123'})
-  assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+  assert helpers.split_digests_in_subprocess(script, hash_seed=123) == here
 
 
 def test_missing_data_names_directory_and_command(tmp_path):

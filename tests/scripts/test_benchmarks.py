@@ -66,7 +66,10 @@ def test_time_compiled_median_and_budget_cut():
   assert 1 <= len(timing.times_s) <= 3
   assert len(calls) == len(timing.times_s) + 1
   assert 0.045 <= timing.median_s < 1.0
-  assert measure.time_compiled(slow, (), repeats=4).times_s.__len__() == 4
+  assert len(measure.time_compiled(slow, (), repeats=4).times_s) == 4
+  calls.clear()
+  cold = measure.time_compiled(slow, (), repeats=50, budget_s=0.2, warmup=False)
+  assert cold.warmup_s == 0.0 and 1 <= len(cold.times_s) <= 4 and len(calls) == len(cold.times_s)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -135,6 +138,7 @@ def test_benchmark_quick(tmp_path, capsys):
     assert r['status'] == 'ok', r
     assert as_float(r['time_ms']) > 0 and as_float(r['gflop']) > 0 and as_float(r['temp_mib']) >= 0
     assert int(r['repeats']) == 1
+    assert as_float(r['peak_rss_mib']) > 10.0        # the process itself: JAX alone is ~100 MB
   get = lambda kind, mode, length, key: as_float(next(
       r[key] for r in rows if r['kind'] == kind and r['mode'] == mode and r['length'] == str(length)))
   for mode in attention_cost.MODES:

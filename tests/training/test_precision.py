@@ -22,31 +22,20 @@ import optax
 import pytest
 
 import lra_tasks
-from configs import listops
 from kernelformer.training import input_pipeline
 from kernelformer.training import sharding
 from kernelformer.training import trainer
+from tests.training import helpers
 
 KIND = 'posrf-orf'  # positive random features: exp() of projections, the most bf16-sensitive path
 ACCUM = 4         # micro-batches of 2 rows from the tiny batch of 8
 
 
 def tiny_config(data_dir, **overrides):
-  c = listops.get_config('tiny')
-  c.data.data_dir = str(data_dir)
-  c.progress = False
-  c.model.attention.kind = KIND
-  c.num_train_steps = 8
-  c.log_every = 1
-  c.eval_every = 8
-  c.checkpoint_every = 8
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  """8 steps of the tiny ListOps run with ``KIND``, logging every step, one evaluation at the end."""
+  return helpers.tiny_config(data_dir, **{'model.attention.kind': KIND, 'num_train_steps': 8,
+                                          'log_every': 1, 'eval_every': 8, 'checkpoint_every': 8,
+                                          **overrides})
 
 
 def losses(workdir):

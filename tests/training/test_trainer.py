@@ -8,21 +8,12 @@ import jax
 import numpy as np
 import pytest
 
-from configs import listops
 from kernelformer.training import trainer
+from tests.training import helpers
 
 
 def tiny_config(tmp_path, **overrides):
-  c = listops.get_config('tiny')
-  c.data.data_dir = str(tmp_path / 'data')
-  c.progress = False
-  for key, value in overrides.items():
-    node = c
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return c
+  return helpers.tiny_config(tmp_path / 'data', **overrides)
 
 
 def leaves(tree):
