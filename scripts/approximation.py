@@ -28,7 +28,7 @@ FULL = {
     'performer': dict(length=1024, dim=16, num_features=(16, 32, 64, 128, 256, 512), draws=15),
     'luo': dict(dim=64, num_keys=1024, radii=(1, 2, 3, 4, 5), num_features=(4, 16, 64, 256, 1024),
                 draws=20),
-    'grid': dict(length=256, dim=16, num_features=(64, 128, 256), draws=8),
+    'grid': dict(length=256, dim=16, num_features=(64, 128, 256), draws=32),
     'skyformer': dict(lengths=(512, 1024), model_dim=768, head_dim=64, init_std=0.02,
                       num_features=(16, 32, 64, 128, 256), draws=5),
 }

@@ -107,8 +107,12 @@ def main(argv=None) -> int:
   if info['skipped']:
     lines += ['Skipped (failed to build): ' + '; '.join(f'`{k}`: {v}' for k, v in info['skipped'].items()),
               '']
+  for title, key, spec in (('median time (ms)', 'time_ms', output.num),
+                           ('compiled memory: temp + arguments + outputs (MiB)', 'total_mib', output.num),
+                           ('time / softmax', 'time_vs_softmax', '.3g')):
+    lines += [f'## fwd+bwd: {title}', '', attention_cost.pivot_markdown(rows, 'fwd+bwd', key, spec), '']
   for mode in attention_cost.MODES:
-    lines += [f'## {mode}', '', attention_cost.markdown(rows, mode), '']
+    lines += [f'## All measurements: {mode}', '', attention_cost.markdown(rows, mode), '']
   lines += ['## Claims', '', '```', attention_cost.format_claims(claims), '```', '']
   with open(prefix + '.md', 'w') as f:
     f.write('\n'.join(lines))

@@ -183,7 +183,8 @@ def spectraformer_grid(*, length: int = 256, dim: int = 16,
                        num_features: Sequence[int] = (64, 128, 256), draws: int = 8,
                        input_std: float = 0.5, seed: int = 0,
                        log: Log = print) -> list[dict[str, Any]]:
-  """Rows ``{component, sampler, num_features, target, rel_error_mean, rel_error_std, draws, note}``.
+  """Rows ``{component, sampler, num_features, target, rel_error_mean, rel_error_std, rel_error_median,
+  draws, note}``.
 
   ``q, k ~ N(0, input_std^2 I_d)`` ``[L, d]`` scaled by d^-1/4 (the attention modules' scale); the
   default 0.5 at d = 16 gives scaled norms ``|q|^2 ~ 1``, the regime of Luo et al.'s R = 1 where the
@@ -221,6 +222,7 @@ def spectraformer_grid(*, length: int = 256, dim: int = 16,
           log(f'grid {comp}-{samp} M={m}: n/a ({row["note"]})')
           continue
         row['rel_error_mean'], row['rel_error_std'] = _mean_std(err)
+        row['rel_error_median'] = float(np.median(err))
         rows.append(row)
         log(f'grid {comp}-{samp} M={m}: {row["rel_error_mean"]:.3g} +- {row["rel_error_std"]:.3g}')
   return rows

@@ -19,7 +19,13 @@ features ``num_features``, landmarks ``num_landmarks``, Linformer's projected le
 
 Cells that would not fit are not run: a cell whose compiled memory exceeds ``max_memory_gb`` keeps its
 memory and FLOPs (known from compilation) but no time, and a cell whose time, extrapolated from the
-previous length, would exceed ``max_call_s`` is skipped. Both say so in the row's ``note``.
+previous length, would exceed ``max_call_s`` is skipped. Both say so in the row's ``note``. Cells whose
+calls are predicted to take more than a quarter of ``cell_budget_s`` get no warm-up call, and every cell
+gets as many repeats as fit in ``cell_budget_s`` (at least one).
+
+Compiled memory is XLA's buffer assignment. On CPU the process's real peak is larger (softmax at 16K
+fwd+bwd: 6.1 GiB assigned, about 17 GB resident), so each row also carries ``peak_rss_mib``, the
+process's resident high-water mark after the cell.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ import dataclasses
 import gc
 import math
 import statistics
+import sys
 import time
 import traceback
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -53,7 +60,7 @@ MIB = float(1 << 20)
 FIELDS = ('kind', 'family', 'mode', 'length', 'batch', 'heads', 'head_dim', 'num_features', 'dtype',
           'causal', 'status', 'note', 'time_ms', 'repeats', 'time_vs_softmax', 'total_mib', 'temp_mib',
           'argument_mib', 'output_mib', 'memory_vs_softmax', 'gflop', 'transcendentals',
-          'gflop_per_s', 'frac_matmul', 'compile_s')
+          'gflop_per_s', 'frac_matmul', 'peak_rss_mib', 'compile_s')
 
 
 def family(kind: str) -> str:
@@ -217,8 +224,12 @@ def run(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
           row['status'] = 'not run'
           row['note'] = f'predicted {predicted:.0f} s per call > --max_call_s {setup.max_call_s:g}'
         else:
+          # Calls predicted to take more than a quarter of the cell budget get no warm-up call.
+          warmup = predicted is None or predicted < setup.cell_budget_s / 4
+          if not warmup:
+            row['note'] = f'no warm-up (predicted {predicted:.0f} s per call)'
           timing = measure.time_compiled(compiled, args, repeats=setup.repeats,
-                                         budget_s=setup.cell_budget_s)
+                                         budget_s=setup.cell_budget_s, warmup=warmup)
           row['time_ms'] = timing.median_s * 1e3
           row['repeats'] = len(timing.times_s)
           history[mode].append((length, timing.median_s))
@@ -226,11 +237,27 @@ def run(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
             row['gflop_per_s'] = stats.flops / timing.median_s / 1e9
             row['frac_matmul'] = stats.flops / timing.median_s / matmul_flop_s
         del compiled
+        row['peak_rss_mib'] = peak_rss_mib()
         log(_progress(row))
       del fwd_args, fwd_bwd_args
       gc.collect()
   add_softmax_ratios(rows)
   return rows, {'matmul_gflop_per_s': matmul_flop_s / 1e9, 'skipped': skipped}
+
+
+def peak_rss_mib() -> Optional[float]:
+  """The process's peak resident set so far (MiB; ``getrusage`` high-water mark), None if unknown.
+
+  Monotone over the run: a row whose value is larger than every earlier row's set a new peak, and then
+  it is that cell's real peak memory (XLA's buffer assignment above does not see allocator overheads).
+  """
+  try:
+    import resource  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  # ru_maxrss is in KiB on Linux (bytes on macOS).
+  scale = 1.0 / 1024 if not sys.platform.startswith('darwin') else 1.0 / MIB
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 def _progress(row: dict[str, Any]) -> str:
@@ -394,10 +421,12 @@ def format_claims(claims: Iterable[Claim]) -> str:
 
 TABLE_COLUMNS = (
     ('kind', 'kind', str), ('mode', 'mode', str), ('L', 'length', 'd'),
-    ('time ms', 'time_ms', '.4g'), ('n', 'repeats', 'd'), ('time / softmax', 'time_vs_softmax', '.3g'),
-    ('memory MiB', 'total_mib', '.4g'), ('temp MiB', 'temp_mib', '.4g'),
+    ('time ms', 'time_ms', output.num), ('n', 'repeats', 'd'),
+    ('time / softmax', 'time_vs_softmax', '.3g'),
+    ('memory MiB', 'total_mib', output.num), ('temp MiB', 'temp_mib', output.num),
     ('memory / softmax', 'memory_vs_softmax', '.3g'), ('GFLOP', 'gflop', '.3g'),
-    ('GFLOP/s', 'gflop_per_s', '.3g'), ('of matmul', 'frac_matmul', '.1%'), ('note', 'note', str))
+    ('GFLOP/s', 'gflop_per_s', '.3g'), ('of matmul', 'frac_matmul', '.1%'),
+    ('peak RSS MiB', 'peak_rss_mib', '.0f'), ('note', 'note', str))
 
 
 def markdown(rows: Sequence[dict[str, Any]], mode: Optional[str] = None) -> str:
@@ -409,6 +438,21 @@ def markdown(rows: Sequence[dict[str, Any]], mode: Optional[str] = None) -> str:
 # Line style by family (quadratic dashed, low-rank dash-dot, feature maps solid, RPE dotted).
 _LINESTYLES = {'quadratic': '--', 'low-rank': '-.', 'feature-map': '-', 'rpe-fft': ':'}
 _MARKERS = ('.', 's', '^', 'v', 'D', 'x', '+', '*')
+
+
+def pivot_markdown(rows: Sequence[dict[str, Any]], mode: str, key: str,
+                   spec: str | Callable[[Any], str] = '.3g') -> str:
+  """A kind x length table of one column (e.g. ``time_ms``) for one mode; '-' where not measured."""
+  lengths = sorted({r['length'] for r in rows})
+  table = []
+  for kind in dict.fromkeys(r['kind'] for r in rows):
+    line: dict[str, Any] = {'kind': kind}
+    for r in rows:
+      if r['kind'] == kind and r['mode'] == mode:
+        line[str(r['length'])] = r.get(key)
+    table.append(line)
+  columns = [('kind', 'kind', str)] + [(f'L={n}', str(n), spec) for n in lengths]
+  return output.markdown_table(table, columns)
 
 
 def plot(rows: Sequence[dict[str, Any]], path_prefix: str, title: str = '') -> list[str]:

@@ -12,7 +12,10 @@ reported FLOPs and bytes describe exactly the program that was timed:
   count as 0 FLOPs on some backends, so FLOP/s of FFT-based programs is a lower bound.
 * Time: one untimed warm-up call, then the median wall time of ``repeats`` calls, each ended by
   ``block_until_ready`` (JAX dispatch is asynchronous). The median, not the mean, because a shared machine
-  adds one-sided outliers.
+  adds one-sided outliers. Calls of many seconds may skip the warm-up and get fewer repeats (a budget).
+* XLA's memory analysis is its buffer assignment; the process's real peak can be much larger on CPU
+  (the runtime maps fresh pages for large buffers on every call), which is why the benchmark also
+  records the process's peak resident set.
 
 ``matmul_flops_per_second`` measures a large dense matmul in the same process: achieved FLOP/s of a
 mechanism is reported as a fraction of it, which is meaningful across machines where absolute times
@@ -82,25 +85,28 @@ class Timing:
 
 
 def time_compiled(compiled, args: Sequence[Any], *, repeats: int,
-                  budget_s: Optional[float] = None) -> Timing:
-  """One warm-up call, then up to ``repeats`` timed calls of ``compiled(*args)``.
+                  budget_s: Optional[float] = None, warmup: bool = True) -> Timing:
+  """One warm-up call (unless ``warmup=False``), then up to ``repeats`` timed calls of ``compiled(*args)``.
 
-  With ``budget_s`` the number of timed calls is cut so that warm-up plus timed calls stay near the
-  budget (at least one timed call is always made): slow cells of a long benchmark then get fewer
-  repeats instead of stretching the run. The count actually made is ``len(times_s)``.
+  With ``budget_s`` the number of timed calls is cut so that all calls stay near the budget (at least
+  one timed call is always made): slow cells of a long benchmark then get fewer repeats instead of
+  stretching the run. The count actually made is ``len(times_s)``. Skipping the warm-up is meant for
+  calls of many seconds, where the one-off costs of a first call (page-ins, thread start) are noise.
   """
-  start = time.perf_counter()
-  jax.block_until_ready(compiled(*args))
-  warmup = time.perf_counter() - start
-  n = max(1, int(repeats))
-  if budget_s is not None and warmup > 0:
-    n = max(1, min(n, int((budget_s - warmup) // warmup)))
-  times = []
-  for _ in range(n):
+  def call() -> float:
     start = time.perf_counter()
     jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - start)
-  return Timing(warmup_s=warmup, times_s=tuple(times))
+    return time.perf_counter() - start
+
+  warmup_s = call() if warmup else 0.0
+  times = [] if warmup else [call()]
+  per_call = warmup_s if warmup else times[0]
+  n = max(1, int(repeats))
+  if budget_s is not None and per_call > 0:
+    n = max(1, min(n, int((budget_s - warmup_s - sum(times)) // per_call) + len(times)))
+  while len(times) < n:
+    times.append(call())
+  return Timing(warmup_s=warmup_s, times_s=tuple(times))
 
 
 def matmul_flops_per_second(size: int = 2048, dtype=jnp.float32, repeats: int = 5,

@@ -52,6 +52,14 @@ def fmt(x: Any, spec: str = '.3g') -> str:
   return str(x)
 
 
+def num(x: Any) -> str:
+  """A readable number: thousands separators from 100 up (no exponent), 3 significant digits below."""
+  if x is None or x == '' or (isinstance(x, float) and math.isnan(x)):
+    return '-'
+  x = float(x)
+  return f'{x:,.0f}' if abs(x) >= 100 else f'{x:.3g}'
+
+
 def markdown_table(rows: Iterable[Mapping[str, Any]],
                    columns: Sequence[tuple[str, str, Callable[[Any], str] | str]]) -> str:
   """A GitHub markdown table; ``columns`` are ``(header, key, format spec or function)``."""
