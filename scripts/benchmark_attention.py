@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -35,7 +34,8 @@ def parse_args(argv):
   p.add_argument('--head_dim', type=int, default=d.head_dim)
   p.add_argument('--num_features', type=int, default=64,
                  help='M: random features, landmarks (skyformer, nystromformer), linformer_k')
-  p.add_argument('--repeats', type=int, default=3, help='timed calls per cell after one warm-up')
+  p.add_argument('--repeats', type=int, default=5,
+                 help='timed calls per cell after one warm-up (fewer for slow cells, see --cell_budget_s)')
   p.add_argument('--dtype', default=d.dtype, choices=('float32', 'bfloat16', 'float16'))
   p.add_argument('--causal', action='store_true')
   p.add_argument('--max_memory_gb', type=float, default=d.max_memory_gb,
@@ -102,8 +102,11 @@ def main(argv=None) -> int:
            f'Hardware at start: {hw_before}', '', f'Hardware at end: {hw_after}', '',
            f'Dense matmul reference: {info["matmul_gflop_per_s"]:.1f} GFLOP/s; run took {elapsed:.0f} s.',
            '', f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
-           f'M {args.num_features}, {args.dtype}, causal {args.causal}, repeats {args.repeats} '
-           '(median after one warm-up).', '']
+           f'M {args.num_features}, {args.dtype}, causal {args.causal}; median of up to {args.repeats} '
+           f'timed calls after one warm-up call, within {args.cell_budget_s:g} s per cell (column n: '
+           'calls timed; note "no warm-up": calls predicted to take over a quarter of that budget).', '',
+           'Compiled memory is XLA\'s buffer assignment; peak RSS is the process\'s resident high-water '
+           'mark after the cell (monotone over the run).', '']
   if info['skipped']:
     lines += ['Skipped (failed to build): ' + '; '.join(f'`{k}`: {v}' for k, v in info['skipped'].items()),
               '']

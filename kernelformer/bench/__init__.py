@@ -10,3 +10,4 @@
 
 The scripts only parse flags and call into these modules, so tests exercise the same code.
 """
+from __future__ import annotations

@@ -10,7 +10,6 @@ import math
 import os
 import time
 
-import jax
 import jax.numpy as jnp
 import pytest
 
