@@ -156,7 +156,7 @@ class RandomFeatureAttention(nn.Module):
       s = input_scale(head_dim)
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
-    if self._use_pallas(position_bias, q.shape, v.dtype):
+    if self._use_pallas(position_bias, q.shape, v.dtype, causal):
       return self._pallas_attention(qf, kf, v, proj, mask, causal)
     phi_q, phi_k = per_head_features(self.component, qf, kf, proj, mask,
                                      heads_share_proj=self.share_heads)
@@ -172,8 +172,13 @@ class RandomFeatureAttention(nn.Module):
                                    chunk_size=self.chunk_size, eps=self.feature_eps)
 
 
-  def _use_pallas(self, position_bias, q_shape, dtype) -> bool:
-    """Whether this call takes the fused Pallas kernels (kernelformer/pallas, docs/pallas.md)."""
+  def _use_pallas(self, position_bias, q_shape, dtype, causal=None) -> bool:
+    """Whether this call takes the fused Pallas kernels (kernelformer/pallas, docs/pallas.md).
+
+    'auto' takes them only where ``pallas.supported`` (a GPU, a fused feature, head dim <= 256) and the
+    combination is recorded as validated on this device by scripts/gpu_check.py
+    (``kernelformer/pallas/validated.py``; ``causal=None``: both modes must be). Logged once per run.
+    """
     if self.impl not in ('auto', 'pallas', 'xla'):
       raise ValueError(f"attention impl must be 'auto', 'pallas' or 'xla', got {self.impl!r}")
     if self.impl == 'xla':
@@ -188,7 +193,10 @@ class RandomFeatureAttention(nn.Module):
             f'{" with a position bias" if position_bias is not None else ""}. Use impl=xla.')
       return True
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top
-    return fused_ok and pallas.supported(feature, q_shape, dtype)
+    if not (fused_ok and pallas.supported(feature, q_shape, dtype)):
+      return False
+    from kernelformer.pallas import validated  # pylint: disable=g-import-not-at-top
+    return validated.select(feature, causal=causal, dtype=jnp.dtype(dtype).name)[0]
 
   def _pallas_attention(self, qf, kf, v, proj, mask, causal):
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top

@@ -32,3 +32,110 @@ def test_auto_uses_xla_on_cpu_and_pallas_rejects_unsupported():
     module.init(rngs, q, q, q)
   module = registry.build({'kind': 'saderf-orf', 'num_features': 16, 'impl': 'auto'})
   assert module.apply(module.init(rngs, q, q, q), q, q, q, rngs=rngs).shape == q.shape
+
+
+# ------------------------------------------------------------------------------------------------
+# impl='auto' on a (simulated) GPU: Pallas only where kernelformer/pallas/validated.json says so.
+# ------------------------------------------------------------------------------------------------
+
+DEVICE = 'NVIDIA H100 80GB HBM3'
+
+
+def _simulated_gpu(monkeypatch, tmp_path, entries):
+  """Pretend the default backend is a GPU of kind DEVICE, with ``entries`` as the validation table.
+
+  The kernels themselves still run in interpret mode (this is a CPU); calls are recorded.
+  """
+  import json
+  import logging
+
+  from kernelformer import pallas
+  from kernelformer.pallas import validated
+
+  table = tmp_path / 'validated.json'
+  table.write_text(json.dumps({'entries': entries}))
+  monkeypatch.setattr(validated, 'TABLE_PATH', str(table))
+  monkeypatch.setattr(validated, 'current_device_kind', lambda: DEVICE)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  validated._reset_log_for_tests()
+  calls = []
+  real = pallas.feature_attention
+
+  def spy(*args, **kwargs):
+    calls.append(kwargs.get('causal'))
+    return real(*args, **{**kwargs, 'interpret': True})
+
+  monkeypatch.setattr(pallas, 'feature_attention', spy)
+  logging.getLogger(validated.__name__).setLevel(logging.INFO)
+  return calls
+
+
+def _entry(feature, mode, dtype='float32'):
+  from kernelformer.pallas import validated
+  return {'backend': 'gpu', 'device_kind': DEVICE, 'jax': validated.jax_minor(), 'feature': feature,
+          'mode': mode, 'dtype': dtype, 'source': 'test'}
+
+
+def _apply_auto(kind, causal, times=1):
+  rng = np.random.default_rng(1)
+  q, k, v = (jnp.asarray(rng.normal(size=(1, 16, 2, 8)), jnp.float32) for _ in range(3))
+  rngs = {'features': jax.random.key(3)}
+  module = registry.build({'kind': kind, 'num_features': 16, 'impl': 'auto', 'chunk_size': 16})
+  variables = module.init(rngs, q, k, v, causal=causal)
+  outs = [module.apply(variables, q, k, v, causal=causal, rngs=rngs) for _ in range(times)]
+  xla = registry.build({'kind': kind, 'num_features': 16, 'impl': 'xla', 'chunk_size': 16})
+  return outs[-1], xla.apply(variables, q, k, v, causal=causal, rngs=rngs)
+
+
+def test_auto_on_gpu_with_empty_table_takes_xla_and_logs_once(monkeypatch, tmp_path, caplog):
+  calls = _simulated_gpu(monkeypatch, tmp_path, [])
+  with caplog.at_level('INFO', logger='kernelformer.pallas.validated'):
+    out, ref = _apply_auto('posrf-orf', False, times=3)
+  assert calls == []
+  np.testing.assert_array_equal(out, ref)
+  lines = [r.getMessage() for r in caplog.records if 'impl=auto' in r.getMessage()]
+  assert len(lines) == 1 and 'XLA path' in lines[0] and 'posrf' not in lines[0], lines
+
+
+def test_auto_on_gpu_takes_pallas_only_for_validated_entries(monkeypatch, tmp_path):
+  # posrf (exp) validated bidirectional only; elu validated causal only.
+  calls = _simulated_gpu(monkeypatch, tmp_path, [_entry('exp', 'bidirectional'),
+                                                 _entry('elu', 'causal')])
+  def took_pallas(kind, causal):
+    calls.clear()
+    out, ref = _apply_auto(kind, causal)          # init + apply + the XLA reference
+    assert set(calls) <= {causal}
+    if calls:
+      np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5)
+    return bool(calls)
+
+  assert took_pallas('posrf-orf', False)
+  assert not took_pallas('posrf-orf', True)       # causal exp: not validated -> XLA
+  assert took_pallas('linear-elu', True)
+  assert not took_pallas('linear-elu', False)     # bidirectional elu: not validated
+
+
+def test_validation_entries_need_other_device_jax_and_dtype(monkeypatch, tmp_path):
+  from kernelformer.pallas import validated
+  base = _entry('exp', 'causal', 'bfloat16')
+  ok = lambda **kw: validated.select('exp', causal=True, dtype='bfloat16', backend='gpu',
+                                     device_kind=DEVICE, entries=[{**base, **kw}])[0]
+  assert ok()
+  assert not ok(device_kind='NVIDIA A100-SXM4-40GB')
+  assert not ok(jax='0.0')
+  assert not ok(dtype='float32')
+  assert not validated.select('exp', causal=None, dtype='bfloat16', backend='gpu',
+                              device_kind=DEVICE, entries=[base])[0]   # unknown mode: both needed
+  # Entries come only from compiled GPU cases that all passed.
+  case = {'feature': 'exp', 'mode': 'causal', 'dtype': 'bfloat16', 'passed': True, 'interpret': False}
+  made = lambda cases, backend='gpu', speed=None: validated.entries_from_results(
+      cases, backend=backend, device_kind=DEVICE, jax_version='0.11.2', source='x', speed=speed)
+  assert [e['mode'] for e in made([case])] == ['causal']
+  assert made([case], backend='cpu') == []
+  assert made([case, {**case, 'passed': False}]) == []
+  assert made([{**case, 'interpret': True}]) == []
+  assert made([case], speed={('exp', 'causal'): False}) == []
+  path = tmp_path / 't.json'
+  validated.merge(made([case]), str(path))
+  validated.merge(made([case]), str(path))
+  assert len(validated.load(str(path))) == 1
