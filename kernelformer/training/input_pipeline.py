@@ -19,13 +19,23 @@ def collate(examples: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarra
   return {k: np.stack([np.asarray(e[k]) for e in examples]) for k in examples[0]}
 
 
+def shuffle_seed(seed: int) -> int:
+  """The grain shuffle seed of a run seed: a 32-bit hash, not the seed itself.
+
+  grain reshuffles epoch e with seed ``shuffle_seed + e``, so passing run seeds straight through would
+  make seed s's epoch e the same order as seed s + 1's epoch e - 1 (a seed sweep would share its data
+  orders, shifted by an epoch). Hashed seeds are far apart, so no two runs share an epoch's order.
+  """
+  return int(np.random.SeedSequence(int(seed)).generate_state(1, np.uint32)[0])
+
+
 class TrainBatches:
   """Process-local training batches for steps ``start..stop-1``, prefetched by grain threads."""
 
   def __init__(self, source, global_batch: int, seed: int):
     if len(source) == 0:
       raise ValueError('the training split is empty')
-    self._elements = grain.MapDataset.source(source).shuffle(seed=seed).repeat(None)
+    self._elements = grain.MapDataset.source(source).shuffle(seed=shuffle_seed(seed)).repeat(None)
     self._global_batch = global_batch
     self._rows = sharding.local_slice(global_batch)
 

@@ -1,6 +1,7 @@
 """AdamW with the learning-rate schedules of the LRA papers (optax)."""
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -36,10 +37,22 @@ def make_schedule(optim, num_train_steps: int) -> optax.Schedule:
   raise ValueError(f'unknown optim.schedule {optim.schedule!r}; valid: {", ".join(SCHEDULES)}')
 
 
+# Parameter names that are never decayed: Dense/DenseGeneral and LayerNorm offsets ('bias', which
+# for the per-head q/k/v projections and vmapped samplers is 2-D), LayerNorm gains ('scale') and the
+# CLS token (one vector, stored as [1, 1, emb]).
+_NO_DECAY = frozenset({'bias', 'scale', 'cls'})
+
+
 def _decay_mask(params):
-  # No weight decay on biases, LayerNorm scales and 1-D vectors (standard AdamW practice).
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.tree.map(lambda p: p.ndim > 1, params)
+  """AdamW's decay mask: True for weight matrices and embeddings, False for the names in _NO_DECAY.
+
+  Standard AdamW practice (no decay on biases, LayerNorm parameters and vectors). Decided by the
+  parameter's name, not its rank: per-head biases are 2-D and the CLS token is 3-D.
+  """
+  def decays(path, p):
+    name = getattr(path[-1], 'key', path[-1]) if path else ''
+    return p.ndim > 1 and str(name) not in _NO_DECAY
+  return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(optim, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
