@@ -21,6 +21,7 @@ def attention_config(kind: str = 'softmax') -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.kind = kind
   c.rpe = False                         # add Luo et al.'s relative-position bias to any kind that supports it
+  c.plugin = ''                         # FILE.py or module(s), comma-separated, imported first: kernels from outside the package (docs/extending.md)
   options: dict[str, type] = {}
   for spec in registry.specs():
     for f in dataclasses.fields(spec.module):
@@ -75,12 +76,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = 0                 # 0 = batch_size
   c.num_train_steps = 5000
   c.eval_every = 500                    # validation every N steps; the best checkpoint is kept by its accuracy
-  c.max_eval_batches = 0                # 0 = the whole validation split
+  c.max_eval_batches = 0                # periodic validation only: cap in batches (0 = whole split); the final test always uses the whole test split
   c.checkpoint_every = 500              # a crash loses at most this many steps
   c.keep_checkpoints = 2
   c.log_every = 50
   c.progress = True                     # progress bar with steps/s and ETA
   c.profile_steps = 0                   # >0: write a jax.profiler trace of that many steps to workdir/profile
+  # Run safety (README "Resuming, outputs, results"):
+  c.on_nonfinite = 'stop'               # non-finite loss/grad norm: 'stop' the run (exit 3) | 'skip' the update (optax.apply_if_finite)
+  c.watchdog_step_s = 1800.0            # no train step / eval batch finishes within this: exit 4 naming the step (0 = off)
+  c.watchdog_compile_s = 7200.0         # the same limit while compiling (0 = off)
+  c.allow_config_change = False         # continue a workdir started with another config (recorded in results.json)
+  c.reevaluate = False                  # re-test a finished run (else re-running it changes nothing)
   return c
 
 

@@ -49,6 +49,10 @@ class AttentionSpec:
   # ``requires_position_bias`` if the mechanism is defined with one (nprf-rpe), so the encoder creates it.
   supports_position_bias: bool = False
   requires_position_bias: bool = False
+  # Non-empty where the mechanism depends on the sequence's absolute length or positions *by definition*
+  # (the reason, one line; docs/kernels.md lists these). Every other mechanism gives the same output on
+  # the real tokens whether a sequence is padded to L or to 4L (tests/attention/test_padding_invariance.py).
+  length_dependent: str = ''
 
 
 _REGISTRY: dict[str, AttentionSpec] = {}
@@ -128,3 +132,71 @@ def option_names(name: str) -> list[str]:
 
 
 ModuleFactory = Callable[..., nn.Module]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Registering kernels from outside the package (docs/extending.md). A user's module calls these at
+# import; ``kernelformer.plugins.load`` (``--config.model.attention.plugin=FILE.py|module``) or an
+# import in the user's config file runs it.
+# ----------------------------------------------------------------------------------------------------
+
+
+class KernelPluginError(UnknownKernelError):
+  """A plugin (``config.model.attention.plugin``) that cannot be found; the message says where we looked."""
+
+
+def register_component(name: str, fn: Callable | None = None, *, target_kernel: str, parts: int,
+                       positive: bool = False, paper: str = '', approximates: str = ''):
+  """Registers a feature-map component and every kernel ``<name>-<sampler>`` it makes.
+
+  ``fn(q, k, proj, *, mask=None, stabilize=True) -> (phi_q, phi_k)``: the contract of
+  ``kernelformer.features.components`` (``proj`` a ``Projection``: ``projection.project(x, proj)`` is
+  x W^T). ``parts``: features per row of W (Spectraformer eq. 11's l; 0: no W, one kernel named
+  ``name``); ``target_kernel``: 'softmax', 'gaussian' or 'none'. Without ``fn`` it is a decorator.
+  The new kernels pair ``name`` with every fixed sampler (and every registered one); the decorated
+  function is returned unchanged.
+  """
+  def decorate(f):
+    _ensure_loaded()
+    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
+    from kernelformer.features import components  # pylint: disable=g-import-not-at-top
+    components.register_component(name, f, target_kernel=target_kernel, parts=parts, positive=positive)
+    random_features.register_grid_entries(component=name, paper=paper, approximates=approximates)
+    return f
+  return decorate if fn is None else decorate(fn)
+
+
+def register_sampler(name: str, fn: Callable | None = None, *, paper: str = ''):
+  """Registers a weight sampler ``fn(key, num_features, dim) -> Projection`` and its kernels.
+
+  Every projection-based component (built-in and registered) gets ``<component>-<name>``. Without
+  ``fn`` it is a decorator; the function is returned unchanged.
+  """
+  def decorate(f):
+    _ensure_loaded()
+    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
+    from kernelformer.features import weights  # pylint: disable=g-import-not-at-top
+    weights.register_sampler(name, f)
+    random_features.register_grid_entries(sampler=name, paper=paper)
+    return f
+  return decorate if fn is None else decorate(fn)
+
+
+def register_mechanism(name: str, module: type[nn.Module] | None = None, **spec_fields):
+  """Registers a whole mechanism: a Flax module class with the registry's call signature.
+
+  ``spec_fields`` are the other ``AttentionSpec`` fields (``fixed``, ``paper``, ``approximates``,
+  ``complexity``, ``learnable``, ``aliases``, ``supports_position_bias``, ...). The module's dataclass
+  fields are its options; they are config fields only if the mechanism is registered before the config
+  is built (import the plugin at the top of the config file). Without ``module`` it is a class decorator.
+  """
+  def decorate(cls):
+    _ensure_loaded()
+    register(AttentionSpec(name=name, module=cls, **spec_fields))
+    return cls
+  return decorate if module is None else decorate(module)
+
+
+def canonical_name(name: str) -> str:
+  """The registered name for ``name`` (aliases and case resolved); unknown names raise."""
+  return get(name).name

@@ -1,83 +1,13 @@
-"""Run a sweep: a grid of overrides over task configs, or a named sweep from configs/sweeps/.
+"""Alias of `kernelformer sweep` (kernelformer/commands/sweep.py); `python scripts/sweep.py --help` lists the flags.
 
-  python scripts/sweep.py --config configs/listops.py:quick \\
-      --grid model.attention.kind=softmax,posrf-orf,oprf-mm --grid seed=0,1,2 --sweep_dir runs/sweeps/mine
-  python scripts/sweep.py --sweep mini --sweep_dir runs/sweeps/mini           # configs/sweeps/mini.py
-  python scripts/sweep.py --sweep spectraformer --sweep_dir runs/sweeps/sf --dry_run
-  python scripts/sweep.py --sweep skyformer --sweep_dir /shared/runs/sky --emit jobs.txt   # one command per run
-
-Each point trains in SWEEP_DIR/<config>-<preset>/<overrides>; finished points are skipped, interrupted
-ones resume, failures go to SWEEP_DIR/failures.jsonl and the sweep goes on. Then:
-  python scripts/report.py SWEEP_DIR
-The work is kernelformer.reproduce.sweeps; see docs/reproduce.md.
+  python scripts/sweep.py ARGS   ==   kernelformer sweep ARGS
 """
-from __future__ import annotations
-
-import dataclasses
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
-
-_CONFIG = flags.DEFINE_multi_string('config', [], 'Task config FILE.py[:PRESET] (repeatable).')
-_GRID = flags.DEFINE_multi_string('grid', [], 'KEY=V1,V2,...: one sweep axis (repeatable; product).')
-_SET = flags.DEFINE_multi_string('set', [], 'KEY=VALUE applied to every run, not part of run names.')
-_SWEEP = flags.DEFINE_string('sweep', None, 'Named sweep: configs/sweeps/NAME.py.')
-_SWEEP_DIR = flags.DEFINE_string('sweep_dir', None, 'Directory holding one work directory per run.')
-_DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the runs and their status; train nothing.')
-_EMIT = flags.DEFINE_string('emit', None, 'Write one scripts/train.py command per unfinished run here.')
-_PARALLEL = flags.DEFINE_integer('parallel', 0, '0: train in this process one run after another; '
-                                 'N: up to N scripts/train.py subprocesses at a time.')
-flags.mark_flags_as_required(['sweep_dir'])
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  from absl import logging  # pylint: disable=g-import-not-at-top
-  logging.set_verbosity(logging.WARNING)
-  from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
-  try:
-    if _SWEEP.value:
-      if _CONFIG.value or _GRID.value:
-        raise sweeps.SweepError('give either --sweep NAME or --config/--grid, not both')
-      sweep = sweeps.load_sweep(_SWEEP.value)
-      if _SET.value:
-        sweep = dataclasses.replace(sweep, common=(*sweep.common, *sweeps.parse_sets(_SET.value)))
-    else:
-      sweep = sweeps.expand(sweeps.sweep_from_flags(_CONFIG.value, _GRID.value, _SET.value,
-                                                    name=os.path.basename(_SWEEP_DIR.value.rstrip('/'))))
-    sweep_dir = _SWEEP_DIR.value
-    if _DRY_RUN.value or _EMIT.value:
-      runs = sweeps.plan(sweep, sweep_dir)
-      if _DRY_RUN.value:
-        for r in runs:
-          print(f'{r.status():6s} {r.name}' + (f'  ({r.error})' if r.error else ''))
-        counts = {s: sum(r.status() == s for r in runs) for s in ('done', 'resume', 'new', 'error')}
-        print(f'{len(runs)} runs: ' + ', '.join(f'{v} {k}' for k, v in counts.items()))
-      if _EMIT.value:
-        lines = sweeps.emit(runs)
-        with open(_EMIT.value, 'w', encoding='utf-8') as f:
-          f.write(f'# {len(lines)} runs of sweep {sweep.name}; run each from {sweeps.REPO_ROOT}\n')
-          f.write('\n'.join(lines) + ('\n' if lines else ''))
-        sweeps.write_sweep_file(sweep, sweep_dir, runs)
-        print(f'wrote {len(lines)} commands to {_EMIT.value}')
-      return
-    counts = sweeps.run_sweep(sweep, sweep_dir, parallel=_PARALLEL.value,
-                              log=lambda s: print(s, flush=True))
-  except sweeps.SweepError as e:
-    print(f'error: {e}', file=sys.stderr)
-    sys.exit(2)
-  except KeyboardInterrupt:
-    print('interrupted: run the same command again to continue the sweep.', file=sys.stderr)
-    sys.exit(130)
-  print(f'{counts["ran"]} trained, {counts["done"]} already finished, {counts["failed"]} failed'
-        + (f' (see {os.path.join(sweep_dir, sweeps.FAILURES_FILE)})' if counts['failed'] else ''))
-  if counts['failed']:
-    sys.exit(1)
-
+from kernelformer import cli  # noqa: E402  pylint: disable=g-import-not-at-top
 
 if __name__ == '__main__':
-  app.run(main)
+  sys.exit(cli.main(['sweep', *sys.argv[1:]]))

@@ -324,3 +324,54 @@ def _register_all() -> None:
 
 
 _register_all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Components and samplers registered from outside the package (kernelformer.registry.register_component
+# and register_sampler; docs/extending.md). Each joins the grid: a new component is paired with every
+# fixed sampler, a new sampler with every projection-based component, as ``<component>-<sampler>``.
+# ----------------------------------------------------------------------------------------------
+
+_EXTRA_COMPONENTS: list[str] = []
+_EXTRA_SAMPLERS: list[str] = []
+
+
+def register_grid_entries(*, component: Optional[str] = None, sampler: Optional[str] = None,
+                          paper: str = '', approximates: str = '') -> list[str]:
+  """Registers the ``<component>-<sampler>`` kernels a newly added component or sampler completes.
+
+  ``component`` must already be in ``components.COMPONENTS`` (``components.register_component``),
+  ``sampler`` in ``weights.SAMPLERS`` (``weights.register_sampler``); give exactly one. A component that
+  takes no projection (``parts=0``) gets one kernel named after itself, like ``relu``. Returns the
+  registered names.
+  """
+  if (component is None) == (sampler is None):
+    raise ValueError('give exactly one of component= and sampler=')
+  names = []
+  if component is not None:
+    target = components_lib.TARGET_KERNEL[component]
+    _COMPONENT_INFO[component] = (paper or f'{component} (user component)',
+                                  approximates or {'softmax': 'softmax exp(q.k/sqrt(d))',
+                                                   'gaussian': 'Gaussian exp(-|q-k|^2/(2 sqrt(d)))',
+                                                   'none': 'its own kernel'}[target])
+    comp_paper, target_text = _COMPONENT_INFO[component]
+    if not components_lib.uses_projection(component):
+      _register(component, component, 'none', paper=comp_paper, approximates=target_text,
+                complexity=_CPLX_ELU)
+      return [component]
+    _EXTRA_COMPONENTS.append(component)
+    for samp in (*FIXED_SAMPLERS, *_EXTRA_SAMPLERS):
+      name = f'{component}-{samp}'
+      _register(name, component, samp, paper=f'{comp_paper}; W: {_SAMPLER_INFO[samp][0]}',
+                approximates=target_text, complexity=_CPLX_RF)
+      names.append(name)
+    return names
+  _SAMPLER_INFO[sampler] = (paper or f'{sampler} (user sampler)', None)
+  _EXTRA_SAMPLERS.append(sampler)
+  for comp in (*RF_COMPONENTS, *_EXTRA_COMPONENTS):
+    comp_paper, target_text = _COMPONENT_INFO[comp]
+    name = f'{comp}-{sampler}'
+    _register(name, comp, sampler, paper=f'{comp_paper}; W: {_SAMPLER_INFO[sampler][0]}',
+              approximates=approximates or target_text, complexity=_CPLX_RF)
+    names.append(name)
+  return names

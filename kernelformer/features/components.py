@@ -17,18 +17,32 @@ with l = 1 or 2 parts laid out part by part. This module holds the component fun
   ``phi(q).phi(k) = sum_r c_r f_r(q) f_r(k)`` exactly: this is the 1/sqrt(M) normalization too.
 
 Stabilization (``stabilize=True``). Exp-based features overflow for inputs of large norm, so exponents
-are formed in log space and shifted before ``exp``:
+are formed in log space (``phi(q_i)_r = s'_r exp(zq_ir)``, ``phi(k_j)_r = s_r exp(zk_jr)``) and shifted
+before ``exp``:
 
-* each query row i by its max over the feature axis, a_i: ``phi(q_i)`` becomes ``e^(-a_i) phi(q_i)``;
-* all keys of one batch element/head by ONE max b over the valid keys and all features.
+* each feature column r of the keys by its max over the valid keys, ``beta_r = max_j zk_jr``, and the
+  same ``beta_r`` is *added* to the query exponents: ``zk_jr - beta_r`` and ``zq_ir + beta_r``. Every
+  product ``phi(q_i)_r phi(k_j)_r`` is unchanged (the factor ``e^(beta_r)`` moves from the key side to
+  the query side of the same term);
+* then each query row i by ``a_i = max_r (zq_ir + beta_r)``: ``phi(q_i)`` becomes ``e^(-a_i) phi(q_i)``.
 
-Both cancel in normalized attention: ``out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)``,
-and ``e^(-a_i)`` multiplies numerator and normalizer of row i alike, ``e^(-b)`` every term of both sums
-alike. A shift *per key* would not cancel (it reweights the keys); that is why keys share one shift.
-Padded keys are excluded from b (a huge padded key would otherwise underflow every real key) and get
-zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
+``e^(-a_i)`` multiplies numerator and normalizer of row i alike, so it cancels in normalized attention,
+``out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)``. A shift *per key* would not cancel
+(it reweights the keys); shifts per feature column and per query row do. All exponents are <= 0 (no
+overflow), and for positive features the largest term of every bidirectional normalizer is exactly one
+weight ``|c_r|``: with ``r*`` the argmax of ``zq_ir + beta_r`` and ``j*`` the key attaining
+``beta_{r*}``, ``phi(q_i)_{r*} = sqrt|c_{r*}|`` and ``phi(k_{j*})_{r*} = sqrt|c_{r*}|``. So the normalizer
+cannot underflow however large the norms (a single all-key max, used before, let a query whose
+features all sat ~90 below that max in log-magnitude get a normalizer of exactly 0 and an output of 0
+where the answer was, e.g. with one valid key, ``v_0`` exactly). This is the Pallas kernel's
+convention (``pallas/feature_attention.py``). Causal attention sees only keys j <= i, so there the
+bound holds only for the row whose visible keys include the column maxima.
+
+Padded keys are excluded from ``beta`` (a huge padded key would otherwise underflow every real key) and
+get zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
 contribution is zero, and stopping it avoids NaN from ties in the max. With ``stabilize=False`` the
-features are the exact, unbiased ones (used to test the kernel estimates).
+features are the exact, unbiased ones (used to test the kernel estimates); stabilized features are the
+exact ones times ``e^(beta_r - a_i)`` (queries) and ``e^(-beta_r)`` (keys): the estimate is unchanged.
 """
 from __future__ import annotations
 
@@ -84,19 +98,21 @@ def _side_scales(proj: Projection, parts: int, dtype) -> tuple[Array, Array]:
 def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool):
   """``exp`` of query and key log-magnitudes, shifted as the module docstring explains.
 
-  ``zq [..., L, F]`` and ``zk [..., S, F]`` (F = M' or 1 for a per-row factor). Masked keys get
-  ``-inf`` before the max, so they never set the shift and come out as exactly 0 (forward and backward
-  stay finite: ``exp(-inf) = 0`` has zero derivative).
+  ``zq [..., L, F]`` and ``zk [..., S, F]`` (F = M' or 1 for a per-row factor). Keys are shifted per
+  feature column by ``beta_r = max_j zk_jr`` (valid keys), queries by ``a_i = max_r (zq_ir + beta_r)``
+  after adding ``beta_r``. Masked keys get ``-inf`` before the max, so they never set the shift and come
+  out as exactly 0 (forward and backward stay finite: ``exp(-inf) = 0`` has zero derivative).
   """
   if mask is not None:
     zk = jnp.where(mask[..., None], zk, -jnp.inf)
   if stabilize:
-    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
-    b = jax.lax.stop_gradient(jnp.max(zk, axis=(-2, -1), keepdims=True))
+    beta = jax.lax.stop_gradient(jnp.max(zk, axis=-2, keepdims=True))     # [..., 1, F]
     # Every key masked: the max is -inf; any finite shift is correct (all key features are 0).
+    beta = jnp.where(jnp.isfinite(beta), beta, 0.0)
+    zq = zq + beta
+    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))       # [..., L, 1]
     a = jnp.where(jnp.isfinite(a), a, 0.0)
-    b = jnp.where(jnp.isfinite(b), b, 0.0)
-    zq, zk = zq - a, zk - b
+    zq, zk = zq - a, zk - beta
   return jnp.exp(zq), jnp.exp(zk)
 
 
@@ -178,8 +194,9 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
 
   ``E_omega[exp(omega.q - |q|^2/2) exp(omega.k - |k|^2/2)] = exp(|q+k|^2/2 - |q|^2/2 - |k|^2/2) =
   exp(q.k)`` for ``omega ~ N(0, I)`` (kernel-learning paper §2.3). Returns M' = M positive features.
-  Stabilized: the exponent ``omega_r.q_i - |q_i|^2/2`` minus its max over r for each query row, and
-  ``omega_r.k_j - |k_j|^2/2`` minus one max over valid (j, r) for the keys: both cancel.
+  Stabilized (module docstring): ``omega_r.k_j - |k_j|^2/2`` minus its max over valid keys per feature r,
+  that max added to the query exponent ``omega_r.q_i - |q_i|^2/2``, then each query row minus its max
+  over r: all of it cancels, and no normalizer underflows.
   """
   out_q, out_k = q.dtype, k.dtype
   dt = _compute_dtype(q)
@@ -199,8 +216,8 @@ def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = 
   The two-part PRF (Spectraformer eq. 11 with l = 2, eq. 33 there with the Performer's ``|x|^2/2``):
   ``phi(q).phi(k) = sum_r c_r cosh(omega_r.(q + k)) exp(-|q|^2/2 - |k|^2/2)``; the ``+-omega`` pairing
   is an antithetic sample of ``posrf``, so it estimates ``exp(q.k)`` with lower variance. Returns
-  M' = 2M positive features ``[exp(+W x ...), exp(-W x ...)]``. Stabilized as ``posrf``, the max taken
-  over both parts (one shift per query row, one for all keys: both cancel).
+  M' = 2M positive features ``[exp(+W x ...), exp(-W x ...)]``. Stabilized as ``posrf`` (per-feature key
+  maxima over both parts, then one shift per query row: both cancel).
   """
   out_q, out_k = q.dtype, k.dtype
   dt = _compute_dtype(q)
@@ -278,7 +295,7 @@ def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
 
   GERF with s = +1 and A from ``oprf_parameter`` (one A per batch element/head, from the moments of
   q and the valid keys). Positive and bounded in omega (A < 0 damps large ``|omega|``). Returns M' = M.
-  Stabilized: per-query-row and one all-key max of the full exponent, which cancel as in ``posrf``.
+  Stabilized: per-feature key maxima and per-query-row maxima of the full exponent, as in ``posrf``.
   """
   out_q, out_k = q.dtype, k.dtype
   dt = _compute_dtype(q)
@@ -421,4 +438,41 @@ def exact_kernel(name_of_target: str, q: Array, k: Array) -> Array:
 def _check(name: str) -> str:
   if name not in COMPONENTS:
     raise ValueError(f'unknown component {name!r}; valid: {", ".join(sorted(COMPONENTS))}')
+  return name
+
+
+# ----------------------------------------------------------------------------------------------
+# Registration of components from outside the package (``kernelformer.registry.register_component``).
+# ----------------------------------------------------------------------------------------------
+
+_NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyz0123456789_')
+
+
+def register_component(name: str, fn: ComponentFn, *, target_kernel: str, parts: int,
+                       positive: bool = False) -> str:
+  """Adds ``fn`` as component ``name`` to ``COMPONENTS`` (with its ``TARGET_KERNEL``, parts, positivity).
+
+  ``fn(q, k, proj, *, mask=None, stabilize=True) -> (phi_q, phi_k)`` follows the contract of the module
+  docstring; ``parts`` is l of Spectraformer eq. 11 (features per row of W: M' = parts * M), 0 for a map
+  that takes no W (M' = d); ``target_kernel`` is 'softmax', 'gaussian' (what ``exact_kernel`` forms) or
+  'none' (a map defining its own kernel, which also skips the d^-1/4 input scale). Returns the name.
+  """
+  if not isinstance(name, str) or not name or set(name) - _NAME_CHARS:
+    raise ValueError(f'component name {name!r}: use lowercase letters, digits and _ (no "-": '
+                     'kernels are named <component>-<sampler>)')
+  if name in COMPONENTS:
+    raise ValueError(f'component {name!r} is registered twice')
+  if not callable(fn):
+    raise TypeError(f'component {name!r}: {fn!r} is not callable')
+  if target_kernel not in ('softmax', 'gaussian', 'none'):
+    raise ValueError(f"component {name!r}: target_kernel must be 'softmax', 'gaussian' or 'none', "
+                     f'got {target_kernel!r}')
+  if not isinstance(parts, int) or parts < 0:
+    raise ValueError(f'component {name!r}: parts must be an int >= 0 (0: no projection), got {parts!r}')
+  global POSITIVE
+  COMPONENTS[name] = fn
+  TARGET_KERNEL[name] = target_kernel
+  _PARTS[name] = parts
+  if positive:
+    POSITIVE = POSITIVE | {name}
   return name

@@ -69,6 +69,48 @@ def chi(key: Array, df: int, shape: tuple[int, ...], dtype=jnp.float32) -> Array
   return jnp.linalg.norm(_normal(key, (*shape, df), dtype), axis=-1)
 
 
+def serial_on_cpu(fn: Callable[[Array], object]) -> Callable[[Array], object]:
+  """``fn`` (one matrix in, a pytree out) made to decompose a batch one matrix at a time on CPU.
+
+  Why (issue 19): jaxlib >= 0.10 runs a *batched* LAPACK custom call (QR, SVD) by splitting the batch
+  over XLA's CPU intra-op thread pool (``ParallelBatchMap``) and blocking the calling pool thread until
+  the pieces finish. XLA's thunk executor also runs independent thunks concurrently on that same pool,
+  so when two or more batched decompositions are ready at once -- one per layer, since each layer's
+  projection depends only on its key -- every pool thread (2 on a 2-core machine) can end up blocked
+  inside ``BlockingCounter::Wait`` waiting for tasks no free thread can run: the train step never
+  returns, at 0% CPU. A single matrix is decomposed inline by the calling thread, so the wrapper gives
+  ``jax.vmap`` (and any batch axis) a ``lax.map`` over single matrices instead. The LAPACK routine is the
+  same, so the results are bit-identical to the batched call's (tested); the cost is a sequential
+  loop over a few d x d matrices per redraw. Other backends keep the batched call.
+  """
+
+  @jax.custom_batching.custom_vmap
+  def single(x):
+    return fn(x)
+
+  @single.def_vmap
+  def _rule(axis_size, in_batched, x):  # pylint: disable=unused-argument
+    if not in_batched[0]:
+      x = jnp.broadcast_to(x, (axis_size, *x.shape))
+    out = jax.lax.map(single, x)
+    return out, jax.tree.map(lambda _: True, out)
+
+  def apply(x: Array):
+    if jax.default_backend() != 'cpu':
+      return fn(x)
+    if x.ndim == 2:
+      return single(x)
+    lead = x.shape[:-2]
+    out = jax.lax.map(single, x.reshape(-1, *x.shape[-2:]))
+    return jax.tree.map(lambda o: o.reshape(*lead, *o.shape[1:]), out)
+
+  return apply
+
+
+_qr = serial_on_cpu(jnp.linalg.qr)
+_thin_svd = serial_on_cpu(lambda a: jnp.linalg.svd(a, full_matrices=False))
+
+
 def haar_orthogonal(key: Array, num: int, dim: int, dtype=jnp.float32) -> Array:
   """``num`` Haar-distributed orthogonal matrices ``[num, dim, dim]`` (QR of Gaussian matrices).
 
@@ -78,7 +120,7 @@ def haar_orthogonal(key: Array, num: int, dim: int, dtype=jnp.float32) -> Array:
   factorization the unique one with a positive diagonal, and that Q is Haar (Mezzadri 2007).
   """
   g = _normal(key, (num, dim, dim), dtype)
-  q, r = jnp.linalg.qr(g)
+  q, r = _qr(g)
   signs = jnp.where(jnp.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0).astype(dtype)
   return q * signs[..., None, :]
 
@@ -226,7 +268,7 @@ def moment_matched(key: Array, num_features: int, dim: int) -> Projection:
     return orthogonal(key, num_features, dim)
   g = _normal(key, (num_features, dim))
   gc = g - jnp.mean(g, axis=0, keepdims=True)
-  u, _, vt = jnp.linalg.svd(gc, full_matrices=False)
+  u, _, vt = _thin_svd(gc)
   return Projection(matrix=math.sqrt(num_features) * (u @ vt))
 
 
@@ -431,3 +473,21 @@ def get_sampler(name: str) -> Sampler:
     hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
     raise ValueError(
         f'unknown weight sampler {name!r}; valid: {", ".join(sorted(SAMPLERS))}.{hint}') from None
+
+
+def register_sampler(name: str, fn: Sampler) -> str:
+  """Adds ``fn(key, num_features, dim) -> Projection`` to ``SAMPLERS`` as ``name``; returns the name.
+
+  Like the built-in samplers it must be ``jax.jit``-able with the key traced and the sizes static, and
+  draw rows whose distribution is the spectral measure N(0, I_d) the components assume (or set
+  ``feature_weights`` for a quadrature rule). Used by ``kernelformer.registry.register_sampler``.
+  """
+  if not isinstance(name, str) or not name or name != name.lower() or '-' in name:
+    raise ValueError(f'sampler name {name!r}: use lowercase letters, digits and _ (no "-": kernels '
+                     'are named <component>-<sampler>)')
+  if name in SAMPLERS:
+    raise ValueError(f'weight sampler {name!r} is registered twice')
+  if not callable(fn):
+    raise TypeError(f'weight sampler {name!r}: {fn!r} is not callable')
+  SAMPLERS[name] = fn
+  return name

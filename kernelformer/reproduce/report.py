@@ -12,6 +12,12 @@ accuracy of the best-validation checkpoint, ``steps_per_sec``, ``compiled_memory
 * ``<out>.png``: the LRA-style plot, test accuracy against training speed (steps/s), point area
   proportional to compiled memory, one panel per task.
 
+Runs are grouped by their config fingerprint: the whole ``results.json`` config (the kernel by its
+canonical name, aliases resolved) and the preset, except the seed and logging-only fields
+(``FINGERPRINT_IGNORES``). A cell averages only runs of one fingerprint; runs of one row and task that
+differ in anything else (steps, options, data, ...) become separate rows named by what differs, and
+``Report.warnings`` says so (printed by ``kernelformer report`` and at the top of the markdown).
+
 "Compiled memory" is XLA's ``argument + temp`` bytes of the compiled train step: the state and batch it
 reads plus its scratch (its outputs alias the donated state, so they are not added). It is what the
 compiler planned for one device, not a measured peak.
@@ -33,6 +39,8 @@ TASK_ORDER = ('listops', 'text', 'retrieval', 'pathfinder', 'image')
 TASK_TITLES = {'listops': 'ListOps', 'text': 'Text', 'retrieval': 'Retrieval',
                'pathfinder': 'Pathfinder', 'image': 'Image'}
 MISSING = '—'
+# Config fields that cannot change a run's numbers: runs differing only in these (and the seed) average.
+FINGERPRINT_IGNORES = ('seed', 'progress', 'log_every', 'profile_steps')
 
 
 @dataclasses.dataclass
@@ -44,6 +52,22 @@ class RunRecord:
   seed: Optional[int]
   results: Optional[dict] = None    # results.json, None while unfinished
   error: str = ''                   # latest failure, if unfinished and it failed
+  preset: Optional[str] = None      # from sweep.json / sweep_point.json, when a sweep made the run
+
+  @property
+  def fingerprint(self) -> Optional[tuple]:
+    """Everything that made this run except the seed (None: unfinished, or no config recorded)."""
+    config = (self.results or {}).get('config')
+    if not isinstance(config, dict):
+      return None
+    flat = _flatten(config)
+    for k in FINGERPRINT_IGNORES:  # top-level fields
+      flat.pop(k, None)
+    if 'model.attention.kind' in flat:
+      flat['model.attention.kind'] = canonical_kind(str(flat['model.attention.kind']))
+    if self.preset is not None:
+      flat['(preset)'] = self.preset
+    return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in flat.items()))
 
   @property
   def accuracy(self) -> Optional[float]:
@@ -127,6 +151,28 @@ class Report:
   cells: dict[tuple[str, str], Cell]
   runs: list[RunRecord]
   paper_only: list[tuple[str, str, dict[str, float]]]   # (model, citation, task -> accuracy)
+  warnings: list[str] = dataclasses.field(default_factory=list)   # runs split by fingerprint
+
+
+def _flatten(d: dict, prefix: str = '') -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f'{prefix}{k}.'))
+    else:
+      out[f'{prefix}{k}'] = v
+  return out
+
+
+def canonical_kind(kind: str) -> str:
+  """The registry's name for ``kind`` (aliases resolved); unknown names (a plugin not loaded) as given."""
+  if not kind:
+    return kind
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  try:
+    return registry.canonical_name(kind)
+  except registry.UnknownKernelError:
+    return kind
 
 
 def _read_json(path: str) -> Optional[Any]:
@@ -143,7 +189,8 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
   records: dict[str, RunRecord] = {}
   for e in meta.get('runs', []):
     records[e['workdir']] = RunRecord(e['workdir'], e.get('label') or e.get('kind', ''),
-                                      e.get('kind', ''), e.get('task', ''), e.get('seed'))
+                                      canonical_kind(e.get('kind', '')), e.get('task', ''),
+                                      e.get('seed'), preset=e.get('preset'))
   for root, dirs, files in os.walk(sweep_dir):
     dirs.sort()
     if sweeps.RESULTS_FILE not in files:
@@ -156,10 +203,11 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
     point = _read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
     rec = records.get(rel)
     if rec is None:
-      kind = point.get('kind') or results.get('attention', '')
+      kind = canonical_kind(point.get('kind') or results.get('attention', ''))
       seed = point.get('seed', (results.get('config') or {}).get('seed'))
       rec = records[rel] = RunRecord(rel, point.get('label') or kind, kind,
-                                     point.get('task') or results.get('task', ''), seed)
+                                     point.get('task') or results.get('task', ''), seed,
+                                     preset=(point.get('identity') or {}).get('preset'))
     rec.results = results
   failures = os.path.join(sweep_dir, sweeps.FAILURES_FILE)
   if os.path.isfile(failures):
@@ -178,6 +226,7 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
 def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
   """Groups the runs of ``sweep_dir`` into cells; ``paper`` overrides the sweep's own ('none': no paper)."""
   meta, runs = collect(sweep_dir)
+  warnings = split_by_fingerprint(runs)
   paper = meta.get('paper', '') if paper is None else ('' if paper == 'none' else paper)
   if paper and paper not in paper_numbers.PAPERS:
     raise ValueError(f'unknown paper {paper!r}; valid: {", ".join(sorted(paper_numbers.PAPERS))}')
@@ -209,7 +258,52 @@ def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
     paper_only = [(m, c, v) for m, (c, v) in models.items()]
   return Report(name=meta.get('name') or os.path.basename(os.path.abspath(sweep_dir)),
                 description=meta.get('description', ''), paper=paper, labels=labels, tasks=tasks,
-                cells=cells, runs=runs, paper_only=paper_only)
+                cells=cells, runs=runs, paper_only=paper_only, warnings=warnings)
+
+
+def _short(key: str) -> str:
+  return key if key == '(preset)' else key.rsplit('.', 1)[-1]
+
+
+def split_by_fingerprint(runs: list[RunRecord]) -> list[str]:
+  """Relabels runs so that one (label, task) holds one fingerprint; returns a warning per split.
+
+  Runs of a label and task whose finished configs differ in more than the seed get the label
+  ``<label> [<field>=<value>, ...]`` (the fields that differ between the groups). Unfinished runs
+  (no config yet) stay with the group when there is one, and form their own row otherwise.
+  """
+  groups: dict[tuple[str, str], list[RunRecord]] = {}
+  for r in runs:
+    groups.setdefault((r.label, r.task), []).append(r)
+  warnings = []
+  for (label, task), members in groups.items():
+    by_fp: dict[Optional[tuple], list[RunRecord]] = {}
+    for r in members:
+      by_fp.setdefault(r.fingerprint, []).append(r)
+    finished = [fp for fp in by_fp if fp is not None]
+    if len(finished) <= 1:
+      continue
+    dicts = {fp: dict(fp) for fp in finished}
+    keys = sorted({k for d in dicts.values() for k in d}
+                  - {k for k in dicts[finished[0]]
+                     if all(d.get(k) == dicts[finished[0]][k] for d in dicts.values())})
+    used = set()
+    for fp in finished:
+      shown = ', '.join(f'{_short(k)}={json.loads(dicts[fp][k]) if k in dicts[fp] else MISSING}'
+                        for k in keys[:3]) + (', …' if len(keys) > 3 else '')
+      new = f'{label} [{shown}]'
+      while new in used:
+        new += "'"
+      used.add(new)
+      for r in by_fp[fp]:
+        r.label = new
+    for r in by_fp.get(None, []):
+      r.label = f'{label} [not finished]'
+    warnings.append(
+        f'{sum(len(by_fp[fp]) for fp in finished)} finished runs of {label!r} on {task} differ in '
+        f'more than the seed ({", ".join(keys[:6])}{", ..." if len(keys) > 6 else ""}): '
+        f'{len(finished)} separate rows, not averaged')
+  return warnings
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -239,6 +333,8 @@ def _row_average(report: Report, label: str) -> tuple[Optional[float], Optional[
 
 def markdown(report: Report, sweep_dir: str = '') -> str:
   lines = [f'# Sweep `{report.name}`: test accuracy (%)', '']
+  if report.warnings:
+    lines += [f'**Warning:** {w}.' for w in report.warnings] + ['']
   if report.description:
     lines += [report.description + '.', '']
   lines += [f'Generated by `scripts/report.py {sweep_dir}` on '

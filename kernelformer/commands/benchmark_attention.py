@@ -1,0 +1,139 @@
+"""Time, compiled memory and FLOPs of attention mechanisms versus sequence length (issue 6).
+
+  python scripts/benchmark_attention.py                          # default set, L = 1K..16K, runs/benchmarks/
+  python scripts/benchmark_attention.py --out_dir docs/benchmarks   # the committed results
+  python scripts/benchmark_attention.py --kinds softmax,posrf-orf --lengths 1024,4096 --mode fwd+bwd
+  python scripts/benchmark_attention.py --quick --out_dir /tmp/bench   # tiny, for tests
+
+Writes ``<out_dir>/<name>.csv``, ``<name>.md`` (markdown tables) and ``<name>_time.png`` /
+``<name>_memory.png`` (log-log vs length, softmax in black), then prints the issue's claims with the
+measured numbers. The work is done by ``kernelformer.bench.attention_cost``; see docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+
+PROG = 'kernelformer benchmark attention'
+QUICK_KINDS = ('softmax', 'posrf-orf')
+QUICK_LENGTHS = (128, 256)
+
+
+def parse_args(argv):
+  from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
+  d = attention_cost.Setup()
+  p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--kinds', default=','.join(attention_cost.DEFAULT_KINDS),
+                 help='comma-separated registry names, or "all" for every registered name')
+  p.add_argument('--lengths', default=','.join(map(str, attention_cost.DEFAULT_LENGTHS)))
+  p.add_argument('--batch', type=int, default=d.batch)
+  p.add_argument('--heads', type=int, default=d.heads)
+  p.add_argument('--head_dim', type=int, default=d.head_dim)
+  p.add_argument('--num_features', type=int, default=64,
+                 help='M: random features, landmarks (skyformer, nystromformer), linformer_k')
+  p.add_argument('--repeats', type=int, default=5,
+                 help='timed calls per cell after one warm-up (fewer for slow cells, see --cell_budget_s)')
+  p.add_argument('--dtype', default=d.dtype, choices=('float32', 'bfloat16', 'float16'))
+  p.add_argument('--causal', action='store_true')
+  p.add_argument('--max_memory_gb', type=float, default=d.max_memory_gb,
+                 help='compile but do not run cells whose compiled memory is larger')
+  p.add_argument('--max_call_s', type=float, default=d.max_call_s,
+                 help='skip cells whose time per call, extrapolated from the previous length, is larger')
+  p.add_argument('--cell_budget_s', type=float, default=20.0,
+                 help='seconds per cell (warm-up + repeats); slow cells get fewer repeats')
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--out_dir', default='runs/benchmarks',
+                 help='output folder (default runs/benchmarks; --out_dir docs/benchmarks regenerates the '
+                      'committed results of docs/benchmarks.md)')
+  p.add_argument('--name', default=None, help='output file stem (default: attention_cost[_quick])')
+  p.add_argument('--quick', action='store_true',
+                 help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat')
+  args = p.parse_args(argv)
+  if args.quick:
+    args.kinds, args.lengths, args.repeats = ','.join(QUICK_KINDS), ','.join(map(str, QUICK_LENGTHS)), 1
+    args.num_features = min(args.num_features, 32)
+  return args
+
+
+def hardware() -> str:
+  """One line: cores, CPU model, load, jax backend and version."""
+  import jax  # pylint: disable=g-import-not-at-top
+  model = platform.processor() or 'unknown'
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        if line.startswith('model name'):
+          model = line.split(':', 1)[1].strip()
+          break
+  except OSError:
+    pass
+  load = os.getloadavg() if hasattr(os, 'getloadavg') else ('?',) * 3
+  devices = ', '.join(sorted({d.device_kind for d in jax.devices()}))
+  return (f'{os.cpu_count()} cores ({model}); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; '
+          f'jax {jax.__version__} on {jax.default_backend()} ({devices})')
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
+  kinds = registry.list_kernels() if args.kinds == 'all' else [k.strip() for k in args.kinds.split(',')]
+  lengths = [int(x) for x in args.lengths.split(',')]
+  setup = attention_cost.Setup(batch=args.batch, heads=args.heads, head_dim=args.head_dim,
+                               num_features=args.num_features, dtype=args.dtype, causal=args.causal,
+                               repeats=args.repeats, max_memory_gb=args.max_memory_gb,
+                               max_call_s=args.max_call_s, cell_budget_s=args.cell_budget_s,
+                               matmul_size=512 if args.quick else 2048, seed=args.seed)
+  hw_before = hardware()
+  print(hw_before, flush=True)
+  start = time.time()
+  rows, info = attention_cost.run(kinds, lengths, setup, log=lambda s: print(s, flush=True))
+  elapsed = time.time() - start
+  hw_after = hardware()
+  claims = attention_cost.check_claims(rows, head_dim=args.head_dim)
+
+  name = args.name or ('attention_cost_quick' if args.quick else 'attention_cost')
+  prefix = os.path.join(args.out_dir, name)
+  os.makedirs(args.out_dir, exist_ok=True)
+  from kernelformer.bench import output  # pylint: disable=g-import-not-at-top
+  output.write_csv(rows, prefix + '.csv', attention_cost.FIELDS)
+  command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
+  lines = [f'# Attention cost ({name})', '', f'Command: `{command.strip()}`', '',
+           f'Hardware at start: {hw_before}', '', f'Hardware at end: {hw_after}', '',
+           f'Dense matmul reference: {info["matmul_gflop_per_s"]:.1f} GFLOP/s; run took {elapsed:.0f} s.',
+           '', f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
+           f'M {args.num_features}, {args.dtype}, causal {args.causal}; median of up to {args.repeats} '
+           f'timed calls after one warm-up call, within {args.cell_budget_s:g} s per cell (column n: '
+           'calls timed; note "no warm-up": calls predicted to take over a quarter of that budget).', '',
+           'Compiled memory is XLA\'s buffer assignment; peak RSS is the process\'s resident high-water '
+           'mark after the cell (monotone over the run).', '']
+  if info['skipped']:
+    lines += ['Skipped (failed to build): ' + '; '.join(f'`{k}`: {v}' for k, v in info['skipped'].items()),
+              '']
+  for title, key, spec in (('median time (ms)', 'time_ms', output.num),
+                           ('compiled memory: temp + arguments + outputs (MiB)', 'total_mib', output.num),
+                           ('time / softmax', 'time_vs_softmax', '.3g')):
+    lines += [f'## fwd+bwd: {title}', '', attention_cost.pivot_markdown(rows, 'fwd+bwd', key, spec), '']
+  for mode in attention_cost.MODES:
+    lines += [f'## All measurements: {mode}', '', attention_cost.markdown(rows, mode), '']
+  lines += ['## Claims', '', '```', attention_cost.format_claims(claims), '```', '']
+  with open(prefix + '.md', 'w') as f:
+    f.write('\n'.join(lines))
+  pngs = attention_cost.plot(rows, prefix, title=f'(B={args.batch}, H={args.heads}, '
+                             f'd={args.head_dim}, M={args.num_features}, {args.dtype})')
+  print()
+  print(attention_cost.markdown(rows))
+  if info['skipped']:
+    print('skipped: ' + '; '.join(f'{k}: {v}' for k, v in info['skipped'].items()))
+  print('\nClaims (measured in this run):')
+  print(attention_cost.format_claims(claims))
+  print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md', *pngs]))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,92 @@
+"""kernelformer kernels: every attention kernel the registry knows, with what a user can set.
+
+usage:
+  kernelformer kernels [NAME ...] [--plugin FILE.py|module] [--names] [--aliases]
+
+For each kernel (or the NAMEs given; aliases accepted): its aliases, the paper and equation it
+implements, the kernel it computes or estimates, its cost, learnable parameters, whether it accepts
+Luo et al.'s relative-position bias (--config.model.attention.rpe=True), and its options with their
+defaults (set with --config.model.attention.OPTION=VALUE). --plugin imports a module that registers
+kernels of its own first (docs/extending.md), as --config.model.attention.plugin does for train.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from absl import app, flags
+
+from kernelformer.commands import _common
+
+_PLUGIN = flags.DEFINE_string('plugin', '', 'Import this .py file or module (comma-separated) first.')
+_NAMES = flags.DEFINE_bool('names', False, 'Only the canonical names, one per line.')
+_ALIASES = flags.DEFINE_bool('aliases', False, 'With --names: the aliases too, as "alias -> name".')
+
+
+def options(spec) -> list[tuple[str, str]]:
+  """(option, default) pairs of a mechanism: its module's fields that the spec does not fix."""
+  out = []
+  for f in dataclasses.fields(spec.module):
+    if f.name in ('parent', 'name') or f.name in spec.fixed:
+      continue
+    if f.default is not dataclasses.MISSING:
+      default = repr(f.default)
+    elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+      default = repr(f.default_factory())  # type: ignore[misc]
+    else:
+      default = '(required)'
+    out.append((f.name, default))
+  return sorted(out)
+
+
+def describe(spec) -> str:
+  lines = [spec.name + (f'  (aliases: {", ".join(spec.aliases)})' if spec.aliases else '')]
+  if spec.paper:
+    lines.append(f'  paper: {spec.paper}')
+  if spec.approximates:
+    lines.append(f'  computes: {spec.approximates}')
+  if spec.complexity:
+    lines.append(f'  cost: {spec.complexity}')
+  if spec.learnable and spec.learnable != '-':
+    lines.append(f'  learnable: {spec.learnable}')
+  rpe = 'required' if spec.requires_position_bias else ('yes' if spec.supports_position_bias else 'no')
+  module = f'{spec.module.__module__}.{spec.module.__qualname__}'
+  fixed = ', '.join(f'{k}={v!r}' for k, v in spec.fixed.items())
+  lines.append(f'  module: {module}' + (f' ({fixed})' if fixed else '') + f'; relative positions: {rpe}')
+  lines.append(_common.wrap('options: ' + ', '.join(f'{k}={v}' for k, v in options(spec)), '  '))
+  return '\n'.join(lines)
+
+
+def _main(argv):
+  from kernelformer import plugins, registry  # pylint: disable=g-import-not-at-top
+  plugins.load(_PLUGIN.value)
+  if _NAMES.value:
+    names = registry.list_kernels()
+    if _ALIASES.value:
+      names += [f'{a} -> {s.name}' for s in registry.specs() for a in s.aliases]
+    print('\n'.join(names))
+    return
+  specs = [registry.get(n) for n in argv[1:]] if len(argv) > 1 else registry.specs()
+  print('\n\n'.join(describe(s) for s in specs))
+  if len(argv) == 1:
+    print(f'\n{len(specs)} kernels; set one with --config.model.attention.kind=NAME. Random-feature '
+          'kernels are <component>-<sampler>; docs/kernels.md has the table, docs/extending.md how to '
+          'add your own.')
+
+
+def _clean(main):
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  try:
+    app.run(main)
+  except registry.UnknownKernelError as e:
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
+
+
+def help_text() -> str:
+  return _common.absl_help(sys.modules[__name__], extra=_common.kernels_text)
+
+
+def run(args) -> int:
+  return _common.run_absl(sys.modules[__name__], 'kernelformer kernels', args, _main, help_text,
+                          runner=_clean)

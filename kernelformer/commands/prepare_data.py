@@ -1,0 +1,140 @@
+"""Get each LRA task's data where its config looks for it, verified; or check what is there.
+
+  python scripts/prepare_data.py --task listops --data_dir data          # seeded generator (LRA sizes)
+  python scripts/prepare_data.py --task text --data_dir data             # TFDS imdb_reviews, array_record
+  python scripts/prepare_data.py --task image --data_dir data            # TFDS cifar10, array_record
+  python scripts/prepare_data.py --task retrieval --data_dir data --source lra_release.gz
+  python scripts/prepare_data.py --task pathfinder --data_dir data --source lra_release.gz \\
+      --resolution 32,128 --difficulty hard                              # Pathfinder and Path-X
+  python scripts/prepare_data.py --task all --data_dir data --source lra_release.gz
+  python scripts/prepare_data.py --task all --data_dir data --check      # exit 0 iff all is there
+
+``--source`` is LRA's release archive (``lra_release.gz``, streamed: only the needed members are
+written) or the folder it was extracted to. ``--config FILE.py[:PRESET]`` (repeatable) prepares what
+that config needs (e.g. ``configs/text.py:kernel_learning`` caches 4000-byte tokens); ``--task`` alone
+uses the task's default config. An interrupted run is resumed by running the same command.
+
+What a run leaves: the files, a ``MANIFEST.json`` (sizes, sha256) next to them, and caches under
+``{data_dir}/cache`` that the loaders read instead of the raw files. ``--check`` prints, per task,
+the files present, the exact paths missing, differences from the manifest, the caches, and the one
+command that prepares what is missing; it exits 0 only if nothing is missing or differs. The trainer
+runs the same per-task check before compiling anything.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+
+from lra_tasks import common  # noqa: E402
+from lra_tasks import pathfinder  # noqa: E402
+from lra_tasks import prepare  # noqa: E402
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog='kernelformer prepare-data', description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument('--task', default='',
+                 help='listops, text, retrieval, image, pathfinder or all; a comma-separated list works')
+  p.add_argument('--config', action='append', default=[], metavar='FILE.py[:PRESET]',
+                 help='prepare what this config needs (repeatable); its data.task is the task')
+  p.add_argument('--data_dir', default=None, help="root of every task's files (default: the config's)")
+  p.add_argument('--tfds_data_dir', default=None,
+                 help='TFDS data dir for text/image (default: the config\'s, else --data_dir)')
+  p.add_argument('--source', default=None,
+                 help='lra_release.gz or the folder it was extracted to (retrieval, pathfinder, '
+                      'released listops)')
+  p.add_argument('--resolution', default=None,
+                 help='pathfinder resolutions, comma-separated (32, 64, 128, 256)')
+  p.add_argument('--difficulty', default=None,
+                 help='pathfinder difficulties, comma-separated (easy, intermediate, hard) or all')
+  p.add_argument('--max_length', type=int, default=None,
+                 help='bytes per document for the text/retrieval caches (default: the config\'s)')
+  p.add_argument('--listops', choices=('generate', 'release'), default=None,
+                 help='generate ListOps (default) or extract the release\'s basic_*.tsv (the '
+                      'default when --task listops comes with --source)')
+  p.add_argument('--check', action='store_true', help='only report; exit 0 iff everything is there')
+  p.add_argument('--no_checksums', action='store_true',
+                 help='--check compares file sizes with the manifest, not sha256')
+  p.add_argument('--no_cache', action='store_true', help='do not build the loader caches')
+  return p
+
+
+def _split(value: str | None) -> list[str]:
+  return [v.strip() for v in value.split(',') if v.strip()] if value else []
+
+
+def build_requests(args: argparse.Namespace) -> list[prepare.Request]:
+  """One request per (task, config, pathfinder set), in task order."""
+  tasks = _split(args.task)
+  if 'all' in tasks:
+    tasks = list(prepare.TASKS)
+  unknown = [t for t in tasks if t not in prepare.TASKS]
+  if unknown:
+    raise common.DataError(f'unknown task(s) {", ".join(unknown)}; valid: '
+                           f'{", ".join(prepare.TASKS)}, all')
+  configs = [(spec, prepare.load_config(spec)) for spec in args.config]
+  if not tasks and not configs:
+    raise common.DataError('say what to prepare: --task (or --config FILE.py[:PRESET])')
+  covered = {c.data.task for _, c in configs}
+  configs += [(None, prepare.default_config(t)) for t in tasks if t not in covered]
+  release_listops = args.listops == 'release' or (
+      args.listops is None and args.source is not None and tasks == ['listops'])
+  difficulties = _split(args.difficulty)
+  if difficulties == ['all']:
+    difficulties = list(pathfinder.DIFFICULTIES)
+  resolutions = [int(r) for r in _split(args.resolution)]
+  requests = []
+  for spec, config in sorted(configs, key=lambda sc: prepare.TASKS.index(sc[1].data.task)):
+    task = config.data.task
+    base = (f'--config {spec}',) if spec else ()
+    common_kwargs = dict(data_dir=args.data_dir, tfds_data_dir=args.tfds_data_dir,
+                         max_length=args.max_length, listops_release=release_listops)
+    if task == 'pathfinder':
+      for res in resolutions or [None]:
+        for difficulty in difficulties or [None]:
+          requests.append(prepare.make_request(task, config, base, resolution=res,
+                                               difficulty=difficulty, **common_kwargs))
+    else:
+      requests.append(prepare.make_request(task, config, base, **common_kwargs))
+  return requests
+
+
+def main(argv: list[str]) -> int:
+  args = _parser().parse_args(argv)
+  logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
+  try:
+    requests = build_requests(args)
+    if not args.check:
+      start = time.perf_counter()
+      prepare.prepare(requests, source=args.source, build_caches=not args.no_cache)
+      print(f'prepared in {time.perf_counter() - start:.1f} s')
+    # After preparing, the manifests were just written from these files: sizes suffice.
+    checksums = args.check and not args.no_checksums
+    statuses = prepare.check(requests, checksums=checksums)
+  except common.DataError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  for status in statuses:
+    print('\n'.join(prepare.format_status(status)))
+  ok = all(s.ok for s in statuses)
+  print('all present' if ok else
+        f'{sum(not s.ok for s in statuses)} of {len(statuses)} not ready (see above)')
+  return 0 if ok else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
+
+
+def run(args) -> int:
+  """``kernelformer prepare-data``: ``--config`` values resolve like train's (packaged names work)."""
+  from kernelformer.commands import _common  # pylint: disable=g-import-not-at-top
+  args = list(args)
+  if not _common.wants_help(args):
+    args = _common.resolve_config_args(args)
+  return main(args)
