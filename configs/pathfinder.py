@@ -7,17 +7,26 @@ config also uses batch 64, gradient clipping 1.0 and a 1 x 32-dim model:
   python scripts/train.py --config configs/pathfinder.py --config.data.resolution=128 \
       --config.batch_size=64 --config.optim.grad_clip_norm=1.0 --workdir runs/pathx
 
-Presets (``--config configs/pathfinder.py:<preset>``):
-  lra            LRA's image/configs/pathfinder32 (base config + transformer_base overrides): 1 layer,
-                 128 dims, 4 heads, qkv 64, mlp 128, dropout 0.2, attention dropout 0.1, mean pooling,
-                 sinusoidal positions, lr 1e-3 cosine with 312 warm-up steps, no weight decay, batch 512,
-                 200 epochs = 62.5k steps. Default.
+Presets (``--config configs/pathfinder.py:<preset>``); each one's source is in ``SOURCES`` and in the table of
+docs/reproduce.md ("Presets"):
+  lra            google-research/long-range-arena at commit ad0ff01 (the files' last version we found),
+                 lra_benchmarks/image/configs/pathfinder32/transformer_base.py over
+                 base_pathfinder32_config.py: 1 layer, 4 heads, emb 128, qkv 64, mlp 128, dropout 0.2,
+                 attention dropout 0.1, mean pooling, sinusoidal positions (learn_pos_emb False), lr 1e-3
+                 'constant * linear_warmup * cosine_decay' with one epoch (160000 // 512 = 312 steps) of
+                 warm-up, no weight decay, batch 512, 200 epochs = 312 x 200 = 62,400 steps. Reproduces
+                 the LRA paper's table 1 Pathfinder column with softmax. (LRA's kernel entries at a2e5057
+                 disagree with each other: performer_base.py 4 layers / 8 heads / 32 / 16 / 32,
+                 linear_transformer_base.py 1 layer / 2 heads / 128 / 64 / 128; a maintainer's note in
+                 LRA issue #37 says these Pathfinder configs are out of sync with the paper's runs.)
+                 Default.
   kernel_learning  The kernel-learning paper did not run Pathfinder (its footnote 1: no model beat
                  chance). This preset is the lra one with that paper's GMM-RKS at M = 128 (its Image
-                 value), for running its kernels here.
+                 value), for running its kernels here; it reproduces no table.
   skyformer      Skyformer section 5 shared setting: 2 layers, 64 dims, 128 hidden, 2 heads, mean
                  pooling, learned positions, 128 features, batch 128, lr 2e-4 linear decay with 312
-                 warm-up steps (Skyformer's code), no weight decay, 50k steps.
+                 warm-up steps (Skyformer's code), no weight decay, 50k steps; reproduces its table 1
+                 Pathfinder column.
   quick          2-core CPU, ~5 min: the easy set (curv_baseline), 1 x 32-dim layer, batch 32, 1000
                  steps, Performer attention (posrf-orf, M = 32; softmax over 1024 tokens costs ~8x more
                  per step on a CPU). Needs the release's pathfinder32/curv_baseline.
@@ -31,6 +40,16 @@ from __future__ import annotations
 from configs import common
 
 PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+LRA_COMMIT = 'ad0ff01a5b3492ade621553a1caae383b347e0c1'
+SOURCES = {
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/pathfinder32/transformer_base.py over '
+           'base_pathfinder32_config.py',
+    'kernel_learning': 'the lra preset with Learning the Transformer Kernel\'s GMM-RKS, M = 128 '
+                       '(its table 5 Image value; the paper ran no Pathfinder)',
+    'skyformer': 'Skyformer section 5 "Implementation Details"; warm-up and positions from its code',
+    'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',
+    'tiny': 'kernelformer smoke tests; not a paper setting',
+}
 
 
 def pathfinder_data(c):
@@ -44,7 +63,8 @@ def pathfinder_data(c):
 def get_config(preset: str = 'lra'):
   c = common.base_config()
   pathfinder_data(c)
-  # LRA pathfinder32: 1 x 128, 4 heads, qkv 64, mlp 128, dropout 0.2 / 0.1, mean, lr 1e-3 cosine.
+  # LRA pathfinder32/transformer_base.py over base_pathfinder32_config.py @ ad0ff01: 1 x 128, 4 heads,
+  # qkv 64, mlp 128, dropout 0.2 / 0.1, mean, lr 1e-3 cosine, 312 warm-up, 62,400 steps, batch 512.
   c.model.emb_dim = 128
   c.model.qkv_dim = 64
   c.model.mlp_dim = 128
@@ -59,7 +79,7 @@ def get_config(preset: str = 'lra'):
   c.optim.warmup_steps = 312        # one epoch of 160000 / 512
   c.optim.weight_decay = 0.0
   c.batch_size = 512
-  c.num_train_steps = 62500         # 200 epochs
+  c.num_train_steps = (160000 // 512) * 200   # LRA: (TRAIN_EXAMPLES // batch) * 200 epochs = 62,400
   c.eval_every = 312                # every epoch, as LRA
   c.checkpoint_every = 3120
 

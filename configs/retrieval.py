@@ -3,19 +3,25 @@
 Command (LRA defaults; the release's new_aan_pairs.*.tsv in data/retrieval, see docs/data.md):
   python scripts/train.py --config configs/retrieval.py --workdir runs/retrieval
 
-Presets (``--config configs/retrieval.py:<preset>``):
-  lra            LRA's matching/configs/base_match_config.py: 4 layers, 128 dims, 4 heads, mlp 512, CLS,
-                 lr 0.05 rsqrt with 8000 warm-up (longer than the 5k steps, as in LRA), weight decay
-                 0.1, batch 32, 4000 bytes per document. Default.
+Presets (``--config configs/retrieval.py:<preset>``); each one's source is in ``SOURCES`` and in the table
+of docs/reproduce.md ("Presets"):
+  lra            google-research/long-range-arena at commit 4954d9f (the file's last version we found),
+                 lra_benchmarks/matching/configs/base_match_config.py: 4 layers, 128 dims, 4 heads, qkv
+                 128, mlp 512, CLS, lr 0.05 'constant * linear_warmup * rsqrt_decay' with 8000 warm-up
+                 (longer than the 5k steps, as in LRA), weight decay 0.1, batch 32, 5000 steps, 4000 bytes
+                 per document; dropout and attention dropout 0.1 (the LRA Transformer's defaults).
+                 Reproduces the LRA paper's table 1 Retrieval column. Default.
   kernel_learning  "On Learning the Transformer Kernel" table 4, Retrieval column (the same LRA model:
                  4 heads x 32) with GMM-RKS and its table 5 M = 64 (table 5 Retrieval M: GMM-RKS 64,
-                 FASTFOOD-RKS 32, GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 32, GENERATIVE-PRF 64).
-  skyformer      Skyformer section 5 / Spectraformer table 5 shared setting: 2 layers, 64 dims, 128
-                 hidden, 2 heads, mean pooling, learned positions, 128 features, batch 16, lr 2e-4
-                 linear decay with 800 warm-up steps, no weight decay, 50k steps, eval every 1000.
+                 FASTFOOD-RKS 32, GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 32, GENERATIVE-PRF 64);
+                 reproduces its table 2 Retrieval column.
+  skyformer      Skyformer section 5 "Implementation Details" / Spectraformer table 5 shared setting: 2
+                 layers, 64 dims, 128 hidden, 2 heads, mean pooling, learned positions, 128 features,
+                 batch 16, lr 2e-4 linear decay with 800 warm-up steps, no weight decay, 50k steps, eval
+                 every 1000; reproduces Skyformer table 1 / Spectraformer table 2 (Retrieval).
   quick          2-core CPU, ~10 min: 256 bytes per document, 2 x 64-dim layers, batch 16, 1500 steps
                  (~0.37 CPU-s per step measured). Needs the release files (reading the 147k training
-                 pairs takes ~30 s).
+                 pairs takes ~30 s). Not a paper setting.
   tiny           seconds; used by the smoke tests on lra_tasks.fixtures.write_retrieval_fixture.
 Expected runtime: quick ~9 CPU-minutes of steps plus the read (~10 min on 2 cores); lra /
 kernel_learning / skyformer hours on one GPU (not measured here).
@@ -26,6 +32,14 @@ from __future__ import annotations
 from configs import common
 
 PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+LRA_COMMIT = '4954d9fbf071e154a56e3e651a4e3be55dd2178e'
+SOURCES = {
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: matching/configs/base_match_config.py',
+    'kernel_learning': 'Learning the Transformer Kernel, tables 4 (Retrieval) and 5 (GMM-RKS M)',
+    'skyformer': 'Skyformer section 5 "Implementation Details"; Spectraformer table 5 (warm-up, eval)',
+    'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',
+    'tiny': 'kernelformer smoke tests; not a paper setting',
+}
 
 
 def retrieval_data(c):
@@ -36,7 +50,8 @@ def retrieval_data(c):
 def get_config(preset: str = 'lra'):
   c = common.base_config()
   retrieval_data(c)
-  # LRA base_match_config: 4 x 128, 4 heads, mlp 512, CLS, lr 0.05 rsqrt, 8000 warm-up, 5k steps.
+  # LRA matching/configs/base_match_config.py @ 4954d9f: 4 x 128, 4 heads, mlp 512, CLS, lr 0.05 rsqrt,
+  # 8000 warm-up, weight decay 0.1, 5k steps, batch 32, 4000 bytes.
   c.model.emb_dim = 128
   c.model.qkv_dim = 128
   c.model.mlp_dim = 512

@@ -1,0 +1,130 @@
+"""Every preset is pinned: to the generated table in docs/reproduce.md, and the LRA ones to upstream values."""
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernelformer.reproduce import presets
+
+ROOT = os.path.join(os.path.dirname(__file__), '..', '..')
+DOC = os.path.join(ROOT, 'docs', 'reproduce.md')
+
+# google-research/long-range-arena, read file by file (the commit is the file's last version we found).
+# Each entry: the upstream values as our fields; steps/warm-up computed the way the LRA file computes them.
+LRA_UPSTREAM = {
+    # lra_benchmarks/listops/configs/base_listops_config.py @ ad0ff01a5b3492ade621553a1caae383b347e0c1
+    # (listops/configs/transformer_base.py only sets model_type = "transformer").
+    'listops': dict(
+        num_layers=6, num_heads=8, emb_dim=512, qkv_dim=512, mlp_dim=2048, learning_rate=0.05,
+        schedule='rsqrt', warmup_steps=1000, weight_decay=0.1, batch_size=32, num_train_steps=5000,
+        pooling='cls', max_length=2000),
+    # lra_benchmarks/image/configs/cifar10/performer_base.py (= linear_transformer_base.py) over
+    # base_cifar10_config.py, all @ a2e5057545f67ef55bc02360a9afd7418bbd0d39.
+    'image': dict(
+        num_layers=1, num_heads=8, emb_dim=128, qkv_dim=64, mlp_dim=128, dropout_rate=0.3,
+        attention_dropout=0.2, pooling='cls', pos_encoding='learned', learning_rate=0.0005,
+        schedule='cosine', warmup_steps=45000 // 256, weight_decay=0.0, batch_size=256,
+        num_train_steps=(45000 // 256) * 200),
+    # lra_benchmarks/image/configs/pathfinder32/transformer_base.py over base_pathfinder32_config.py,
+    # both @ ad0ff01a5b3492ade621553a1caae383b347e0c1.
+    'pathfinder': dict(
+        num_layers=1, num_heads=4, emb_dim=128, qkv_dim=64, mlp_dim=128, dropout_rate=0.2,
+        attention_dropout=0.1, pooling='mean', pos_encoding='sinusoidal', learning_rate=0.001,
+        schedule='cosine', warmup_steps=160000 // 512, weight_decay=0.0, batch_size=512,
+        num_train_steps=(160000 // 512) * 200),
+}
+
+
+def _field(config, name):
+  if name in ('learning_rate', 'schedule', 'warmup_steps', 'weight_decay'):
+    return config.optim[name]
+  if name in ('batch_size', 'num_train_steps'):
+    return config[name]
+  if name == 'max_length':
+    return config.data.max_length
+  if name == 'attention_dropout':
+    return config.model.attention.attention_dropout
+  return config.model[name]
+
+
+@pytest.mark.parametrize('task', sorted(LRA_UPSTREAM))
+def test_lra_presets_match_upstream(task):
+  config = presets.task_module(task).get_config('lra')
+  got = {name: _field(config, name) for name in LRA_UPSTREAM[task]}
+  assert got == LRA_UPSTREAM[task]
+  assert config.model.attention.kind == 'softmax'
+
+
+def test_pathfinder_steps_are_lra_epochs():
+  """312 steps per epoch x 200 epochs (LRA's integer division), not a rounded 62,500."""
+  assert presets.task_module('pathfinder').get_config('lra').num_train_steps == 62400
+
+
+def test_committed_table_is_generated_from_the_configs():
+  with open(DOC, encoding='utf-8') as f:
+    committed = presets.committed(f.read())
+  assert committed == presets.render(), (
+      'docs/reproduce.md preset table is stale: run python scripts/preset_table.py')
+
+
+def test_table_has_one_row_per_preset_with_its_source():
+  rows = presets.rows()
+  expected = [(t, p) for t in presets.TASKS for p in presets.task_module(t).PRESETS]
+  assert [(r.task, r.preset) for r in rows] == expected
+  for r in rows:
+    assert r.source.strip(), (r.task, r.preset)
+    assert len(r.cells()) == len(presets.COLUMNS)
+
+
+@pytest.mark.parametrize('task', presets.TASKS)
+def test_every_preset_names_its_source_in_the_docstring(task):
+  module = presets.task_module(task)
+  assert set(module.SOURCES) == set(module.PRESETS)
+  for preset in module.PRESETS:
+    assert f'  {preset} ' in module.__doc__, f'{task}: docstring does not describe {preset!r}'
+  if hasattr(module, 'LRA_COMMIT'):
+    assert module.LRA_COMMIT[:7] in module.__doc__ and module.LRA_COMMIT[:7] in module.SOURCES['lra']
+
+
+def test_a_changed_preset_makes_the_table_stale(monkeypatch):
+  """The pin works: a one-field change in a config is a table difference."""
+  module = importlib.import_module('configs.pathfinder')
+  original = module.get_config
+
+  def changed(preset='lra'):
+    c = original(preset)
+    if preset == 'lra':
+      with c.unlocked():
+        c.num_train_steps = 62500
+    return c
+
+  before = presets.render()
+  monkeypatch.setattr(module, 'get_config', changed)
+  after = presets.render()
+  assert before != after and '62,500' in after and '62,500' not in before
+
+
+def test_replace_between_markers_and_missing_markers():
+  text = f'intro\n{presets.BEGIN}\nold\n{presets.END}\noutro\n'
+  new = presets.replaced(text, '| a |\n')
+  assert new == f'intro\n{presets.BEGIN}\n| a |\n{presets.END}\noutro\n'
+  assert presets.committed(new) == '| a |\n'
+  with pytest.raises(ValueError, match='markers'):
+    presets.committed('no markers here')
+
+
+def test_script_check_fails_on_a_stale_doc(tmp_path):
+  doc = tmp_path / 'doc.md'
+  doc.write_text(f'x\n{presets.BEGIN}\n| stale |\n{presets.END}\n', encoding='utf-8')
+  script = os.path.join(ROOT, 'scripts', 'preset_table.py')
+  run = lambda *a: subprocess.run([sys.executable, script, f'--doc={doc}', *a], capture_output=True,
+                                  text=True, check=False)
+  stale = run('--check')
+  assert stale.returncode == 1 and 'out of date' in stale.stderr and 'Traceback' not in stale.stderr
+  assert run().returncode == 0
+  assert run('--check').returncode == 0
+  assert presets.committed(doc.read_text(encoding='utf-8')) == presets.render()
