@@ -1,0 +1,429 @@
+"""Decoder-only (causal) language model over any causal attention kind, with incremental generation.
+
+``Decoder`` is the causal counterpart of ``encoder.Classifier``: token embeddings (+ positions), pre-LN
+blocks whose attention is the registry mechanism named by ``attention['kind']`` called with
+``causal=True``, a final LayerNorm and next-token logits ``[B, L, vocab]`` (output projection tied to
+the embedding, or its own Dense). Token id 0 is padding: the key padding mask is ``inputs != 0`` and the
+loss weights are ``targets != 0`` (``next_token_loss``; the trainer uses the same rule).
+
+Incremental generation (``decode=True``, one token per call, state in the ``cache`` collection; start
+from ``init_cache``):
+
+* random-feature / deterministic feature kinds (linear attention): a recurrent state per head,
+  ``S = sum_j phi(k_j) v_j^T`` ``[M', Dv]`` and ``z = sum_j phi(k_j)`` ``[M']``, and
+  ``out_t = phi(q_t) S / phi(q_t) z`` (Katharopoulos et al. 2020 §3.4, the RNN form of eq. 9;
+  Spectraformer eq. 7). Memory is constant in the number of generated tokens.
+* the same kinds with a relative-position bias (``nprf-rpe``, ``rpe=True``): Luo et al.'s eq. 10 weights
+  every key by ``c_{j-t} = exp(b_{j-t})``, a general Toeplitz matrix with no finite recurrence, so the
+  step keeps ``phi(k_j)`` and ``v_j`` for all past j (O(t) memory, like a KV cache) and computes
+  ``phi(q_t) sum_j c_{j-t} phi(k_j) v_j^T / phi(q_t) sum_j c_{j-t} phi(k_j)``.
+* ``softmax`` and ``gaussian`` (quadratic): a KV cache.
+
+Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind):
+the step draws W with the mechanism's own ``_projection`` under the same module path (``mechanism``),
+so it gets the same ``make_rng('features')`` key and the same learned-sampler parameters. The full
+forward stabilizes key features by ONE shift per batch element and head (``features/components.py``),
+which cancels in the normalized output; a per-token shift would not cancel, so the step computes key
+features without a shift and query features with their per-row shift (which cancels per row). The two
+are equal in exact arithmetic. Limit: unshifted key features can overflow where the full forward
+would not (exp of a key exponent above ~88 in float32: posrf/hyperbolic exponents are bounded by
+|w|^2/2, trigrf's ``|k|^2 / (2 sqrt d)`` is not).
+
+Kinds refused with one line (``causal_problem``): those whose module raises for ``causal=True``
+(Nystromformer, Linformer, Skyformer: landmarks/projections mix all positions) and OPRF / SADERF, whose
+data-dependent parameters (A of Spectraformer eq. 35, Psi of eq. 36) are means over the whole sequence,
+so position i would see later tokens through them and no recurrent step can reproduce them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Mapping, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from kernelformer import registry
+from kernelformer.attention import gaussian as gaussian_lib
+from kernelformer.attention import linear as linear_lib
+from kernelformer.attention import random_features as rf_lib
+from kernelformer.attention import softmax as softmax_lib
+from kernelformer.features import components as components_lib
+from kernelformer.layers import MlpBlock, RelativePositionBias, _attention_options
+
+Array = Any
+
+# Components whose features use statistics of every position (Spectraformer eqs. 35-36).
+SEQUENCE_STATISTIC_COMPONENTS = ('oprf', 'saderf')
+
+
+class CausalKindError(ValueError):
+  """An attention kind that has no causal (decoder) form."""
+
+
+@functools.lru_cache(maxsize=None)
+def causal_problem(kind: str) -> Optional[str]:
+  """Why ``kind`` cannot serve a decoder (one line), or None if it can."""
+  spec = registry.get(kind)
+  name = spec.name
+  if issubclass(spec.module, rf_lib.RandomFeatureAttention):
+    comp = spec.fixed.get('component')
+    if comp in SEQUENCE_STATISTIC_COMPONENTS:
+      return (f'attention kind {name!r} has no causal form: its {comp} parameters are means over '
+              'the whole sequence (Spectraformer eqs. 35-36), so earlier positions would see later '
+              'tokens; use posrf-*, trigrf-*, hyperbolic-*, a learned kernel, linear-elu, nprf-rpe '
+              'or softmax')
+    return None
+  if spec.module in (softmax_lib.SoftmaxAttention, gaussian_lib.GaussianAttention):
+    return None
+  # Any other mechanism: ask it (shape-only) whether it accepts causal=True.
+  module = registry.build({'kind': name})
+  x = jnp.zeros((1, 4, 1, 4), jnp.float32)
+  try:
+    jax.eval_shape(lambda: module.init({'params': jax.random.key(0), 'features': jax.random.key(0)},
+                                       x, x, x, causal=True))
+  except ValueError as e:
+    return f'attention kind {name!r}: {str(e).splitlines()[0]}'
+  return (f'attention kind {name!r} accepts causal=True but has no incremental decoding step in '
+          'kernelformer/decoder.py')
+
+
+def check_causal(kind: str) -> None:
+  problem = causal_problem(registry.get(kind).name)
+  if problem:
+    raise CausalKindError(problem)
+
+
+def causal_kinds() -> list[str]:
+  """Every registered kind the decoder accepts."""
+  return [s.name for s in registry.specs() if causal_problem(s.name) is None]
+
+
+def _mechanism_kwargs(options: Mapping[str, Any]) -> tuple[registry.AttentionSpec, dict]:
+  """The spec and constructor arguments ``registry.build`` would use for ``options``."""
+  module = registry.build(_attention_options(options))
+  spec = registry.get(options['kind'])
+  kwargs = {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
+            if f.name not in ('parent', 'name')}
+  return spec, kwargs
+
+
+class _FeatureStep(rf_lib.RandomFeatureAttention):
+  """``phi(q_t), phi(k_t)`` of new tokens with the W of the full forward (see the module docstring).
+
+  Same fields, parameters and ``_projection`` as ``RandomFeatureAttention``; only the call differs.
+  Query features keep their per-row shift (it cancels row by row); key features are unshifted, so they
+  can be summed into a running state across calls.
+  """
+
+  @nn.compact
+  def __call__(self, q: Array, k: Array, *, step: Optional[Array] = None):  # pylint: disable=arguments-differ
+    head_dim, num_heads = q.shape[-1], q.shape[-2]
+    qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+    # As RandomFeatureAttention.__call__: l2 normalization (NPRF) or the d^-1/4 input scale.
+    if self.normalize_qk:
+      qf, kf = rf_lib.l2_normalize(qf), rf_lib.l2_normalize(kf)
+    elif components_lib.TARGET_KERNEL[self.component] != 'none':
+      s = rf_lib.input_scale(head_dim)
+      qf, kf = qf * s, kf * s
+    proj = self._projection(head_dim, num_heads, step)
+    fn = components_lib.COMPONENTS[self.component]
+
+    # Queries: stabilized with every key masked, so no key statistic enters their shift (any shift
+    # that involves keys must be common to all of them, which a step cannot know). Keys: unshifted.
+    no_keys = jnp.zeros(kf.shape[:2], bool)
+
+    def one_head(qh, kh, p):
+      return (fn(qh, kh, p, mask=no_keys, stabilize=True)[0],
+              fn(qh, kh, p, mask=None, stabilize=False)[1])
+
+    proj_axis = None if (self.share_heads or proj is None) else 0
+    return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=(2, 2))(qf, kf, proj)
+
+
+def _bias_window(position_bias: Array, length: int, max_length: int) -> Array:
+  """``[H, 2 max_length - 1]`` -> ``[H, 2 length - 1]``: the offsets -(length-1)..(length-1)."""
+  return position_bias[:, max_length - length:max_length + length - 1]
+
+
+class CausalSelfAttention(nn.Module):
+  """q/k/v/out projections (as ``layers.MultiHeadAttention``) around a causal mechanism + its decode step."""
+
+  num_heads: int
+  qkv_dim: int
+  attention: Mapping[str, Any]
+  max_length: int
+  decode: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
+    if self.qkv_dim % self.num_heads:
+      raise ValueError(f'qkv_dim={self.qkv_dim} is not divisible by num_heads={self.num_heads}')
+    head_dim = self.qkv_dim // self.num_heads
+    dense = lambda name: nn.DenseGeneral(
+        (self.num_heads, head_dim), dtype=self.dtype, name=name,
+        kernel_init=nn.initializers.xavier_uniform())
+    q, k, v = dense('query')(x), dense('key')(x), dense('value')(x)
+    spec, kwargs = _mechanism_kwargs(self.attention)
+    if not self.decode:
+      extra = {}
+      if position_bias is not None:
+        extra['position_bias'] = _bias_window(position_bias, x.shape[1], self.max_length)
+      mechanism = spec.module(**kwargs, name='mechanism')
+      out = mechanism(q, k, v, mask=mask, causal=True, step=step, deterministic=deterministic,
+                      **extra)
+    elif issubclass(spec.module, rf_lib.RandomFeatureAttention):
+      out = self._feature_step(kwargs, q, k, v, position_bias)
+    else:
+      out = self._kv_cache_step(spec, q, k, v, position_bias)
+    return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), dtype=self.dtype, name='out',
+                           kernel_init=nn.initializers.xavier_uniform())(out)
+
+  def _index(self):
+    return self.variable('cache', 'index', lambda: jnp.zeros((), jnp.int32))
+
+  def _row_weights(self, position_bias, idx):
+    """``exp(b_{j-t} - shift)`` for j <= t, else 0: ``[H, max_length]`` (Luo et al. eq. 10 weights)."""
+    j = jnp.arange(self.max_length)
+    row = position_bias[:, j - idx + self.max_length - 1].astype(jnp.float32)   # [H, Lmax]
+    row = jnp.where(j <= idx, row, -jnp.inf)
+    shift = jax.lax.stop_gradient(jnp.max(row, axis=-1, keepdims=True))      # cancels in eq. 10
+    return jnp.exp(row - shift)
+
+  def _feature_step(self, kwargs, q, k, v, position_bias):
+    """One token of linear attention: recurrent state, or a feature cache under RPE."""
+    if q.shape[1] != 1:
+      raise ValueError(f'decode=True takes one token per call, got {q.shape[1]}')
+    eps = kwargs['feature_eps']
+    phi_q, phi_k = _FeatureStep(**kwargs, name='mechanism')(q, k, step=None)   # [B, 1, H, M']
+    b, _, h, m = phi_k.shape
+    dv = v.shape[-1]
+    index = self._index()
+    idx = index.value
+    if position_bias is None:
+      state = self.variable('cache', 'state', jnp.zeros, (b, h, m, dv), jnp.float32)
+      norm = self.variable('cache', 'normalizer', jnp.zeros, (b, h, m), jnp.float32)
+      s = state.value + linear_lib.einsum_f32('bshm,bshd->bhmd', phi_k, v)
+      z = norm.value + phi_k[:, 0].astype(jnp.float32)
+      num = linear_lib.einsum_f32('blhm,bhmd->blhd', phi_q, s)
+      den = linear_lib.einsum_f32('blhm,bhm->blh', phi_q, z)
+      state.value, norm.value = s, z
+    else:
+      ck = self.variable('cache', 'phi_k', jnp.zeros, (b, self.max_length, h, m), jnp.float32)
+      cv = self.variable('cache', 'cached_value', jnp.zeros, (b, self.max_length, h, dv), jnp.float32)
+      ck.value = jax.lax.dynamic_update_slice(ck.value, phi_k.astype(jnp.float32), (0, idx, 0, 0))
+      cv.value = jax.lax.dynamic_update_slice(cv.value, v.astype(jnp.float32), (0, idx, 0, 0))
+      c = self._row_weights(position_bias, idx)                               # [H, Lmax]
+      a = linear_lib.einsum_f32('blhm,bshm->bhls', phi_q, ck.value) * c[None, :, None, :]
+      num = jnp.einsum('bhls,bshd->blhd', a, cv.value)
+      den = jnp.einsum('bhls->blh', a)
+    index.value = idx + 1
+    return (num / linear_lib.safe_normalizer(den, eps)[..., None]).astype(v.dtype)
+
+  def _kv_cache_step(self, spec, q, k, v, position_bias):
+    """One token of softmax / Gaussian attention against a KV cache."""
+    if q.shape[1] != 1:
+      raise ValueError(f'decode=True takes one token per call, got {q.shape[1]}')
+    b, _, h, d = k.shape
+    index = self._index()
+    idx = index.value
+    ck = self.variable('cache', 'cached_key', jnp.zeros, (b, self.max_length, h, d), k.dtype)
+    cv = self.variable('cache', 'cached_value', jnp.zeros, (b, self.max_length, h, v.shape[-1]), v.dtype)
+    ck.value = jax.lax.dynamic_update_slice(ck.value, k, (0, idx, 0, 0))
+    cv.value = jax.lax.dynamic_update_slice(cv.value, v, (0, idx, 0, 0))
+    valid = jnp.arange(self.max_length) <= idx
+    if spec.module is gaussian_lib.GaussianAttention:
+      out = gaussian_lib.gaussian_attention(
+          q, ck.value, cv.value, mask=jnp.broadcast_to(valid, (b, self.max_length)))
+    else:
+      # softmax(q.k / sqrt(d) + b_{j-t}) over the cached keys j <= t (Vaswani et al. eq. 1; Luo eq. 6).
+      logits = jnp.einsum('blhd,bshd->bhls', q.astype(jnp.float32), ck.value.astype(jnp.float32))
+      logits = logits / math.sqrt(d)
+      if position_bias is not None:
+        j = jnp.arange(self.max_length)
+        logits = logits + position_bias[:, j - idx + self.max_length - 1][None, :, None, :]
+      logits = jnp.where(valid, logits, jnp.finfo(jnp.float32).min)
+      w = jax.nn.softmax(logits, axis=-1)
+      out = jnp.einsum('bhls,bshd->blhd', w, cv.value.astype(jnp.float32)).astype(v.dtype)
+    index.value = idx + 1
+    return out
+
+
+class DecoderBlock(nn.Module):
+  """Pre-LN block as ``layers.EncoderBlock``, with causal self-attention and a decode step."""
+
+  num_heads: int
+  qkv_dim: int
+  mlp_dim: int
+  attention: Mapping[str, Any]
+  max_length: int
+  dropout_rate: float = 0.0
+  decode: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    y = CausalSelfAttention(self.num_heads, self.qkv_dim, self.attention, self.max_length,
+                            decode=self.decode, dtype=self.dtype, name='attention')(
+                                y, mask=mask, step=step, deterministic=deterministic,
+                                position_bias=position_bias)
+    x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, dtype=self.dtype)(y, deterministic=deterministic)
+    return x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+
+
+def sinusoid_at(positions: Array, dim: int, max_scale: float = 10000.0) -> Array:
+  """Vaswani et al. §3.5 sinusoids at integer ``positions`` ``[...]`` -> ``[..., dim]``, computed (no
+  table), so a decode step's program does not grow with the maximal length. Equals
+  ``encoder.sinusoidal_positions`` row by row."""
+  div = jnp.exp(jnp.arange(0, dim, 2, dtype=jnp.float32) * -(math.log(max_scale) / dim))
+  ang = jnp.asarray(positions, jnp.float32)[..., None] * div
+  out = jnp.stack([jnp.sin(ang), jnp.cos(ang)], axis=-1).reshape(*ang.shape[:-1], -1)
+  return out[..., :dim]
+
+
+class Decoder(nn.Module):
+  """Decoder-only LM: ``inputs [B, L]`` (or a batch dict with ``inputs``) -> logits ``[B, L, vocab]``."""
+
+  vocab_size: int
+  emb_dim: int
+  num_layers: int
+  num_heads: int
+  qkv_dim: int
+  mlp_dim: int
+  attention: Mapping[str, Any]
+  max_length: int
+  dropout_rate: float = 0.0
+  pos_encoding: str = 'sinusoidal'   # 'sinusoidal' | 'learned' | 'none'
+  tie_embeddings: bool = True
+  decode: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, inputs, *, train: bool = False, step=None):
+    if isinstance(inputs, Mapping):
+      inputs = inputs['inputs']
+    attention = dict(self.attention)
+    check_causal(attention['kind'])
+    spec = registry.get(attention['kind'])
+    deterministic = not train
+    length = inputs.shape[1]
+    if length > self.max_length:
+      raise ValueError(f'inputs of length {length} exceed max_length {self.max_length}')
+    embed = nn.Embed(self.vocab_size, self.emb_dim, name='embed',
+                     embedding_init=nn.initializers.normal(stddev=self.emb_dim ** -0.5))
+    # Scaled by sqrt(emb) (Vaswani et al. §3.4): unit-scale inputs with a tied, small-init output.
+    x = embed(inputs) * math.sqrt(self.emb_dim)
+    if self.decode:
+      index = self.variable('cache', 'position', lambda: jnp.zeros((), jnp.int32))
+      positions = index.value + jnp.arange(length)
+      index.value = index.value + length
+      mask = None
+    else:
+      positions = jnp.arange(length)
+      mask = inputs != 0
+    if self.pos_encoding == 'sinusoidal':
+      x = x + sinusoid_at(positions, self.emb_dim)[None]
+    elif self.pos_encoding == 'learned':
+      table = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+                         (self.max_length, self.emb_dim), jnp.float32)
+      x = x + jnp.take(table, positions, axis=0)[None]
+    elif self.pos_encoding != 'none':
+      raise ValueError(f"pos_encoding must be 'sinusoidal', 'learned' or 'none', "
+                       f'got {self.pos_encoding!r}')
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic).astype(self.dtype)
+    bias = None
+    if bool(attention.get('rpe')) or spec.requires_position_bias:
+      if not spec.supports_position_bias:
+        raise ValueError(f"attention kind {attention['kind']!r} does not support a relative-position "
+                         'bias (rpe=True)')
+      bias = RelativePositionBias(self.num_heads, name='position_bias')(self.max_length)
+    for i in range(self.num_layers):
+      x = DecoderBlock(self.num_heads, self.qkv_dim, self.mlp_dim, attention, self.max_length,
+                       dropout_rate=self.dropout_rate, decode=self.decode, dtype=self.dtype,
+                       name=f'block_{i}')(x, mask=mask, step=step, deterministic=deterministic,
+                                          position_bias=bias)
+    x = nn.LayerNorm(dtype=self.dtype, name='final_norm')(x).astype(jnp.float32)
+    if self.tie_embeddings:
+      return embed.attend(x)
+    return nn.Dense(self.vocab_size, name='lm_head')(x)
+
+
+def next_token_loss(logits: Array, targets: Array) -> tuple[Array, Array, Array]:
+  """Per-token cross-entropy, correctness and weights; weight 0 where ``targets == 0`` (padding or, in
+  recall tasks, positions that are not queries). Each ``[B, L]`` float32."""
+  weights = (targets != 0).astype(jnp.float32)
+  losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
+  correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+  return losses * weights, correct * weights, weights
+
+
+def init_cache(model: Decoder, batch_size: int) -> dict:
+  """An all-zero ``cache`` collection for ``model.clone(decode=True)`` (shapes only; no compute)."""
+  dec = model.clone(decode=True)
+  shapes = jax.eval_shape(
+      lambda: dec.init({'params': jax.random.key(0), 'features': jax.random.key(0)},
+                       jnp.ones((batch_size, 1), jnp.int32)))['cache']
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def decode_step(model: Decoder, params, cache, tokens, *, features_key) -> tuple[Array, dict]:
+  """Logits of the next token after ``tokens [B, 1]`` and the updated cache."""
+  logits, new = model.clone(decode=True).apply(
+      {'params': params, 'cache': cache}, tokens, rngs={'features': features_key},
+      mutable=['cache'])
+  return logits[:, 0], new['cache']
+
+
+def teacher_forced_logits(model: Decoder, params, tokens, *, features_key) -> Array:
+  """Step-by-step logits ``[B, L, V]`` for given ``tokens [B, L]`` (lax.scan over decode steps)."""
+  cache = init_cache(model, tokens.shape[0])
+
+  def body(c, tok):
+    logits, c = decode_step(model, params, c, tok[:, None], features_key=features_key)
+    return c, logits
+
+  _, logits = jax.lax.scan(body, cache, jnp.swapaxes(tokens, 0, 1))
+  return jnp.swapaxes(logits, 0, 1)
+
+
+def generate(model: Decoder, params, prompt, num_tokens: int, *, features_key) -> Array:
+  """Greedy continuation: ``prompt [B, P]`` -> ``[B, num_tokens]`` new tokens, one step per token."""
+  cache = init_cache(model, prompt.shape[0])
+
+  def feed(c, tok):
+    logits, c = decode_step(model, params, c, tok[:, None], features_key=features_key)
+    return c, logits
+
+  cache, logits = jax.lax.scan(feed, cache, jnp.swapaxes(prompt, 0, 1))
+  first = jnp.argmax(logits[-1], -1).astype(prompt.dtype)
+
+  def body(carry, _):
+    c, tok = carry
+    lg, c = decode_step(model, params, c, tok[:, None], features_key=features_key)
+    nxt = jnp.argmax(lg, -1).astype(tok.dtype)
+    return (c, nxt), tok
+
+  _, out = jax.lax.scan(body, (cache, first), None, length=num_tokens)
+  return jnp.swapaxes(out, 0, 1)
+
+
+def build_decoder(model_config, info) -> Decoder:
+  """The Decoder for ``config.model`` and a language-model ``TaskInfo`` (the trainer's entry point)."""
+  from kernelformer.training.trainer import DTYPES  # pylint: disable=g-import-not-at-top
+  m = model_config
+  attention = m.attention.to_dict() if hasattr(m.attention, 'to_dict') else dict(m.attention)
+  check_causal(attention['kind'])
+  if m.dtype not in DTYPES:
+    raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
+  tie = bool(m.get('tie_embeddings', True))
+  return Decoder(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
+                 num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
+                 max_length=info.max_length, dropout_rate=m.dropout_rate,
+                 pos_encoding=m.pos_encoding, tie_embeddings=tie, dtype=DTYPES[m.dtype])
