@@ -17,12 +17,23 @@ Kernels (grids; every tile below lives on chip, nothing of size ``L x M`` reache
   ``z = sum_j phi(k_j) [M]``; padded keys contribute nothing. The ``splits_k`` partial states are merged
   by XLA (they are ``O(M dv)`` each). (2) ``_fwd_q_kernel``, grid ``(B, H, query chunks)``:
   ``out_i = phi(q_i) S / phi(q_i).z``.
-* causal forward. ``_fwd_causal_kernel``, grid ``(B, H)``: the chunked form (attention-facts 4) -- for
-  chunk t, ``phi(Q_t) S_{<t}`` plus the masked ``C x C`` product ``tril(phi(Q_t) phi(K_t)^T) V_t``, then
-  ``S += phi(K_t)^T V_t``. A running state, not a position-by-position scan.
+* causal forward, chunk-parallel (issue 17; the structure of flash-linear-attention's chunked
+  kernels). The padded length is cut into ``P = ceil(L / (C G))`` segments of G chunks of C rows
+  (defaults C = 64, G = 4; ``num_splits`` sets P). (1) ``_fwd_kv_kernel``, grid ``(B, H, P)``: each
+  segment's key state ``S_s, z_s`` relative to its running max; (2) ``_segment_scan`` (XLA,
+  ``lax.associative_scan``, depth log P): exclusive prefixes ``S_{<s}`` with the flash-style merge
+  ``(S_a, m_a) + (S_b, m_b) = (S_a e^{m_a - m} + S_b e^{m_b - m}, m = max)``; (3) ``_fwd_causal_kernel``,
+  grid ``(B, H, P)``: the chunked form (attention-facts 4) over its G chunks, starting from ``S_{<s}``
+  -- for chunk t, ``phi(Q_t) S_{<t}`` plus the masked ``C x C`` product
+  ``tril(phi(Q_t) phi(K_t)^T) V_t``, then ``S += phi(K_t)^T V_t``. **The grid is B * H * ceil(L / (C G))
+  programs: it grows linearly with L** (B=4, H=8, L=16K: 2048 programs of 256 rows; P = 1 is the
+  one-program-per-(b, h) scan). The shift of every chunk (running max) equals the sequential scan's.
 * backward (``jax.custom_vjp``), recomputing features. Bidirectional: a query kernel (``dq``, and the
-  partial sums ``dS, dz`` and ``dW`` over its queries) and a key kernel (``dk, dv`` and ``dW``). Causal:
-  a forward scan for ``dq`` (prefix states) and a reverse scan for ``dk, dv`` (suffix states).
+  partial sums ``dS, dz`` and ``dW`` over its queries) and a key kernel (``dk, dv`` and ``dW``). Causal,
+  both on grid ``(B, H, P)``: a forward scan per segment for ``dq`` from the forward's segment prefix
+  (also returning the segment's query sums ``sum phi(Q)^T gN``, ``sum phi(Q)^T gD``), an exclusive
+  suffix ``_segment_scan`` of those, and a reverse scan per segment for ``dk, dv`` from that suffix.
+  Extra memory: the segment states, ``B H P M dv`` floats (residuals of the backward).
 
 Stabilizer (why it cancels). With ``l_r(x)`` the log-magnitude of feature r (``w_r.x - |x|^2/2`` for exp,
 ``|x|^2/2`` for trig), keys are shifted per feature by a running max ``beta_r`` over the valid keys seen
@@ -94,6 +105,7 @@ _MIN_TILE = 16                      # Triton's smallest dot operand side
 _TARGET_PROGRAMS = 256              # split heuristic: about two waves on a 132-SM GPU (not tuned)
 _DEFAULT_BLOCK = 128
 _DEFAULT_CHUNK = 64                 # causal chunk (attention-facts: chunked causal measured at C = 64)
+_CAUSAL_CHUNKS_PER_PROGRAM = 4      # causal segment G (chunks per program): grid B*H*ceil(L/(C*G))
 # ``pl.squeezed`` (newer JAX) and ``None`` (older) both mean "block of size 1, dimension dropped".
 _SQ = getattr(pl, 'squeezed', None)
 _HIGHEST = lax.Precision.HIGHEST
@@ -305,8 +317,12 @@ def _fwd_q_kernel(cfg: _Config, q_ref, w_ref, th_ref, s_ref, beta_ref, kv_ref, k
 
 
 def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_ref, sq_ref, sk_ref,
-                       o_ref, den_ref, m_ref):
-  """Chunked causal linear attention for one (b, h); stores the running max of every chunk."""
+                       kv0_ref, ks0_ref, m0_ref, o_ref, den_ref, m_ref):
+  """Chunked causal linear attention over one segment of one (b, h); stores every chunk's running max.
+
+  The scan starts from the segment's prefix state ``(kv0, ks0)`` relative to ``m0`` (the keys of all
+  earlier segments, merged by ``_segment_scan``; zeros and ``_NEG`` for the first segment).
+  """
   w, theta = _proj_params(w_ref, th_ref)
   sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
   c = cfg.block_k
@@ -340,8 +356,8 @@ def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_re
     ks = ks + jnp.sum(tk.phi, axis=0)
     return kv, ks, m_new
 
-  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
-          jnp.full((nm,), _NEG, jnp.float32))
+  del dv
+  init = (kv0_ref[...], ks0_ref[...], m0_ref[...])
   lax.fori_loop(0, n_chunks, body, init)
 
 
@@ -418,8 +434,14 @@ def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, be
 
 
 def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, g_ref,
-                         w_ref, th_ref, sq_ref, sk_ref, m_ref, dq_ref, dw_ref, ds_ref):
-  """Causal backward, forward scan: ``dphi(q_i) = S_i gN_i + z_i gD_i`` with prefix states."""
+                         w_ref, th_ref, sq_ref, sk_ref, m_ref, kv0_ref, ks0_ref, m0_ref,
+                         dq_ref, dw_ref, ds_ref, pkv_ref, pks_ref):
+  """Causal backward, forward scan over one segment: ``dphi(q_i) = S_i gN_i + z_i gD_i``.
+
+  Starts from the forward's segment prefix ``(kv0, ks0, m0)``. Also returns the segment's query-side
+  sums for the key kernels' suffix states, relative to its first chunk's shift ``m_a``:
+  ``P = sum_t exp(m_a - m_t) phi(Q_t)^T gN_t`` and ``p = sum_t exp(m_a - m_t) phi(Q_t)^T gD_t``.
+  """
   w, theta = _proj_params(w_ref, th_ref)
   sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
   c = cfg.block_k
@@ -428,8 +450,10 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
   d = q_ref.shape[-1]
   tril = _tril(c)
 
+  m_first = m_ref[0, :]
+
   def body(t, carry):
-    kv, ks, m_prev, dw, ds = carry
+    kv, ks, m_prev, dw, ds, pkv, pks = carry
     sl = pl.ds(pl.multiple_of(t * c, c), c)
     xq = q_ref[sl, :].astype(jnp.float32)
     xk = k_ref[sl, :].astype(jnp.float32)
@@ -448,23 +472,32 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     dq_ref[sl, :] = dx.astype(dq_ref.dtype)
     kv = kv + _dot(cfg, tk.phi, vt, 'tn')
     ks = ks + jnp.sum(tk.phi, axis=0)
+    back = jnp.exp(m_first - m_t)       # <= 1: chunk t's query sums relative to the segment's start
+    pkv = pkv + back[:, None] * _dot(cfg, tq.phi, gn, 'tn')
+    pks = pks + back * jnp.sum(tq.phi * gd[:, None], axis=0)
     if cfg.projected:
       dw = dw + dw_t
-    return kv, ks, m_t, dw, ds + ds_t
+    return kv, ks, m_t, dw, ds + ds_t, pkv, pks
 
-  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
-          jnp.full((nm,), _NEG, jnp.float32),
+  init = (kv0_ref[...], ks0_ref[...], m0_ref[...],
           jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
-          jnp.zeros((nm,), jnp.float32))
-  _, _, _, dw, ds = lax.fori_loop(0, n_chunks, body, init)
+          jnp.zeros((nm,), jnp.float32),
+          jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32))
+  _, _, _, dw, ds, pkv, pks = lax.fori_loop(0, n_chunks, body, init)
+  pkv_ref[...] = pkv
+  pks_ref[...] = pks
   if cfg.projected:
     dw_ref[...] = dw
     ds_ref[...] = ds
 
 
 def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, g_ref,
-                         w_ref, th_ref, sq_ref, sk_ref, m_ref, dk_ref, dv_ref, dw_ref, ds_ref):
-  """Causal backward, reverse scan: ``dphi(k_j) = R_j v_j + r_j``, ``dv_j = R_j^T phi(k_j)``.
+                         w_ref, th_ref, sq_ref, sk_ref, m_ref, rkv0_ref, rks0_ref, mnext_ref,
+                         dk_ref, dv_ref, dw_ref, ds_ref):
+  """Causal backward, reverse scan over one segment: ``dphi(k_j) = R_j v_j + r_j``, ``dv_j = R_j^T phi(k_j)``.
+
+  Starts from the suffix state of all later segments ``(rkv0, rks0)``, relative to ``mnext`` (the shift
+  of the next segment's first chunk; zeros for the last segment).
 
   ``R_j = sum_{i >= j} phi(q_i) gN_i^T`` and ``r_j = sum_{i >= j} phi(q_i) gD_i`` are suffix states kept
   relative to the current chunk's key shift: stepping from chunk t+1 back to t rescales them by
@@ -507,8 +540,8 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
       dw = dw + dw_t
     return r_kv, r_ks, m_t, dw, ds + ds_t
 
-  init = (jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32),
-          m_ref[n_chunks - 1, :],
+  del dv
+  init = (rkv0_ref[...], rks0_ref[...], mnext_ref[...],
           jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
           jnp.zeros((nm,), jnp.float32))
   _, _, _, dw, ds = lax.fori_loop(0, n_chunks, body, init)
@@ -627,27 +660,85 @@ def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   return out, (q, k, v, w, theta, sq, sk, mask, out, den, beta, kv, ks)
 
 
+def _merge(a, b):
+  """Associative merge of two states kept relative to per-feature references (value = X exp(ref)).
+
+  ``(S, z, r)`` stands for ``S exp(r)`` row-wise: both go to the larger reference with factors
+  ``exp(r_a - r) <= 1`` (flash-attention's rescaling, as a prefix-scan operator).
+  """
+  kva, ksa, ra = a
+  kvb, ksb, rb = b
+  r = jnp.maximum(ra, rb)
+  sa, sb = jnp.exp(ra - r), jnp.exp(rb - r)
+  return kva * sa[..., None] + kvb * sb[..., None], ksa * sa + ksb * sb, r
+
+
+def _segment_scan(kv, ks, ref, reverse: bool = False):
+  """Exclusive prefix (``reverse``: suffix) over segments (axis 2) of ``_merge``; log-depth in XLA.
+
+  Segment s gets the merge of segments ``< s`` (``> s``); the first (last) gets zeros with reference
+  ``_NEG``.
+  """
+  inc = lax.associative_scan(_merge, (kv, ks, ref), axis=2, reverse=reverse)
+  ident = (jnp.zeros_like(kv[:, :, :1]), jnp.zeros_like(ks[:, :, :1]),
+           jnp.full_like(ref[:, :, :1], _NEG))
+  if reverse:
+    return tuple(jnp.concatenate([x[:, :, 1:], i], axis=2) for x, i in zip(inc, ident))
+  return tuple(jnp.concatenate([i, x[:, :, :-1]], axis=2) for x, i in zip(inc, ident))
+
+
+def _causal_segments(cfg: _Config, length: int) -> tuple[int, int]:
+  """``(segments, chunks per segment)`` of a padded causal length."""
+  return length // (cfg.block_k * cfg.inner_k), cfg.inner_k
+
+
 def _forward_causal(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
+  """Chunk-parallel causal forward: segment states, a prefix over segments, segment outputs.
+
+  (1) ``_fwd_kv_kernel`` on grid (B, H, P) -- P segments of G chunks -- gives each segment's key state
+  relative to its own running max; (2) ``_segment_scan`` merges them into exclusive prefixes;
+  (3) ``_fwd_causal_kernel`` on grid (B, H, P) runs the chunked form over its segment from its prefix.
+  With P = 1 (1) and (2) are skipped.
+  """
   b, length, h, d = q.shape
   dv = v.shape[-1]
   nm = sq.shape[-1]
-  n_chunks = length // cfg.block_k
+  n_seg, inner = _causal_segments(cfg, length)
+  rows = cfg.block_k * inner
   w_in = w if cfg.projected else None
   th_in = theta if cfg.projected else None
+  if n_seg > 1:
+    kv_p, ks_p, m_p = _pallas(
+        cfg, _fwd_kv_kernel, 'feature_attention_fwd_causal_states', (b, h, n_seg),
+        [(k, (None, rows, None, d), lambda i, j, s: (i, s, j, 0)),
+         (v, (None, rows, None, dv), lambda i, j, s: (i, s, j, 0)),
+         (mask, (None, rows), lambda i, j, s: (i, s)),
+         *_param_ins(w_in, th_in, sk, 1)],
+        [(_f32((b, h, n_seg, nm, dv)), (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
+         (_f32((b, h, n_seg, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
+         (_f32((b, h, n_seg, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0))])
+    kv0, ks0, m0 = _segment_scan(kv_p, ks_p, m_p)
+  else:
+    kv0 = jnp.zeros((b, h, 1, nm, dv), jnp.float32)
+    ks0 = jnp.zeros((b, h, 1, nm), jnp.float32)
+    m0 = jnp.full((b, h, 1, nm), _NEG, jnp.float32)
+  seq = lambda width: (None, rows, None, width)
   out, den, m = _pallas(
-      cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h),
-      [(q, (None, length, None, d), lambda i, j: (i, 0, j, 0)),
-       (k, (None, length, None, d), lambda i, j: (i, 0, j, 0)),
-       (v, (None, length, None, dv), lambda i, j: (i, 0, j, 0)),
-       (mask, (None, length), lambda i, j: (i, 0)),
+      cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h, n_seg),
+      [(q, seq(d), lambda i, j, s: (i, s, j, 0)),
+       (k, seq(d), lambda i, j, s: (i, s, j, 0)),
+       (v, seq(dv), lambda i, j, s: (i, s, j, 0)),
+       (mask, (None, rows), lambda i, j, s: (i, s)),
        *_param_ins(w_in, th_in, sq, 1)[:2],
-       (sq, (None, nm), lambda i, j: (j, 0)),
-       (sk, (None, nm), lambda i, j: (j, 0))],
-      [(jax.ShapeDtypeStruct((b, length, h, dv), v.dtype), (None, length, None, dv),
-        lambda i, j: (i, 0, j, 0)),
-       (_f32((b, length, h)), (None, length, None), lambda i, j: (i, 0, j)),
-       (_f32((b, h, n_chunks, nm)), (None, None, n_chunks, nm), lambda i, j: (i, j, 0, 0))])
-  return out, (q, k, v, w, theta, sq, sk, mask, out, den, m, None, None)
+       (sq, (None, nm), lambda i, j, s: (j, 0)),
+       (sk, (None, nm), lambda i, j, s: (j, 0)),
+       (kv0, (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
+       (ks0, (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
+       (m0, (None, None, None, nm), lambda i, j, s: (i, j, s, 0))],
+      [(jax.ShapeDtypeStruct((b, length, h, dv), v.dtype), seq(dv), lambda i, j, s: (i, s, j, 0)),
+       (_f32((b, length, h)), (None, rows, None), lambda i, j, s: (i, s, j)),
+       (_f32((b, h, n_seg * inner, nm)), (None, None, inner, nm), lambda i, j, s: (i, j, s, 0))])
+  return out, (q, k, v, w, theta, sq, sk, mask, out, den, m, (kv0, ks0, m0), None)
 
 
 def _backward(cfg: _Config, res, g):
@@ -662,36 +753,54 @@ def _backward(cfg: _Config, res, g):
   g = g.astype(v.dtype) if g.dtype != v.dtype else g
 
   if cfg.causal:
-    n_chunks = lq // cfg.block_k
+    n_seg, inner = _causal_segments(cfg, lq)
+    rows = cfg.block_k * inner
+    kv0, ks0, m0 = kv
+    seq = lambda width: (None, rows, None, width)
+    at_seq = lambda i, j, s: (i, s, j, 0)
+    state = lambda width: ((None, None, None, nm) + ((width,) if width else ()),
+                           (lambda i, j, s: (i, j, s, 0, 0)) if width else
+                           (lambda i, j, s: (i, j, s, 0)))
     common = [
-        (q, (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
-        (k, (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
-        (v, (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
-        (mask, (None, lq), lambda i, j: (i, 0)),
-        (out, (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
-        (den, (None, lq, None), lambda i, j: (i, 0, j)),
-        (g, (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
+        (q, seq(d), at_seq), (k, seq(d), at_seq), (v, seq(dv), at_seq),
+        (mask, (None, rows), lambda i, j, s: (i, s)),
+        (out, seq(dv), at_seq),
+        (den, (None, rows, None), lambda i, j, s: (i, s, j)),
+        (g, seq(dv), at_seq),
         *_param_ins(w_in, th_in, sq, 1)[:2],
-        (sq, (None, nm), lambda i, j: (j, 0)),
-        (sk, (None, nm), lambda i, j: (j, 0)),
-        (shift, (None, None, n_chunks, nm), lambda i, j: (i, j, 0, 0))]
+        (sq, (None, nm), lambda i, j, s: (j, 0)),
+        (sk, (None, nm), lambda i, j, s: (j, 0)),
+        (shift, (None, None, inner, nm), lambda i, j, s: (i, j, s, 0))]
     proj_only = (lambda x: x) if cfg.projected else (lambda x: None)
-    param_outs = [(proj_only(_f32((b, h, nm, d))), (None, None, nm, d), lambda i, j: (i, j, 0, 0)),
-                  (proj_only(_f32((b, h, nm))), (None, None, nm), lambda i, j: (i, j, 0))]
+    param_outs = [(proj_only(_f32((b, h, n_seg, nm, d))), *state(d)),
+                  (proj_only(_f32((b, h, n_seg, nm))), *state(0))]
     q_outs = _pallas(
-        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h), common,
-        [(jax.ShapeDtypeStruct(q.shape, q.dtype), (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
-         *param_outs])
+        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h, n_seg),
+        common + [(kv0, *state(dv)), (ks0, *state(0)), (m0, *state(0))],
+        [(jax.ShapeDtypeStruct(q.shape, q.dtype), seq(d), at_seq), *param_outs,
+         (_f32((b, h, n_seg, nm, dv)), *state(dv)), (_f32((b, h, n_seg, nm)), *state(0))])
+    # Suffix states for the key kernels: segment s's query sums are relative to its first chunk's
+    # shift; merged over later segments (references -shift: a query carries +shift); segment s's
+    # reverse scan starts relative to the next segment's first shift.
+    m_seg = shift.reshape(b, h, n_seg, inner, nm)
+    first, last = m_seg[:, :, :, 0], m_seg[:, :, -1:, -1]
+    m_next = jnp.concatenate([first[:, :, 1:], last], axis=2)
+    if n_seg > 1:
+      # The merged reference is max_{u > s}(-first_u) = -first_{s+1} = -m_next (shifts never decrease),
+      # so the suffix is already relative to m_next: no rescaling (the last segment's is zero).
+      r_kv, r_ks, _ = _segment_scan(q_outs[3], q_outs[4], -first, reverse=True)
+    else:
+      r_kv, r_ks = jnp.zeros_like(q_outs[3]), jnp.zeros_like(q_outs[4])
     k_outs = _pallas(
-        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h), common,
-        [(jax.ShapeDtypeStruct(k.shape, k.dtype), (None, lq, None, d), lambda i, j: (i, 0, j, 0)),
-         (jax.ShapeDtypeStruct(v.shape, v.dtype), (None, lq, None, dv), lambda i, j: (i, 0, j, 0)),
-         *param_outs])
+        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h, n_seg),
+        common + [(r_kv, *state(dv)), (r_ks, *state(0)), (m_next, *state(0))],
+        [(jax.ShapeDtypeStruct(k.shape, k.dtype), seq(d), at_seq),
+         (jax.ShapeDtypeStruct(v.shape, v.dtype), seq(dv), at_seq), *param_outs])
     dq, dk, dvv = q_outs[0], k_outs[0], k_outs[1]
     if not cfg.projected:
       return dq, dk, dvv, None, None, None, None, None
-    dw = jnp.sum(q_outs[1] + k_outs[2], axis=0)
-    dsq, dsk = jnp.sum(q_outs[2], axis=0), jnp.sum(k_outs[3], axis=0)
+    dw = jnp.sum(q_outs[1] + k_outs[2], axis=(0, 2))
+    dsq, dsk = jnp.sum(q_outs[2], axis=(0, 2)), jnp.sum(k_outs[3], axis=(0, 2))
     return dq, dk, dvv, dw.astype(w.dtype), None, dsq, dsk, None
 
   beta = shift
@@ -783,6 +892,21 @@ def _splits(n_chunks: int, bh: int, requested: Optional[int]) -> tuple[int, int]
   return -(-n_chunks // inner), inner
 
 
+def _causal_split(n_chunks: int, requested: Optional[int]) -> tuple[int, int]:
+  """``(segments P, chunks per segment G)`` of the chunk-parallel causal kernels.
+
+  Default ``G = _CAUSAL_CHUNKS_PER_PROGRAM`` (so P = ceil(L / (C G)) grows with L); ``requested`` P
+  instead gives ``G = ceil(N / P)``. P = 1 is the sequential single-program scan.
+  """
+  if requested is not None and requested < 1:
+    raise ValueError(f'num_splits must be >= 1; got {requested}')
+  if requested is None:
+    inner = min(_CAUSAL_CHUNKS_PER_PROGRAM, n_chunks)
+  else:
+    inner = -(-n_chunks // min(requested, n_chunks))
+  return -(-n_chunks // inner), inner
+
+
 def _pad_axis(x: Array, axis: int, size: int) -> Array:
   if x.shape[axis] == size:
     return x
@@ -829,8 +953,10 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
     causal: position i attends to keys j <= i.
     block_q: query rows per tile (bidirectional); a power of two >= 16.
     block_k: key rows per tile; with ``causal`` the chunk length (block_q, if given, must match).
-    num_splits: programs per (batch, head) in the bidirectional reductions over keys (forward and
-      backward) and queries (backward); None = a heuristic aiming at ~256 programs.
+    num_splits: programs per (batch, head). Bidirectional: in the reductions over keys (forward and
+      backward) and queries (backward); None = a heuristic aiming at ~256 programs. Causal: the number
+      of segments P the length is cut into (chunk-parallel kernels, grid ``(B, H, P)``); None =
+      ``ceil(L / (block_k * 4))``, so the grid grows with L; 1 = one sequential scan per (b, h).
     interpret: run the kernels in Pallas interpret mode; None = interpret unless the default backend
       is a GPU.
     eps: normalizer guard of linear.safe_normalizer.
@@ -871,8 +997,9 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
                        f'block_k={block_k}')
     chunk = block_k or block_q or _default_block(lq, _DEFAULT_CHUNK)
     block_q = block_k = _check_block('block_k', chunk)
-    lq_pad = lk_pad = -(-lq // chunk) * chunk
-    inner_q = inner_k = 1
+    segments, inner_k = _causal_split(-(-lq // chunk), num_splits)
+    lq_pad = lk_pad = segments * inner_k * chunk
+    inner_q = inner_k
   else:
     block_q = _check_block('block_q', block_q or _default_block(lq, _DEFAULT_BLOCK))
     block_k = _check_block('block_k', block_k or _default_block(lk, _DEFAULT_BLOCK))
