@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Callable
+from typing import Callable, Optional
 
 from absl import app, flags
 
@@ -65,7 +65,9 @@ def user_error_types() -> tuple[type, ...]:
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   from kernelformer.training import sharding  # pylint: disable=g-import-not-at-top
-  return (lra_tasks.DataError, registry.UnknownKernelError, sharding.ShardingError)
+  from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
+  return (lra_tasks.DataError, registry.UnknownKernelError, sharding.ShardingError,
+          validate.ConfigError, validate.WorkdirError)
 
 
 def run(get_config: Callable, workdir: str) -> dict:
@@ -89,9 +91,82 @@ def _is_config_override_error(exc: BaseException) -> bool:
   return any('ml_collections' in frame.filename or 'absl/flags' in frame.filename for frame in tb)
 
 
+def _one_line(text) -> str:
+  return ' '.join(str(text).split())
+
+
+def _usage_error(message: str) -> None:
+  print(f'error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
+def _flag_value(argv: list, name: str) -> Optional[str]:
+  for i, a in enumerate(argv[1:], start=1):
+    if a.startswith(f'--{name}='):
+      return a[len(name) + 3:]
+    if a == f'--{name}' and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def overridden_fields(argv: list) -> list[str]:
+  """Dotted paths of the ``--config.<path>[=value]`` overrides in ``argv``."""
+  return [a.split('=', 1)[0][len(p):] for a in argv[1:] for p in ('--config.', '--noconfig.')
+          if a.startswith(p)]
+
+
+def parse_flags_one_line(argv: list, flag_values=None) -> list:
+  """``app.run``'s flags parser, with every parse error as one line and exit 2: a missing config file,
+  one that fails to import (file:line), an unknown preset, a mistyped or misspelled ``--config.*``
+  override, an unknown flag. Then the attention options given on the command line are checked against
+  the chosen kind (``validate.check_attention_overrides``)."""
+  fv = flags.FLAGS if flag_values is None else flag_values
+  spec = _flag_value(argv, 'config')
+  path = os.path.abspath(spec.rpartition(':')[0] if spec and ':' in spec and not
+                         spec.endswith('.py') else spec) if spec else None
+  try:
+    rest = fv(argv)
+  except flags.Error as e:
+    lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
+    if 'Error whilst parsing config file' in str(e) and lines:
+      _usage_error(f'--config {spec}: {lines[-1]}')  # get_config raised, e.g. an unknown preset
+    _usage_error(_one_line(e))
+  except Exception as e:  # pylint: disable=broad-except
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if path and os.path.abspath(f.filename) == path]
+    if frames:
+      _usage_error(f'config file {frames[-1].filename}:{frames[-1].lineno} failed to load: '
+                   f'{type(e).__name__}: {_one_line(e)}')
+    if isinstance(e, SyntaxError) and path and e.filename and os.path.abspath(e.filename) == path:
+      _usage_error(f'config file {e.filename}:{e.lineno} failed to load: SyntaxError: {e.msg}')
+    if isinstance(e, AttributeError) and 'get_config' in str(e) and path:
+      _usage_error(f'config file {path} defines no get_config() (a config file returns its '
+                   'ConfigDict from get_config([preset]))')
+    if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)) and \
+        _is_config_override_error(e):
+      msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+      while isinstance(msg, str) and len(msg) >= 2 and msg[0] in '\'"' and msg[-1] == msg[0]:
+        msg = msg[1:-1].replace("\\'", "'").replace('\\n', ' ')  # KeyError quotes its message
+      _usage_error(f'config: {_one_line(msg)} -- check the --config.* overrides against the fields '
+                   'of the config file (they are locked: no new fields)')
+    raise
+  if 'config' in fv:
+    config = fv['config'].value
+    try:
+      is_config = hasattr(config, 'to_dict')
+    except OSError as e:  # ml_collections defers a failed load to the first access
+      _usage_error(f'--config {spec}: {_one_line(e.__cause__ or e)}')
+    if not is_config:
+      _usage_error(f'--config {spec}: get_config() returned {type(config).__name__}, not an '
+                   'ml_collections.ConfigDict')
+    from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
+    validate.check_attention_overrides(config, overridden_fields(argv))
+  return rest
+
+
 def main_with_clean_errors(main: Callable) -> None:
   try:
-    app.run(main)
+    app.run(main, flags_parser=parse_flags_one_line)
   except SystemExit:
     raise
   except BaseException as e:  # pylint: disable=broad-except

@@ -1,0 +1,383 @@
+"""Everything a user can get wrong, checked before a run creates or compiles anything.
+
+``validate_run(config, workdir)`` is the first thing ``trainer.train_and_evaluate`` does:
+
+* ``validate_config``: every field's type and range, the task, the attention kind and its options
+  (types, values, relative-position-bias support, fused-kernel support), the model's shape constraints
+  (``qkv_dim`` divisible by ``num_heads``), the batch against the devices and ``grad_accum_steps``.
+* ``validate_workdir``: the workdir is (or can become) a writable directory on a disk with room for a
+  checkpoint. Nothing is created: the write probe goes into the nearest existing directory and is
+  removed at once, so a refused run leaves an existing workdir byte-identical.
+* ``check_data``: the task's data files that are already on disk are read (the task modules cache what
+  they read, so the trainer does not read them again) and every fault is a ``lra_tasks.DataError`` naming
+  the file and line. Missing files that the task cannot make are reported now, not after compiling.
+
+Each failure raises an exception whose message is one line naming the field (or path), the bad value and
+what is valid; ``cli`` prints it and exits non-zero without a traceback.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import shutil
+import tempfile
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import lra_tasks
+from kernelformer import registry
+from kernelformer.training import sharding
+
+
+class ConfigError(ValueError):
+  """A config field with a wrong type, an out-of-range value or an impossible combination (one line)."""
+
+
+class WorkdirError(ValueError):
+  """A workdir that cannot hold a run: a file, not writable, or on a disk without room (one line)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Field rules.
+
+_INT, _FLOAT, _BOOL, _STR = 'an integer', 'a number', 'true or false', 'a string'
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _fail(field: str, value: Any, valid: str) -> None:
+  raise ConfigError(f'config.{field}={value!r} is invalid: must be {valid}')
+
+
+def _get(config: Any, field: str) -> Any:
+  node = config
+  for part in field.split('.'):
+    try:
+      node = node[part] if not hasattr(node, part) else getattr(node, part)
+    except (KeyError, AttributeError, TypeError):
+      raise ConfigError(f'config.{field} is missing: the config file must define it '
+                        f'(see configs/common.py)') from None
+  return node
+
+
+def _check_int(config: Any, field: str, low: int, *, allow_none: bool = False) -> Optional[int]:
+  v = _get(config, field)
+  if v is None and allow_none:
+    return None
+  if not _is_int(v):
+    _fail(field, v, f'{_INT} >= {low}')
+  if v < low:
+    _fail(field, v, f'an integer >= {low}')
+  return int(v)
+
+
+def _check_float(config: Any, field: str, *, low: float, low_open: bool, high: float = math.inf,
+                 high_open: bool = True) -> float:
+  v = _get(config, field)
+  lo = '(' if low_open else '['
+  hi = ')' if high_open else ']'
+  rng = f'{lo}{low:g}, {high:g}{hi}' if high != math.inf else (
+      f'> {low:g}' if low_open else f'>= {low:g}')
+  if not _is_number(v) or not math.isfinite(float(v)):
+    _fail(field, v, f'a finite number {rng}' if high == math.inf else f'a finite number in {rng}')
+  x = float(v)
+  if (x <= low if low_open else x < low) or (x >= high if high_open else x > high):
+    _fail(field, v, f'a number {rng}' if high == math.inf else f'a number in {rng}')
+  return x
+
+
+def _check_choice(config: Any, field: str, choices: Sequence[Any]) -> Any:
+  v = _get(config, field)
+  if v not in choices or isinstance(v, bool) != any(isinstance(c, bool) for c in choices):
+    _fail(field, v, 'one of ' + ', '.join(repr(c) for c in choices))
+  return v
+
+
+def _check_bool(config: Any, field: str) -> bool:
+  v = _get(config, field)
+  if not isinstance(v, bool):
+    _fail(field, v, _BOOL)
+  return v
+
+
+def _check_str(config: Any, field: str, *, nonempty: bool = True) -> str:
+  v = _get(config, field)
+  if not isinstance(v, str) or (nonempty and not v):
+    _fail(field, v, 'a non-empty string' if nonempty else _STR)
+  return v
+
+
+# Attention options: the rule for each option a mechanism may read (``registry.option_names``).
+# (kind of value, check, what is valid); None always means "the mechanism's own default".
+_OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    'num_features': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'redraw_every': (lambda v: _is_int(v) and v >= 0, 'an integer >= 0 (0 = never redraw)'),
+    'num_mixture_components': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'covariance': (lambda v: v in ('full', 'diag'), "one of 'full', 'diag'"),
+    'fastfood_variant': (lambda v: v in ('fixed', 's', 'sgb'), "one of 'fixed', 's', 'sgb'"),
+    'normalize_qk': (lambda v: isinstance(v, bool), _BOOL),
+    'chunk_size': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'feature_eps': (lambda v: _is_number(v) and math.isfinite(v) and v > 0, 'a finite number > 0'),
+    'share_heads': (lambda v: isinstance(v, bool), _BOOL),
+    'impl': (lambda v: v in ('auto', 'pallas', 'xla'), "one of 'auto', 'pallas', 'xla'"),
+    'linformer_k': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'max_length': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'num_landmarks': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'num_iterations': (lambda v: _is_int(v) and v >= 1, 'an integer >= 1'),
+    'gamma': (lambda v: _is_number(v) and math.isfinite(v) and v > 0, 'a finite number > 0'),
+    'attention_dropout': (lambda v: _is_number(v) and 0.0 <= v < 1.0, 'a number in [0, 1)'),
+    'implementation': (lambda v: v in ('xla', 'cudnn'), "one of 'xla', 'cudnn' (or unset)"),
+}
+
+POOLINGS = ('cls', 'mean')
+POS_ENCODINGS = ('sinusoidal', 'learned', 'none')
+DTYPES = ('float32', 'bfloat16')
+
+
+def _check_attention(config: Any) -> None:
+  attention = _get(config, 'model.attention')
+  kind = _check_str(config, 'model.attention.kind')
+  if attention.get('plugin'):
+    from kernelformer import plugins  # pylint: disable=g-import-not-at-top
+    plugins.load(attention.get('plugin'))  # the user's kernels register before the name is looked up
+  spec = registry.get(kind)  # UnknownKernelError lists the valid kinds
+  rpe = _check_bool(config, 'model.attention.rpe')
+  if (rpe or spec.requires_position_bias) and not spec.supports_position_bias:
+    kinds = ', '.join(s.name for s in registry.specs() if s.supports_position_bias)
+    raise ConfigError(f'config.model.attention.rpe=True is invalid for kind {spec.name!r}, which '
+                      f'takes no relative-position bias; kinds that do: {kinds}')
+  for name in registry.option_names(spec.name):
+    if name not in attention:
+      continue
+    v = attention[name]
+    if v is None:
+      continue
+    check, valid = _OPTION_RULES.get(name, (None, ''))
+    if check is not None and not check(v):
+      _fail(f'model.attention.{name}', v, f'{valid} (for kind {spec.name!r})')
+  impl = attention.get('impl') if 'impl' in registry.option_names(spec.name) else None
+  if impl == 'pallas':
+    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
+    component = spec.fixed.get('component')
+    fused = getattr(random_features, 'PALLAS_FEATURES', {})
+    if component not in fused or rpe or spec.requires_position_bias:
+      raise ConfigError(
+          f"config.model.attention.impl='pallas' is invalid for kind {spec.name!r}: the fused "
+          f'kernels cover components {", ".join(sorted(fused))} without a position bias; use '
+          "impl='xla' or 'auto'")
+
+
+def check_attention_overrides(config: Any, overridden: Iterable[str]) -> None:
+  """An attention option given on the command line that the chosen kind does not read is an error.
+
+  ``overridden``: dotted config paths given as ``--config.<path>=...``. Options set by the config file
+  itself are not checked (presets set e.g. both ``num_features`` and ``num_landmarks`` so that
+  ``kind`` can be switched alone).
+  """
+  kind = _get(config, 'model.attention.kind')
+  spec = registry.get(kind)
+  always = {'kind', 'rpe', 'plugin'}
+  reads = set(registry.option_names(spec.name)) | always
+  for path in overridden:
+    prefix = 'model.attention.'
+    if not path.startswith(prefix):
+      continue
+    name = path[len(prefix):]
+    if name not in reads:
+      raise ConfigError(
+          f'--config.{path} is not read by attention kind {spec.name!r}; it reads: '
+          f'{", ".join(sorted(reads - always)) or "no options"} (and rpe)')
+
+
+def validate_config(config: Any, devices: Optional[list] = None) -> None:
+  """Raises ``ConfigError`` (or the registry's / sharding's one-line errors) for a bad config.
+
+  ``devices``: the devices the run will use (default: all), for the batch divisibility checks.
+  """
+  _check_int(config, 'seed', 0)
+  task = _check_str(config, 'data.task')
+  if task not in lra_tasks.names():
+    _fail('data.task', task, 'one of ' + ', '.join(repr(n) for n in lra_tasks.names()))
+  _check_str(config, 'data.data_dir')
+  _check_int(config, 'data.max_length', 0 if task in ('image', 'pathfinder') else 1)
+
+  m = 'model.'
+  for name in ('emb_dim', 'num_layers', 'num_heads', 'qkv_dim', 'mlp_dim'):
+    _check_int(config, m + name, 1)
+  _check_float(config, m + 'dropout_rate', low=0.0, low_open=False, high=1.0)
+  _check_choice(config, m + 'pos_encoding', POS_ENCODINGS)
+  _check_choice(config, m + 'pooling', POOLINGS)
+  _check_bool(config, m + 'rpe_per_layer')
+  _check_choice(config, m + 'dtype', DTYPES)
+  qkv, heads = _get(config, m + 'qkv_dim'), _get(config, m + 'num_heads')
+  if qkv % heads:
+    raise ConfigError(f'config.model.qkv_dim={qkv} is invalid: must be divisible by '
+                      f'model.num_heads={heads} (head_dim = qkv_dim / num_heads)')
+  _check_attention(config)
+
+  o = 'optim.'
+  from kernelformer.training import optim  # pylint: disable=g-import-not-at-top
+  _check_float(config, o + 'learning_rate', low=0.0, low_open=True)
+  _check_choice(config, o + 'schedule', optim.SCHEDULES)
+  _check_int(config, o + 'warmup_steps', 0)
+  _check_float(config, o + 'weight_decay', low=0.0, low_open=False)
+  _check_float(config, o + 'b1', low=0.0, low_open=False, high=1.0)
+  _check_float(config, o + 'b2', low=0.0, low_open=False, high=1.0)
+  _check_float(config, o + 'eps', low=0.0, low_open=True)
+  _check_float(config, o + 'grad_clip_norm', low=0.0, low_open=False)
+  accum = _check_int(config, o + 'grad_accum_steps', 1)
+
+  batch = _check_int(config, 'batch_size', 1)
+  eval_batch = _check_int(config, 'eval_batch_size', 0)
+  _check_int(config, 'num_train_steps', 1)
+  for name in ('eval_every', 'checkpoint_every', 'log_every', 'keep_checkpoints'):
+    _check_int(config, name, 1)
+  _check_int(config, 'max_eval_batches', 0)
+  _check_int(config, 'profile_steps', 0)
+  _check_bool(config, 'progress')
+
+  # The task's own data fields (pure checks: nothing is read or created).
+  task_obj = lra_tasks.get(task)
+  task_obj.info(config.data)
+  if task == 'listops':
+    from lra_tasks import listops  # pylint: disable=g-import-not-at-top
+    listops.GeneratorParams.from_data(config.data).validate()
+
+  import jax  # pylint: disable=g-import-not-at-top
+  mesh = sharding.make_mesh(devices)
+  sharding.check_batch_size(batch, mesh, 'batch_size')
+  if eval_batch:
+    sharding.check_batch_size(eval_batch, mesh, 'eval_batch_size')
+  per_process = batch // jax.process_count()
+  if per_process % accum:
+    raise sharding.ShardingError(
+        f'optim.grad_accum_steps={accum} must divide the per-process batch {per_process}; set '
+        f'--config.optim.grad_accum_steps to a divisor of it')
+
+
+# ----------------------------------------------------------------------------------------------
+# Workdir.
+
+_MIB = 1 << 20
+MIN_FREE_BYTES = 64 * _MIB   # floor: metrics, config, orbax metadata and a small model's checkpoints
+
+
+def estimate_param_count(config: Any) -> int:
+  """An upper-bound estimate of the model's parameter count from the config (no model is built)."""
+  m = config.model
+  info = lra_tasks.get(config.data.task).info(config.data)
+  emb, qkv, mlp, layers = int(m.emb_dim), int(m.qkv_dim), int(m.mlp_dim), int(m.num_layers)
+  length = info.max_length + 1
+  per_layer = 4 * emb * qkv + 4 * qkv + 2 * emb * mlp + mlp + emb + 4 * emb
+  # Generous allowance for mechanism parameters (learned samplers, projections, position biases).
+  per_layer += 4 * qkv * qkv + 2 * length * int(m.num_heads)
+  head_in = (4 if info.dual else 1) * emb
+  return (info.vocab_size * emb + length * emb + layers * per_layer + head_in * mlp + mlp
+          + mlp * info.num_classes + 4 * emb)
+
+
+def checkpoint_bytes_needed(config: Any) -> int:
+  """Free space a run needs: params + two Adam moments in float32, for the latest checkpoints being
+  written next to the kept ones and the best checkpoint, plus a fixed floor."""
+  one = 3 * 4 * estimate_param_count(config)
+  keep = int(getattr(config, 'keep_checkpoints', 2) or 2)
+  return (keep + 2) * one + MIN_FREE_BYTES
+
+
+def _nearest_existing(path: str) -> str:
+  p = path
+  while not os.path.exists(p):
+    parent = os.path.dirname(p)
+    if parent == p:
+      break
+    p = parent
+  return p
+
+
+def _probe_write(directory: str) -> Optional[OSError]:
+  """Creates and removes one temporary file in ``directory``; the OSError if that fails."""
+  try:
+    fd, name = tempfile.mkstemp(prefix='.kernelformer-write-test-', dir=directory)
+  except OSError as e:
+    return e
+  os.close(fd)
+  os.unlink(name)
+  return None
+
+
+def validate_workdir(workdir: str, config: Any = None) -> None:
+  """Raises ``WorkdirError`` unless ``workdir`` is (or can be made) a writable directory with room.
+
+  Nothing is created: only a temporary probe file, removed at once, in the workdir or in the nearest
+  existing directory above it.
+  """
+  if not workdir:
+    raise WorkdirError('workdir is empty: pass --workdir DIR')
+  path = os.path.abspath(os.path.expanduser(workdir))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise WorkdirError(f'workdir {path} is a file, not a directory: pass another --workdir')
+  existing = _nearest_existing(path)
+  if not os.path.isdir(existing):
+    raise WorkdirError(f'workdir {path} cannot be created: {existing} is a file, not a directory')
+  targets = [(existing, f'workdir {path}' if existing == path else
+              f'workdir {path} cannot be created: {existing}')]
+  for sub in ('checkpoints', 'best'):
+    d = os.path.join(path, sub)
+    if os.path.lexists(d):
+      if not os.path.isdir(d):
+        raise WorkdirError(f'{d} is not a directory: the workdir holds something else; pass another '
+                           '--workdir')
+      targets.append((d, d))
+  for d, what in targets:
+    err = _probe_write(d)
+    if err is not None:
+      raise WorkdirError(f'{what} is not writable ({err.strerror or err}); pass a writable --workdir')
+  if config is not None:
+    need = checkpoint_bytes_needed(config)
+    free = shutil.disk_usage(existing).free
+    if free < need:
+      raise WorkdirError(
+          f'not enough free disk space for workdir {path}: {free / _MIB:.0f} MiB free, a run of '
+          f'this config needs about {need / _MIB:.0f} MiB for its checkpoints; free space or pass '
+          'a --workdir on another disk')
+
+
+# ----------------------------------------------------------------------------------------------
+# Data files.
+
+
+def check_data(config: Any) -> None:
+  """Reads the task's data files that are on disk, so that their faults stop the run before compiling.
+
+  Raises ``lra_tasks.DataError`` naming the file (and line) of a fault. Missing files the task cannot
+  make (``data.generate`` unset) are reported here as well; files the task will generate are left to
+  ``task.prepare``.
+  """
+  data = config.data
+  root = os.path.expanduser(str(data.data_dir))
+  if os.path.exists(root) and not os.path.isdir(root):
+    raise lra_tasks.DataError(f'config.data.data_dir={root!r} is a file, not a directory: point it '
+                              'at the data directory (see docs/data.md)')
+  task = lra_tasks.get(data.task)
+  missing = task.check(data)
+  if missing:
+    if bool(getattr(data, 'generate', False)):
+      return  # task.prepare makes the files
+    raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
+  for split in lra_tasks.common.SPLITS:
+    if len(task.source(data, split)) == 0:
+      raise lra_tasks.DataError(f'{task.name}: the {split} split is empty; check {root}')
+
+
+def validate_run(config: Any, workdir: str, devices: Optional[list] = None) -> None:
+  """All checks of a run, in order: config, workdir, data files. Creates nothing."""
+  validate_config(config, devices)
+  validate_workdir(workdir, config)
+  check_data(config)
+
