@@ -15,6 +15,10 @@ _MODULES = {
     'retrieval': 'lra_tasks.retrieval',
     'image': 'lra_tasks.image',
     'pathfinder': 'lra_tasks.pathfinder',
+    # Causal language-model tasks (kernelformer/decoder.py): byte-level enwik8 and synthetic recall.
+    'enwik8': 'lra_tasks.enwik8',
+    'mqar': 'lra_tasks.mqar',
+    'selective_copy': 'lra_tasks.selective_copy',
 }
 
 

@@ -107,6 +107,8 @@ def build_requests(args: argparse.Namespace) -> list[prepare.Request]:
 def main(argv: list[str]) -> int:
   args = _parser().parse_args(argv)
   logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
+  if _split(args.task) == ['enwik8']:
+    return _enwik8(args)
   try:
     requests = build_requests(args)
     if not args.check:
@@ -125,6 +127,25 @@ def main(argv: list[str]) -> int:
   print('all present' if ok else
         f'{sum(not s.ok for s in statuses)} of {len(statuses)} not ready (see above)')
   return 0 if ok else 1
+
+
+def _enwik8(args) -> int:
+  """``--task enwik8``: download enwik8.zip once (or ``--source`` a local zip), extract, manifest;
+  ``--check`` verifies the file against its manifest. See lra_tasks/enwik8.py."""
+  from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  data = ml_collections.ConfigDict({'data_dir': args.data_dir or 'data', 'num_bytes': enwik8.NUM_BYTES})
+  try:
+    if not args.check:
+      enwik8.prepare_data(data, zip_path=args.source)
+    problems = enwik8.verify(data, checksums=not args.no_checksums)
+  except (common.DataError, OSError) as e:
+    print(f'error: enwik8: {e}', file=sys.stderr)
+    return 1
+  for line in problems:
+    print(f'enwik8: {line}')
+  print('all present' if not problems else 'enwik8 not ready (see above)')
+  return 0 if not problems else 1
 
 
 if __name__ == '__main__':

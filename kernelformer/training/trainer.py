@@ -53,6 +53,10 @@ class TrainState:
 
 def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> Classifier:
   m = config.model
+  if is_language_model(info):
+    # Causal LM tasks (enwik8, MQAR, selective copy): the decoder-only model, per-token targets.
+    from kernelformer import decoder  # pylint: disable=g-import-not-at-top
+    return decoder.build_decoder(m, info)
   if m.dtype not in DTYPES:
     raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
   attention = m.attention.to_dict()
@@ -66,6 +70,16 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
                  pos_encoding=m.pos_encoding, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
                  dtype=DTYPES[m.dtype])
   return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
+
+
+def is_language_model(info) -> bool:
+  """Whether the task gives per-position next-token targets (``lra_tasks.mqar.LMTaskInfo``)."""
+  return bool(getattr(info, 'language_model', False))
+
+
+def _is_decoder(model) -> bool:
+  from kernelformer import decoder  # pylint: disable=g-import-not-at-top
+  return isinstance(model, decoder.Decoder)
 
 
 def input_names(info: lra_tasks.TaskInfo) -> tuple[str, ...]:
@@ -91,6 +105,7 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
   """The jitted-to-be train and eval steps (pure functions of state and batch)."""
   accum = int(config.optim.grad_accum_steps)
   names = None  # filled lazily from the batch
+  lm = _is_decoder(model)
 
   def loss_fn(params, model_state, batch, step, dropout_key):
     variables = {'params': params, **model_state}
@@ -102,6 +117,12 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
                                       mutable=mutable)
     else:
       logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs), {}
+    if lm:
+      # Next-token loss per position, weight 0 where targets == 0 (padding / not a query).
+      losses, correct, w = cross_entropy(logits, batch['targets'],
+                                         (batch['targets'] != 0).astype(jnp.float32))
+      n = jnp.maximum(jnp.sum(w), 1.0)
+      return jnp.sum(losses) / n, (jnp.sum(correct) / n, new_state)
     losses, correct, _ = cross_entropy(logits, batch['targets'])
     return jnp.mean(losses), (jnp.mean(correct), new_state)
 
@@ -144,7 +165,10 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
     logits = model.apply(variables, inputs, train=False, step=None,
                          rngs={'features': keys['features']})
-    losses, correct, weights = cross_entropy(logits, batch['targets'], batch['weights'])
+    weights = batch['weights']
+    if lm:
+      weights = weights[:, None] * (batch['targets'] != 0).astype(jnp.float32)
+    losses, correct, weights = cross_entropy(logits, batch['targets'], weights)
     return {'loss': jnp.sum(losses), 'correct': jnp.sum(correct), 'count': jnp.sum(weights)}
 
   del names
@@ -470,6 +494,9 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
       'config_changes': record.changes,
       'config': config.to_dict(),
   }
+  if getattr(info, 'metric', None) == 'bits_per_byte':
+    # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
+    results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
   writer.write_results(results)
   writer.close()
   checkpoints.close()

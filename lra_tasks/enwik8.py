@@ -1,0 +1,175 @@
+"""Byte-level enwik8 (Hutter Prize; Mahoney): next-byte prediction, reported in bits per byte.
+
+Format: ``{data_dir}/enwik8/enwik8``, the raw first 10^8 bytes of the English Wikipedia dump of 2006-03-03,
+as extracted from ``enwik8.zip`` (http://mattmahoney.net/dc/enwik8.zip, one member ``enwik8``). The
+standard split (Al-Rfou et al. 2019; Dai et al. 2019 "Transformer-XL", used by Luo et al. 2021 §4.3's
+LM experiments) is the first 90M bytes for training, the next 5M for validation, the last 5M for test.
+``data.num_bytes`` (10^8) sets the split sizes as 90% / 5% / 5% of it, so a small fixture file
+(``write_fixture``) runs the same code.
+
+Examples: split ``s`` is cut into consecutive windows of ``L + 1`` bytes at stride ``L``
+(``L = data.max_length``); example i is ``inputs = w[:L]``, ``targets = w[1:]``, tokens = byte + 1
+(0 stays padding, vocabulary 257). Every byte of a split except the first is predicted exactly once, each
+with the context of its window (no carried-over memory, as in the vanilla-Transformer rows of
+Al-Rfou et al.). The file is memory-mapped; nothing is copied.
+
+``prepare_data``: downloads the zip once (``data.url``), extracts ``enwik8`` under a temporary name and
+renames it, writes ``MANIFEST.json`` (size + sha256) and verifies it; ``check`` reports a missing or
+short file with its path and the command that prepares it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.request
+import zipfile
+from typing import Any, Callable
+
+import numpy as np
+
+from lra_tasks import common
+from lra_tasks import manifest
+from lra_tasks.mqar import LMTaskInfo
+
+URL = 'http://mattmahoney.net/dc/enwik8.zip'
+NUM_BYTES = 10 ** 8
+FILE = 'enwik8'
+VOCAB_SIZE = 257      # bytes + 1, 0 = padding
+
+
+def directory(data: Any) -> str:
+  return os.path.join(os.path.expanduser(str(data.data_dir)), 'enwik8')
+
+
+def path(data: Any) -> str:
+  return os.path.join(directory(data), FILE)
+
+
+def prepare_command(data: Any) -> str:
+  return f'python scripts/prepare_data.py --task enwik8 --data_dir {data.data_dir}'
+
+
+def split_bounds(num_bytes: int) -> dict[str, tuple[int, int]]:
+  """Byte ranges of the 90/5/5 split of the first ``num_bytes`` (90M/5M/5M for 10^8)."""
+  train = num_bytes * 9 // 10
+  val = num_bytes // 20
+  return {'train': (0, train), 'val': (train, train + val), 'test': (train + val, num_bytes)}
+
+
+class WindowSource:
+  """Consecutive ``L + 1``-byte windows at stride L of ``mm[start:stop]`` as LM examples."""
+
+  def __init__(self, mm: np.ndarray, start: int, stop: int, length: int):
+    self._mm, self._start, self._length = mm, start, length
+    self._n = max(0, (stop - start - 1) // length)
+
+  def __len__(self) -> int:
+    return self._n
+
+  def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+    if not 0 <= int(i) < self._n:
+      raise IndexError(i)
+    a = self._start + int(i) * self._length
+    w = self._mm[a:a + self._length + 1].astype(np.int32) + 1
+    return {'inputs': w[:-1], 'targets': w[1:]}
+
+
+class Enwik8Task:
+  name = 'enwik8'
+
+  def info(self, data: Any) -> LMTaskInfo:
+    return LMTaskInfo(num_classes=VOCAB_SIZE, vocab_size=VOCAB_SIZE,
+                      max_length=common.positive_max_length(data, 'enwik8'),
+                      metric='bits_per_byte')
+
+  def check(self, data: Any) -> list[str]:
+    p = path(data)
+    need = int(data.num_bytes)
+    if not os.path.isfile(p):
+      return [f'{p} is missing (enwik8, {need} bytes): run {prepare_command(data)}']
+    size = os.path.getsize(p)
+    if size < need:
+      return [f'{p} holds {size} bytes, data.num_bytes asks for {need}: run {prepare_command(data)}']
+    return []
+
+  def prepare(self, data: Any) -> None:
+    del data   # downloading is explicit: scripts/prepare_data.py --task enwik8
+
+  def source(self, data: Any, split: str) -> WindowSource:
+    common.require(self, data)
+    if split not in common.SPLITS:
+      raise ValueError(f'unknown split {split!r}')
+    mm = np.memmap(path(data), dtype=np.uint8, mode='r')
+    start, stop = split_bounds(int(data.num_bytes))[split]
+    return WindowSource(mm, start, stop, common.positive_max_length(data, 'enwik8'))
+
+
+TASK = Enwik8Task()
+
+
+def write_fixture(data_dir: str, num_bytes: int, seed: int = 0) -> bytes:
+  """A small ``{data_dir}/enwik8/enwik8`` in the real format (raw bytes of wiki-like XML text),
+  deterministic in ``seed``; returns what it wrote."""
+  rng = np.random.default_rng(seed)
+  words = [b'<page>', b'<title>', b'Anarchism', b'</title>', b'the', b'of', b'[[link]]', b'{{cite}}',
+           b'caf\xc3\xa9', b'&amp;', b'\n', b'1984', b'kernel', b'attention']
+  out = bytearray()
+  while len(out) < num_bytes:
+    out += words[int(rng.integers(len(words)))] + b' '
+  blob = bytes(out[:num_bytes])
+  os.makedirs(os.path.join(data_dir, 'enwik8'), exist_ok=True)
+  with open(os.path.join(data_dir, 'enwik8', FILE), 'wb') as f:
+    f.write(blob)
+  return blob
+
+
+def extract(zip_path: str, data: Any) -> str:
+  """Extracts the ``enwik8`` member of ``zip_path`` to ``path(data)`` atomically; writes the manifest."""
+  dest = path(data)
+  os.makedirs(os.path.dirname(dest), exist_ok=True)
+  with zipfile.ZipFile(zip_path) as z:
+    if FILE not in z.namelist():
+      raise common.DataError(f'{zip_path} has no member {FILE!r} (members: {z.namelist()[:5]})')
+    tmp = f'{dest}.tmp.{os.getpid()}'
+    with z.open(FILE) as src, open(tmp, 'wb') as dst:
+      shutil.copyfileobj(src, dst, 1 << 20)
+  os.replace(tmp, dest)
+  manifest.write(directory(data), FILE, 'enwik8', zip_path)
+  return dest
+
+
+def prepare_data(data: Any, *, url: str = URL, zip_path: str | None = None,
+                 log: Callable[[str], None] = print) -> str:
+  """Downloads ``enwik8.zip`` once (kept next to the file), extracts, writes and checks the manifest.
+
+  ``zip_path``: an already downloaded zip (no network). Returns the path of the extracted file.
+  """
+  if not TASK.check(data) and os.path.isfile(os.path.join(directory(data), manifest.NAME)):
+    log(f'enwik8: {path(data)} present')
+    return path(data)
+  if zip_path is None:
+    zip_path = os.path.join(directory(data), 'enwik8.zip')
+    if not os.path.isfile(zip_path):
+      os.makedirs(directory(data), exist_ok=True)
+      log(f'enwik8: downloading {url} -> {zip_path}')
+      tmp = f'{zip_path}.tmp.{os.getpid()}'
+      with urllib.request.urlopen(url) as r, open(tmp, 'wb') as f:   # noqa: S310 (fixed http URL)
+        shutil.copyfileobj(r, f, 1 << 20)
+      os.replace(tmp, zip_path)
+  dest = extract(zip_path, data)
+  problems = verify(data)
+  if problems:
+    raise common.DataError('enwik8: ' + '; '.join(problems))
+  log(f'enwik8: wrote {dest} ({os.path.getsize(dest)} bytes) and {manifest.NAME}')
+  return dest
+
+
+def verify(data: Any, checksums: bool = True) -> list[str]:
+  """``check`` plus the manifest (size and sha256 of the file): [] when all is well."""
+  missing = TASK.check(data)
+  if missing:
+    return missing
+  recorded = manifest.read(directory(data))
+  if recorded is None:
+    return [f'{manifest.path(directory(data))} is missing: run {prepare_command(data)}']
+  return manifest.verify(directory(data), recorded, checksums=checksums)

@@ -1,0 +1,112 @@
+"""Byte-level enwik8 (lra_tasks/enwik8.py): the 90/5/5 split, next-byte windows, the missing-data line,
+prepare from a local zip with a manifest, and train.py end to end on a fixture with bits per byte."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+
+import ml_collections
+import numpy as np
+import pytest
+
+import lra_tasks
+from lra_tasks import enwik8
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _data(tmp_path, num_bytes=2000, max_length=16):
+  return ml_collections.ConfigDict({'task': 'enwik8', 'data_dir': str(tmp_path),
+                                    'num_bytes': num_bytes, 'max_length': max_length})
+
+
+def test_standard_split_bounds():
+  b = enwik8.split_bounds(10 ** 8)
+  assert b == {'train': (0, 90_000_000), 'val': (90_000_000, 95_000_000),
+               'test': (95_000_000, 100_000_000)}
+
+
+def test_windows_are_next_byte_pairs(tmp_path):
+  blob = enwik8.write_fixture(str(tmp_path), 2100)
+  data = _data(tmp_path)
+  task = lra_tasks.get('enwik8')
+  info = task.info(data)
+  assert info.language_model and info.metric == 'bits_per_byte' and info.vocab_size == 257
+  val = task.source(data, 'val')           # bytes 1800..1900 of 2000 (the file is longer)
+  assert len(val) == (100 - 1) // 16
+  ex = val[2]
+  start = 1800 + 2 * 16
+  raw = np.frombuffer(blob, np.uint8).astype(np.int32) + 1
+  np.testing.assert_array_equal(ex['inputs'], raw[start:start + 16])
+  np.testing.assert_array_equal(ex['targets'], raw[start + 1:start + 17])
+  test = task.source(data, 'test')
+  last = test[len(test) - 1]
+  assert 1900 + len(test) * 16 + 1 <= 2000 and last['targets'][-1] == raw[1900 + len(test) * 16]
+
+
+def test_missing_and_short_data_name_path_and_command(tmp_path):
+  task = lra_tasks.get('enwik8')
+  (line,) = task.check(_data(tmp_path))
+  assert str(tmp_path / 'enwik8' / 'enwik8') in line
+  assert f'python scripts/prepare_data.py --task enwik8 --data_dir {tmp_path}' in line
+  enwik8.write_fixture(str(tmp_path), 100)
+  (line,) = task.check(_data(tmp_path))
+  assert 'holds 100 bytes' in line
+  with pytest.raises(lra_tasks.DataError):
+    task.source(_data(tmp_path), 'train')
+
+
+def test_prepare_from_zip_writes_manifest_and_check_catches_corruption(tmp_path):
+  blob = enwik8.write_fixture(str(tmp_path / 'src'), 3000)
+  zpath = tmp_path / 'enwik8.zip'
+  with zipfile.ZipFile(zpath, 'w') as z:
+    z.writestr('enwik8', blob)
+  script = os.path.join(ROOT, 'scripts', 'prepare_data.py')
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  run = lambda *a: subprocess.run([sys.executable, script, '--task', 'enwik8', '--data_dir',
+                                   str(tmp_path / 'd'), *a], capture_output=True, text=True,
+                                  env=env, timeout=120)
+  proc = run('--source', str(zpath))
+  # 3000 bytes are fewer than the standard 10^8: prepared, but --check reports the short file.
+  assert (tmp_path / 'd' / 'enwik8' / 'enwik8').read_bytes() == blob
+  assert (tmp_path / 'd' / 'enwik8' / 'MANIFEST.json').is_file()
+  assert proc.returncode == 1 and 'holds 3000 bytes' in proc.stdout + proc.stderr
+  data = _data(tmp_path / 'd', num_bytes=3000)
+  assert enwik8.verify(data) == []
+  with open(tmp_path / 'd' / 'enwik8' / 'enwik8', 'r+b') as f:
+    f.write(b'X')
+  assert 'sha256' in ' '.join(enwik8.verify(data))
+
+
+def test_train_cli_tiny_reports_bits_per_byte(tmp_path):
+  enwik8.write_fixture(str(tmp_path / 'data'), 20000)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
+         '--config', os.path.join(ROOT, 'configs', 'enwik8.py') + ':tiny',
+         '--workdir', str(tmp_path / 'run'), '--config.progress=False',
+         f'--config.data.data_dir={tmp_path / "data"}']
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  results = json.loads((tmp_path / 'run' / 'results.json').read_text())
+  assert results['task'] == 'enwik8'
+  bpb = results['test_bits_per_byte']
+  # Cross-entropy in bits: positive, and at most ~log2(257) plus slack for a 6-step model.
+  assert 0.0 < bpb < 12.0
+  assert abs(bpb - results['test_loss'] / np.log(2.0)) < 1e-9
+  # every test window predicts max_length bytes: 4 eval batches of 8 windows x 32 bytes at most
+  assert results['test_examples'] == min(4 * 8, (1000 - 1) // 32) * 32
+
+
+def test_train_cli_missing_enwik8_one_line(tmp_path):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
+         '--config', os.path.join(ROOT, 'configs', 'enwik8.py') + ':tiny',
+         '--workdir', str(tmp_path / 'run'), '--config.progress=False',
+         f'--config.data.data_dir={tmp_path / "nodata"}']
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+  assert proc.returncode != 0 and 'Traceback' not in proc.stderr
+  last = [l for l in proc.stderr.splitlines() if l.strip()][-1]
+  assert str(tmp_path / 'nodata' / 'enwik8' / 'enwik8') in last and '--task enwik8' in last
