@@ -10,6 +10,12 @@ shorter input (L < max_length) uses the first L columns; a longer one is an erro
 Padding: padded keys and values are zeroed *before* the projection, so their contents cannot reach any
 output. (A projected key is a weighted sum over positions and cannot be "masked" afterwards.) Causal
 attention is not defined: a projected key mixes all positions, so ``causal=True`` raises.
+
+Length dependence (``AttentionSpec.length_dependent``): Linformer is the one registered mechanism that
+depends on absolute positions by definition -- column i of E and F belongs to position i, so the same
+tokens at other positions (left padding, a shifted window) give other outputs, and a model is tied to
+its ``max_length``. Padding at the *end* is harmless: padded columns multiply zeroed keys and values, so
+the same real tokens padded to L or to 4L (both <= max_length) give the same outputs.
 """
 from __future__ import annotations
 
@@ -72,4 +78,7 @@ registry.register(registry.AttentionSpec(
     paper='Wang et al. 2020 (Linformer), §4 (E, F length projections)',
     approximates='softmax attention through learned low-rank length projections (not a kernel estimate)',
     complexity='O(L k d) time, O(L k) memory (k = linformer_k)',
-    learnable='E, F [linformer_k, max_length] (shared across heads)'))
+    learnable='E, F [linformer_k, max_length] (shared across heads)',
+    length_dependent=('E, F have one column per absolute position: outputs depend on where the real '
+                      'tokens sit, and lengths above max_length are errors (end padding is zeroed before '
+                      'the projection, so padding to any length <= max_length changes nothing)')))

@@ -12,13 +12,23 @@ A Z_j))) / 4``, 6 iterations by default as in the paper. The start scale is comp
 (the public code takes one max over the whole batch and all heads, which slows the convergence of every
 other matrix).
 
-Padding and odd lengths:
-* a sequence whose length is not a multiple of m is zero-padded internally at the end; segments have
-  ``ceil(L / m)`` positions, and only as many segments as needed to cover L are used;
-* landmarks are *masked* segment means over valid tokens only; a segment without valid tokens gives an
-  invalid landmark, which is removed exactly: its column of F is zero (masked softmax), its row of A is
-  replaced by the identity row (so A is block diagonal and A^+ keeps the valid block intact);
-* padded keys are masked out of B. So padded positions change no output of a valid query.
+Landmarks (Xiong et al. 2021, §3.3, "segment-means"): with n tokens and m landmarks,
+``q_tilde_j = (1 / l) sum_{i = (j-1) l + 1}^{j l} q_i`` with ``l = n / m``, and ``k_tilde_j`` likewise. Here n
+is each example's **real** length (its number of valid tokens, from the mask), not the padded length:
+
+* the valid tokens of an example, in order, are cut into segments of ``l = ceil(n / m)`` consecutive valid
+  tokens (the last one may be shorter), ``ceil(n / l) <= m`` segments; the landmark is each segment's
+  mean. Padded positions belong to no segment, so no landmark is spent on padding, and the landmarks
+  of n real tokens are the same whether the batch is padded to L or to 4L (``segment_means``);
+* an example with fewer than m segments (short, or ``n`` not a multiple of ``l``) leaves the remaining
+  landmarks invalid; an invalid landmark is removed exactly: its column of F is zero (masked softmax),
+  its row of A is replaced by the identity row (so A is block diagonal and A^+ keeps the valid block
+  intact);
+* padded keys are masked out of B. So padded positions, and how many there are, change no output of a
+  valid query (``tests/attention/test_padding_invariance.py``).
+
+Without a mask n = L, segments of ``ceil(L / m)`` positions (``segment_layout``), as the authors' code
+for L divisible by m.
 
 When ``L <= m`` every token is its own landmark and the result is exact softmax attention up to the
 pseudo-inverse iteration (``F = A = B``, ``A A^+ A = A``). Causal masking is not defined (landmarks mix
@@ -48,20 +58,26 @@ def segment_layout(length: int, num_landmarks: int) -> tuple[int, int]:
 
 
 def segment_means(x: Array, mask: Array | None, num_landmarks: int) -> tuple[Array, Array]:
-  """Masked means of consecutive segments: ``x [B, L, H, d]`` -> ``([B, m', H, d] f32, valid [B, m'])``.
+  """Segment-means landmarks from each example's real length: ``x [B, L, H, d]`` -> ``([B, m', H, d] f32,
+  valid [B, m'])`` with ``m' = min(m, L)`` (static).
 
-  A segment with no valid token gets a zero mean and ``valid = False``.
+  Example b has ``n_b`` valid tokens; its r-th valid token (in position order, ``r = 0 .. n_b - 1``)
+  belongs to segment ``r // l_b`` with ``l_b = ceil(n_b / m)`` (Xiong et al. §3.3 with n = n_b). A segment
+  with no valid token gets a zero mean and ``valid = False``. O(B L H d) time and memory (segment sum).
   """
   b, length, h, d = x.shape
-  segments, size = segment_layout(length, num_landmarks)
-  pad = segments * size - length
-  w = jnp.ones((b, length), jnp.float32) if mask is None else mask.astype(jnp.float32)
-  xf = x.astype(jnp.float32) * w[:, :, None, None]
-  if pad:
-    xf = jnp.pad(xf, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    w = jnp.pad(w, ((0, 0), (0, pad)))
-  sums = xf.reshape(b, segments, size, h, d).sum(axis=2)
-  counts = w.reshape(b, segments, size).sum(axis=2)
+  slots = max(1, min(num_landmarks, length))                 # ceil(n / ceil(n / m)) <= min(m, n)
+  valid = jnp.ones((b, length), bool) if mask is None else jnp.asarray(mask, bool)
+  n = jnp.sum(valid, axis=1, dtype=jnp.int32)                 # [B] real lengths
+  size = jnp.maximum((n + num_landmarks - 1) // num_landmarks, 1)  # l_b = ceil(n_b / m)
+  rank = jnp.cumsum(valid, axis=1, dtype=jnp.int32) - 1       # index among the valid tokens
+  seg = jnp.where(valid, rank // size[:, None], slots)        # padded tokens -> out of range (dropped)
+  ids = (seg + slots * jnp.arange(b, dtype=jnp.int32)[:, None]).reshape(-1)
+  ids = jnp.where(valid.reshape(-1), ids, b * slots)
+  xf = jnp.where(valid[:, :, None, None], x.astype(jnp.float32), 0.0).reshape(b * length, h * d)
+  sums = jax.ops.segment_sum(xf, ids, num_segments=b * slots + 1)[:-1].reshape(b, slots, h, d)
+  counts = jax.ops.segment_sum(valid.reshape(-1).astype(jnp.float32), ids,
+                               num_segments=b * slots + 1)[:-1].reshape(b, slots)
   means = sums / jnp.maximum(counts, 1.0)[:, :, None, None]
   return means, counts > 0
 

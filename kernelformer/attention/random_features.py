@@ -322,6 +322,22 @@ def _register_all() -> None:
             approximates='its own kernel relu(q).relu(k)', complexity=_CPLX_ELU,
             aliases=('linear-relu',))
 
+  # Generalized ReLU features relu(W x) + 1e-3 (the official Performer generalized attention,
+  # components.grelu): 'performer-relu' is its ORF form (features_type='ortho'), the other samplers
+  # follow the grid's <component>-<sampler> names, 'performer-relu-det' is its W-free default
+  # (features_type='deterministic'), the Performer that LRA's Text/Retrieval/Image/Pathfinder configs run.
+  grelu_paper = ('Choromanski et al. 2021, generalized attention (official fast_attention.py '
+                 'make_fast_generalized_attention, kernel_fn=relu, kernel_epsilon=1e-3)')
+  for samp in FIXED_SAMPLERS:
+    name = 'performer-relu' if samp == 'orf' else f'grelu-{samp}'
+    _register(name, 'grelu', samp, paper=f'{grelu_paper}; W: {_SAMPLER_INFO[samp][0]}',
+              approximates='its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no d^-1/4 scale',
+              complexity=_CPLX_RF, aliases=('grelu-orf',) if samp == 'orf' else ())
+  _register('performer-relu-det', 'grelu_det', 'none',
+            paper=f'{grelu_paper}, features_type=deterministic (LRA repository default Performer)',
+            approximates='its own kernel (relu(q)+eps).(relu(k)+eps), no d^-1/4 scale',
+            complexity=_CPLX_ELU, aliases=('lra-performer',))
+
 
 _register_all()
 

@@ -7,8 +7,8 @@ with l = 1 or 2 parts laid out part by part. This module holds the component fun
   phi_q, phi_k = COMPONENTS[name](q, k, proj, mask=mask, stabilize=True)
 
 * ``q [..., L, d]``, ``k [..., S, d]``, ``mask`` broadcastable to ``[..., S]`` (True = real key) or None,
-  ``proj`` a ``Projection`` (None for ``elu`` / ``relu``). Returns ``phi_q [..., L, M']`` and
-  ``phi_k [..., S, M']`` in the input dtypes (computed in at least float32).
+  ``proj`` a ``Projection`` (None for the maps without W: ``elu``, ``relu``, ``grelu_det``). Returns
+  ``phi_q [..., L, M']`` and ``phi_k [..., S, M']`` in the input dtypes (computed in at least float32).
 * What each map estimates is in ``TARGET_KERNEL`` and computed exactly by ``exact_kernel``. The
   d^-1/4 input scaling of softmax attention belongs to the attention module: a component estimates
   exp(q.k) (or exp(-|q-k|^2/2)) for exactly the q and k it receives.
@@ -378,6 +378,52 @@ def relu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optiona
   return phi_q.astype(q.dtype), _zero_masked(phi_k, mask).astype(k.dtype)
 
 
+# The additive constant of the official generalized attention (``kernel_epsilon=0.001``).
+GRELU_EPSILON = 1e-3
+
+
+def grelu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional[Array] = None,
+          stabilize: bool = True) -> tuple[Array, Array]:
+  """Generalized ReLU features ``relu(W x) + eps``, eps = 1e-3: the Performer's generalized attention.
+
+  The official Performer code (google-research ``performer/fast_attention/jax/fast_attention.py``,
+  ``make_fast_generalized_attention`` with its defaults ``kernel_fn=relu``, ``kernel_epsilon=0.001``;
+  ``generalized_kernel_feature_creator``) computes ``phi(x) = relu(x W^T) + 0.001`` on the raw x: with
+  ``normalize_data=False`` (its default there) x is **not** scaled by d^-1/4, and no 1/sqrt(M) factor is
+  applied. W comes from any sampler (``features_type='ortho'``: ORF with chi-distributed row norms;
+  ``'iid'``: Gaussian); ``proj=None`` is its ``features_type='deterministic'``: ``relu(x) + 0.001``
+  (M' = d), which is what the LRA repository's Performer configs for Text, Retrieval, Image and
+  Pathfinder run (they keep every default).
+
+  Here each row also carries ``sqrt|c_r|`` (``row_weights``; sign on the query side), as every
+  component: ``phi(q).phi(k) = sum_r c_r (relu(w_r.q) + eps)(relu(w_r.k) + eps)``. For Monte Carlo
+  weights c_r = 1/M, so the features are the official ones times 1/sqrt(M), a constant that cancels in
+  normalized attention (eps included). The map defines its own kernel (for w ~ N(0, I), M -> inf:
+  the degree-1 arc-cosine kernel of Cho & Saul 2009 plus eps terms), so ``TARGET_KERNEL`` is 'none'.
+  Bounded by a linear function of |x|: ``stabilize`` has nothing to do. Positive for positive c_r, so
+  the normalizer is at least ``eps^2 sum_r c_r`` per valid key.
+  """
+  del stabilize
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  if proj is None:
+    return ((jax.nn.relu(q) + GRELU_EPSILON).astype(out_q),
+            _zero_masked(jax.nn.relu(k) + GRELU_EPSILON, mask).astype(out_k))
+  sq, sk = _side_scales(proj, 1, dt)
+  phi_q = (jax.nn.relu(project(q, proj)) + GRELU_EPSILON) * sq
+  phi_k = (jax.nn.relu(project(k, proj)) + GRELU_EPSILON) * sk
+  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+
+
+def grelu_det(q: Array, k: Array, proj: Optional[Projection] = None, *,
+              mask: Optional[Array] = None, stabilize: bool = True) -> tuple[Array, Array]:
+  """``relu(x) + 1e-3``: ``grelu`` without W (the official ``features_type='deterministic'``)."""
+  del proj
+  return grelu(q, k, None, mask=mask, stabilize=stabilize)
+
+
 COMPONENTS: dict[str, ComponentFn] = {
     'trigrf': trigrf,
     'rks': rks,
@@ -387,6 +433,8 @@ COMPONENTS: dict[str, ComponentFn] = {
     'saderf': saderf,
     'elu': elu,
     'relu': relu,
+    'grelu': grelu,
+    'grelu_det': grelu_det,
 }
 
 TARGET_KERNEL: dict[str, str] = {
@@ -398,14 +446,16 @@ TARGET_KERNEL: dict[str, str] = {
     'saderf': 'softmax',
     'elu': 'none',
     'relu': 'none',
+    'grelu': 'none',
+    'grelu_det': 'none',
 }
 
 # Number of parts l in Spectraformer eq. 11 (features per projection row); 0: no projection (M' = d).
 _PARTS = {'trigrf': 2, 'rks': 2, 'posrf': 1, 'hyperbolic': 2, 'oprf': 1, 'saderf': 1,
-          'elu': 0, 'relu': 0}
+          'elu': 0, 'relu': 0, 'grelu': 1, 'grelu_det': 0}
 
 # Maps whose features are positive by construction (the normalizer is then positive too).
-POSITIVE = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf', 'elu'})
+POSITIVE = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf', 'elu', 'grelu', 'grelu_det'})
 
 
 def uses_projection(name: str) -> bool:
