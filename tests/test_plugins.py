@@ -92,6 +92,14 @@ def test_plugin_kernel_listed_trained_swept_and_reported(tmp_path):
   assert set(results) == {'softmax', 'myprf-antithetic'}
   assert results['myprf-antithetic']['config']['model']['attention']['plugin'] == plugin
   assert 0.0 <= results['myprf-antithetic']['test_accuracy'] <= 1.0
+  # `train` from outside the repository: an alias is stored by its canonical name in results.json.
+  proc = kf(tmp_path, 'train', '--config', 'configs/listops.py:tiny', '--workdir', 'alias_run',
+            f'--config.data.data_dir={data}', '--config.progress=False', '--config.num_train_steps=2',
+            '--config.eval_every=2', '--config.model.attention.kind=performer',
+            f'--config.model.attention.plugin={plugin}')
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / 'alias_run' / 'results.json', encoding='utf-8') as f:
+    assert json.load(f)['attention'] == 'posrf-orf'
   proc = kf(tmp_path, 'report', sweep_dir, '--paper', 'none')
   assert proc.returncode == 0, proc.stderr[-2000:]
   row = [l for l in proc.stdout.splitlines() if l.startswith('| `myprf-antithetic`')]

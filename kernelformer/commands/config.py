@@ -46,16 +46,7 @@ def _preset_lines(path: str) -> list[str]:
 
 
 def _main(argv):
-  spec = None
   rest = argv[1:]
-  if _PRESETS.value:
-    if len(rest) != 1:
-      raise app.UsageError('usage: kernelformer config TASK|FILE.py --presets')
-    path = _common.resolve_config_path(_common.split_spec(rest[0])[0])
-    lines = _preset_lines(path)
-    print(f'presets of {path} (--config {os.path.basename(path)[:-3]}:PRESET):')
-    print('\n'.join(lines) if lines else '  (none: get_config() takes no preset)')
-    return
   if rest:
     raise app.UsageError(f'unexpected arguments: {" ".join(rest)}')
   config = _CONFIG.value
@@ -71,6 +62,19 @@ def _main(argv):
   print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False), end='')
 
 
+def print_presets(args) -> int:
+  """``kernelformer config TASK --presets`` (no config is built, so no absl parsing)."""
+  rest = [a for a in args if a != '--presets']
+  if len(rest) != 1 or rest[0].startswith('-'):
+    print('error: usage: kernelformer config TASK|FILE.py --presets', file=sys.stderr)
+    return 2
+  path = _common.resolve_config_path(_common.split_spec(rest[0])[0])
+  lines = _preset_lines(path)
+  print(f'presets of {path} (--config {os.path.basename(path)[:-3]}:PRESET):')
+  print('\n'.join(lines) if lines else '  (none: get_config() takes no preset)')
+  return 0
+
+
 def help_text() -> str:
   return _common.absl_help(sys.modules[__name__], extra=_common.presets_text)
 
@@ -82,8 +86,10 @@ def _clean(main):
 
 def run(args) -> int:
   args = list(args)
+  if not _common.wants_help(args) and '--presets' in args:
+    return print_presets(args)
   if not _common.wants_help(args):
-    presets = '--presets' in args
+    presets = False
     # The first positional argument is the config (or the task, with --presets).
     for i, a in enumerate(args):
       if a == '--':

@@ -130,3 +130,59 @@ def test_paper_numbers_are_consistent_with_the_registry():
     swept = {p.get(sweeps.KIND_KEY) for p in sweeps.load_sweep(paper).points}
     printed = {n.kind for n in paper_numbers.for_paper(paper) if n.kind}
     assert printed <= swept, (paper, printed - swept)
+
+
+def _results_dir(root, name, *, steps, seed, kind='posrf-orf', acc=0.3, preset=None, options=None):
+  """A finished run as the trainer leaves it (no sweep.json): results.json with its whole config."""
+  config = {'seed': seed, 'num_train_steps': steps, 'progress': False,
+            'data': {'task': 'listops', 'max_length': 64},
+            'model': {'num_layers': 2, 'attention': {'kind': kind, 'num_features': 64, **(options or {})}}}
+  os.makedirs(root / name)
+  (root / name / 'results.json').write_text(json.dumps(
+      {'task': 'listops', 'attention': registry.canonical_name(kind), 'test_accuracy': acc,
+       'best_val_accuracy': acc, 'best_step': steps, 'steps_per_sec': 5.0, 'config': config}))
+  if preset:
+    (root / name / 'sweep_point.json').write_text(json.dumps({'identity': {'preset': preset}}))
+
+
+def test_runs_differing_in_more_than_the_seed_are_never_averaged(tmp_path):
+  mixed = tmp_path / 'mixed'
+  # One folder of ad-hoc runs: 2000, 400 and 120 steps of one kernel (the first two over two seeds,
+  # one of them named by an alias), plus runs that differ only in the seed and logging.
+  _results_dir(mixed, 'a', steps=2000, seed=0, acc=0.40)
+  _results_dir(mixed, 'b', steps=2000, seed=1, kind='performer', acc=0.38)
+  _results_dir(mixed, 'c', steps=400, seed=0, acc=0.20)
+  _results_dir(mixed, 'd', steps=400, seed=1, acc=0.22)
+  _results_dir(mixed, 'e', steps=120, seed=0, acc=0.10)
+  rep = report_lib.build(str(mixed))
+  assert sorted(rep.labels) == ['posrf-orf [num_train_steps=120]', 'posrf-orf [num_train_steps=2000]',
+                                'posrf-orf [num_train_steps=400]']
+  long_ = rep.cells[('posrf-orf [num_train_steps=2000]', 'listops')]
+  assert long_.finished == 2 and abs(long_.mean - 39.0) < 1e-9        # alias and canonical averaged
+  assert rep.cells[('posrf-orf [num_train_steps=400]', 'listops')].finished == 2
+  assert rep.cells[('posrf-orf [num_train_steps=120]', 'listops')].text() == '10.00 (1/1)'
+  assert len(rep.warnings) == 1 and 'num_train_steps' in rep.warnings[0] and '3 separate rows' in rep.warnings[0]
+  md = report_lib.markdown(rep)
+  assert '**Warning:**' in md and '| `posrf-orf [num_train_steps=400]` | 21.00 ± 1.41 (2/2) |' in md
+
+  # An option or the preset splits too; the seed and logging fields never do.
+  other = tmp_path / 'other'
+  _results_dir(other, 'a', steps=400, seed=0, options={'redraw_every': 10})
+  _results_dir(other, 'b', steps=400, seed=0, preset='quick')
+  _results_dir(other, 'c', steps=400, seed=0, preset='tiny')
+  assert len(report_lib.build(str(other)).labels) == 3
+  same = tmp_path / 'same'
+  _results_dir(same, 'a', steps=400, seed=0, acc=0.3)
+  _results_dir(same, 'b', steps=400, seed=1, acc=0.5)
+  (same / 'b' / 'results.json').write_text((same / 'b' / 'results.json').read_text().replace(
+      '"progress": false', '"progress": true'))
+  rep = report_lib.build(str(same))
+  assert rep.labels == ['posrf-orf'] and not rep.warnings
+  assert rep.cells[('posrf-orf', 'listops')].text() == '40.00 ± 14.14 (2/2)'
+
+  # The command prints the warning on stderr and the separate rows.
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'report.py'), str(mixed),
+                         '--out', str(tmp_path / 'rep')], capture_output=True, text=True,
+                        env={**os.environ, 'MPLBACKEND': 'Agg'}, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert 'warning:' in proc.stderr and proc.stdout.count('| `posrf-orf [num_train_steps=') >= 3
