@@ -4,16 +4,35 @@
 most the steps since the last one). ``workdir/best/<step>``: saved whenever validation accuracy
 improves; the final test accuracy is measured with it. Each checkpoint holds the train state (params,
 optimizer state, model state, step — the step is also the data position) and a JSON ``meta`` item
-(best validation accuracy so far, its step, and the metrics history needed to continue the run).
+(best validation accuracy so far, its step, time accounting, and ``state_sha256`` / ``structure``:
+a digest of the saved arrays and of their shapes, see ``kernelformer.training.fingerprint``).
 All processes save and restore together, as orbax requires on multi-host runs.
+
+Safety:
+* A write never removes the last complete checkpoint: orbax writes into a temporary directory and
+  renames it when complete; a same-step checkpoint being replaced is first renamed aside and deleted
+  only after the new one is complete (put back if the write fails). A failed write (full disk, I/O
+  error) raises ``RunError`` naming the checkpoints that are kept. Temporary directories left by a
+  killed write are removed when the next run opens the directory.
+* ``restore_latest`` sets aside (renames to ``<step>.damaged-<n>``, one line saying so) any checkpoint
+  that does not restore — missing or truncated files, a bit flip (digest mismatch), corrupt meta —
+  and resumes from the newest one that does. A checkpoint of a different model (other shapes) is not
+  damage: it is refused with one line.
 """
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
+
+from kernelformer.training import fingerprint as fp
+from kernelformer.training.workdir import RunError, say
+
+_TMP = re.compile(r'.*\.orbax-checkpoint-tmp.*|.*\.replaced-\d+$')
 
 
 def _register_array_handler() -> None:
@@ -26,34 +45,129 @@ def _register_array_handler() -> None:
 
 _register_array_handler()
 
+# Test hook: seconds to sleep inside each checkpoint write (after orbax starts writing, before it
+# completes), so that a test's signal lands during a save. Never set outside tests.
+_SLOW_SAVE_ENV = 'KERNELFORMER_TEST_SLOW_SAVE_S'
+
 
 class Checkpoints:
 
   def __init__(self, directory: str, max_to_keep: int):
     self.directory = os.path.abspath(directory)
-    self._manager = ocp.CheckpointManager(
+    self._max_to_keep = max_to_keep
+    if jax.process_index() == 0 and os.path.isdir(self.directory):
+      for name in os.listdir(self.directory):
+        if _TMP.fullmatch(name):
+          # Left by a write that was killed: incomplete by construction (a complete one is renamed).
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    self._manager = self._open()
+
+  def _open(self):
+    return ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+        options=ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep, create=True,
                                              enable_async_checkpointing=False),
         item_names=('state', 'meta'))
+
+  def _reload(self) -> None:
+    self._manager.close()
+    self._manager = self._open()
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    return sorted(self._manager.all_steps())
+
   def save(self, step: int, state: Any, meta: dict) -> None:
-    if int(step) in self._manager.all_steps():
-      # A resumed run re-reaches a step an interrupted run had saved (e.g. its best): replace it.
-      self._manager.delete(int(step))
-    self._manager.save(int(step), args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-    self._manager.wait_until_finished()
+    """Saves ``state`` at ``step``; on failure raises RunError and keeps every earlier checkpoint."""
+    step = int(step)
+    meta = {**meta, 'state_sha256': fp.tree_digest(state), 'structure': fp.tree_structure(state)}
+    path = os.path.join(self.directory, str(step))
+    aside = None
+    if step in self._manager.all_steps():
+      # A resumed run re-reaches a step an interrupted run had saved (e.g. its best): replace it, but
+      # keep the old one until the new one is complete.
+      aside = f'{path}.replaced-{os.getpid()}'
+      if jax.process_index() == 0:
+        os.rename(path, aside)
+      _sync('checkpoint-aside')
+      self._reload()
+    try:
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+      if os.environ.get(_SLOW_SAVE_ENV):
+        import time  # pylint: disable=g-import-not-at-top
+        time.sleep(float(os.environ[_SLOW_SAVE_ENV]))
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore/OS errors alike)
+      self._after_failed_save(path, aside)
+      kept = ', '.join(map(str, self.all_steps())) or 'none'
+      reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise RunError(f'could not write checkpoint {path} ({type(e).__name__}: {reason[:200]}); '
+                     f'checkpoints kept: {kept}; free disk space or fix the directory, then run the '
+                     f'same command to resume') from None
+    if aside is not None and jax.process_index() == 0:
+      shutil.rmtree(aside, ignore_errors=True)
+
+  def _after_failed_save(self, path: str, aside: Optional[str]) -> None:
+    if jax.process_index() == 0:
+      for name in os.listdir(self.directory):
+        if '.orbax-checkpoint-tmp' in name:
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      if aside is not None and os.path.isdir(aside):
+        if os.path.isdir(path):
+          shutil.rmtree(path, ignore_errors=True)
+        os.rename(aside, path)
+    try:
+      self._reload()
+    except Exception:  # pylint: disable=broad-except  (reported by the caller's RunError)
+      pass
 
   def restore(self, abstract_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
-    """Restores into the shapes and shardings of ``abstract_state`` (a pytree of ShapeDtypeStruct)."""
+    """Restores ``step`` (default latest) into the shapes and shardings of ``abstract_state``.
+
+    Raises RunError for a checkpoint of another structure; other exceptions mean damage. A stored
+    digest that does not match the restored arrays raises ValueError (damage).
+    """
     step = self.latest_step() if step is None else step
+    meta = dict(self._manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))['meta'])
+    want = fp.tree_structure(abstract_state)
+    if meta.get('structure') not in (None, want):
+      raise RunError(f'{self.directory}/{step} holds a model of other shapes than this config builds; '
+                     f'use a new --workdir for this config')
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored['state'], dict(restored['meta'])
+    state = restored['state']
+    if meta.get('state_sha256') is not None and fp.tree_digest(state) != meta['state_sha256']:
+      raise ValueError('the restored arrays do not match the digest written with them')
+    return state, meta
+
+  def restore_latest(self, abstract_state: Any) -> Optional[tuple[Any, dict]]:
+    """The newest checkpoint that restores; damaged newer ones are set aside. None if there is none."""
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      try:
+        return self.restore(abstract_state, step)
+      except RunError:
+        raise
+      except Exception as e:  # pylint: disable=broad-except  (any failure to read is damage)
+        self._set_aside(step, e)
+    return None
+
+  def _set_aside(self, step: int, error: BaseException) -> None:
+    path = os.path.join(self.directory, str(step))
+    n = 1
+    while os.path.exists(f'{path}.damaged-{n}'):
+      n += 1
+    target = f'{path}.damaged-{n}'
+    if jax.process_index() == 0:
+      os.rename(path, target)
+      reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
+      say(f'checkpoint {path} does not restore ({type(error).__name__}: {reason}); set aside as '
+          f'{os.path.basename(target)}, trying the previous one')
+    _sync('checkpoint-set-aside')
+    self._reload()
 
   def close(self) -> None:
     self._manager.close()
@@ -63,3 +177,9 @@ def abstract_like(tree: Any) -> Any:
   """ShapeDtypeStructs with the shardings of ``tree``, for restoring onto the same devices."""
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)), tree)
+
+
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(name)

@@ -66,8 +66,9 @@ def user_error_types() -> tuple[type, ...]:
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   from kernelformer.training import sharding  # pylint: disable=g-import-not-at-top
   from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   return (lra_tasks.DataError, registry.UnknownKernelError, sharding.ShardingError,
-          validate.ConfigError, validate.WorkdirError)
+          validate.ConfigError, validate.WorkdirError, workdir_lib.RunError)
 
 
 def run(get_config: Callable, workdir: str) -> dict:
@@ -78,7 +79,11 @@ def run(get_config: Callable, workdir: str) -> dict:
   config = get_config()
   results = trainer.train_and_evaluate(config, workdir)
   import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_index() == 0:
+  if jax.process_index() == 0 and getattr(results, 'status', '') == 'finished':
+    print(f"this run is finished (step {results['final_step']}, test accuracy "
+          f"{results['test_accuracy']:.4f}); nothing changed; --config.reevaluate=True re-tests it, "
+          f"a new --workdir starts another run")
+  elif jax.process_index() == 0:
     print(f"test accuracy {results['test_accuracy']:.4f} (best validation "
           f"{results['best_val_accuracy']:.4f} at step {results['best_step']}); "
           f"{results['steps_per_sec']:.1f} steps/s; results in {os.path.join(workdir, 'results.json')}")
@@ -142,6 +147,8 @@ def parse_flags_one_line(argv: list, flag_values=None) -> list:
     if isinstance(e, AttributeError) and 'get_config' in str(e) and path:
       _usage_error(f'config file {path} defines no get_config() (a config file returns its '
                    'ConfigDict from get_config([preset]))')
+    if spec and "<class 'NoneType'>" in str(e) and _is_config_override_error(e):
+      _usage_error(f'--config {spec}: get_config() returned None, not an ml_collections.ConfigDict')
     if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)) and \
         _is_config_override_error(e):
       msg = e.args[0] if isinstance(e, KeyError) and e.args else e
@@ -171,12 +178,14 @@ def main_with_clean_errors(main: Callable) -> None:
     raise
   except BaseException as e:  # pylint: disable=broad-except
     if isinstance(e, KeyboardInterrupt):
-      print('interrupted: the last checkpoint was saved; run the same command to resume.',
-            file=sys.stderr)
+      # Outside the training loop (which turns signals into a checkpoint and a RunError).
+      print('interrupted before training: nothing new to save; run the same command to start or '
+            'resume.', file=sys.stderr)
       sys.exit(130)
     if isinstance(e, user_error_types()):
-      print(f'error: {e}', file=sys.stderr)
-      sys.exit(1)
+      code = getattr(e, 'exit_code', 1)
+      print(f"{'' if code in (130, 143) else 'error: '}{e}", file=sys.stderr)
+      sys.exit(code)
     if isinstance(e, (AttributeError, KeyError, TypeError, ValueError)) and \
         _is_config_override_error(e):
       msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__

@@ -1,0 +1,180 @@
+"""SIGINT/SIGTERM at random moments (some inside a checkpoint write) and the watchdog, in real processes.
+
+Each interrupted process must exit 130/143 with one line saying how to resume (or, before training
+started, the default behaviour), leave a checkpoint that equals the uninterrupted run's state at that
+step, and the chain of resumed runs must end with the uninterrupted run's final state, bit for bit.
+
+``KF_SIGNAL_TRIALS=10 python -m pytest -q tests/training/test_signals.py -k chain -s`` runs the
+10-interruption chain and prints its table (CI runs a shorter chain: each process costs an import and
+a compilation).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from kernelformer.training import fingerprint as fp
+from kernelformer.training import trainer
+from tests.training import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DRIVER = os.path.join(ROOT, 'tests', 'training', 'signal_driver.py')
+STEPS = 40
+OVERRIDES = {'num_train_steps': STEPS, 'checkpoint_every': 8, 'eval_every': 8, 'log_every': 1,
+             'keep_checkpoints': 10, 'model.attention.kind': 'posrf-orf',
+             'model.attention.redraw_every': 4}
+SAVE_SLEEP_S = 0.4
+
+
+class Proc:
+  """A driver process whose stdout ``step N`` lines are collected by a thread."""
+
+  def __init__(self, workdir, data_dir, *extra, env=None):
+    args = [f'--config.{k}={v!r}' for k, v in OVERRIDES.items()]
+    self.p = subprocess.Popen([sys.executable, DRIVER, str(workdir), str(data_dir), *args, *extra],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**os.environ, **(env or {})})
+    self.steps: list[int] = []
+    self.out: list[str] = []
+    self._t = threading.Thread(target=self._read, daemon=True)
+    self._t.start()
+
+  def _read(self):
+    for line in self.p.stdout:
+      self.out.append(line)
+      if line.startswith('step '):
+        self.steps.append(int(line.split()[1]))
+
+  def wait(self, timeout=240):
+    rc = self.p.wait(timeout=timeout)
+    self._t.join(5)
+    self.stderr = self.p.stderr.read()
+    return rc
+
+
+def last_line(text):
+  lines = [l for l in text.strip().splitlines() if l.strip()]
+  return lines[-1] if lines else ''
+
+
+def numbered(directory):
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
+
+
+def restore_state(path):
+  return jax.tree.leaves(ocp.StandardCheckpointer().restore(os.path.join(path, 'state')))
+
+
+def reference(tmp_path):
+  """The uninterrupted run in this process: the state digest after every step, and its workdir."""
+  config = helpers.tiny_config(tmp_path / 'data', **OVERRIDES)
+  digests = {}
+  trainer.train_and_evaluate(config, str(tmp_path / 'reference'),
+                             hooks=[lambda step, state: digests.__setitem__(step, fp.tree_digest(state))])
+  return digests
+
+
+def interrupt(proc, workdir, rng, sig, moment):
+  """Sends ``sig`` at ``moment``; returns the step the process had reported when the signal went."""
+  ckpt = os.path.join(workdir, 'checkpoints')
+  deadline = time.time() + 180
+  if moment == 'early':           # while importing / restoring / compiling / the first steps
+    time.sleep(rng.uniform(0.5, 6.0))
+  elif moment == 'step':          # a random number of steps into this segment
+    target = rng.randint(1, 12)
+    start = len(proc.steps)
+    while len(proc.steps) < start + target and proc.p.poll() is None and time.time() < deadline:
+      time.sleep(0.005)
+  else:                           # 'save', 'save-twice': inside a checkpoint write
+    before = set(numbered(ckpt))
+    while proc.p.poll() is None and time.time() < deadline and not (set(numbered(ckpt)) - before):
+      time.sleep(0.005)
+  at = proc.steps[-1] if proc.steps else 0
+  if proc.p.poll() is None:
+    proc.p.send_signal(sig)
+    if moment == 'save-twice':
+      time.sleep(SAVE_SLEEP_S / 4)
+      if proc.p.poll() is None:
+        proc.p.send_signal(sig)
+  return at
+
+
+def run_chain(tmp_path, trials, seed):
+  digests = reference(tmp_path)
+  rng = random.Random(seed)
+  workdir = tmp_path / 'chain'
+  env = {'KERNELFORMER_TEST_SLOW_SAVE_S': str(SAVE_SLEEP_S)}
+  table = []
+  moments = ['step', 'save', 'save-twice', 'early']
+  for i in range(trials):
+    sig = (signal.SIGINT, signal.SIGTERM)[i % 2] if trials > 1 else rng.choice(
+        (signal.SIGINT, signal.SIGTERM))
+    moment = moments[i % len(moments)] if i < len(moments) else rng.choice(moments)
+    proc = Proc(workdir, tmp_path / 'data', '--step_sleep', '0.03', env=env)
+    at = interrupt(proc, str(workdir), rng, sig, moment)
+    rc = proc.wait()
+    line = last_line(proc.stderr)
+    assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
+    assert rc in (0, 130, 143, -signal.SIGTERM), (rc, proc.stderr[-2000:])
+    if rc in (130, 143):
+      assert rc == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
+      assert 'resume' in line, line
+    ckpt = str(workdir / 'checkpoints')
+    assert not [n for n in os.listdir(ckpt) if not n.isdigit()], os.listdir(ckpt)  # no temp dirs
+    latest = numbered(ckpt)[-1] if numbered(ckpt) else 0
+    equal = True
+    if latest:
+      meta = json.loads((workdir / 'checkpoints' / str(latest) / 'meta' / 'metadata').read_text())
+      equal = meta['state_sha256'] == digests[latest]
+    table.append((sig.name, moment, at, rc, latest, equal))
+  proc = Proc(workdir, tmp_path / 'data', env=env)
+  assert proc.wait() == 0, proc.stderr[-3000:]
+  final = restore_state(str(workdir / 'checkpoints' / str(STEPS)))
+  ref = restore_state(str(tmp_path / 'reference' / 'checkpoints' / str(STEPS)))
+  final_equal = len(final) == len(ref) and all(
+      np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(final, ref))
+  events = [json.loads(l) for l in (workdir / 'metrics.jsonl').read_text().splitlines()]
+  keys = [(e['split'], e['step']) for e in events]
+  print('\nsignal   moment      step-at-signal  exit  checkpoint  checkpoint-equals-uninterrupted')
+  for row in table:
+    print('{:8} {:11} {:>14} {:>5} {:>11}  {}'.format(*row[:5], 'yes' if row[5] else 'NO'))
+  print(f'final parameters bitwise equal to the uninterrupted run: {"yes" if final_equal else "NO"}')
+  return table, final_equal, keys
+
+
+def test_random_interruption_chain_resumes_bitwise(tmp_path):
+  trials = int(os.environ.get('KF_SIGNAL_TRIALS', '3'))
+  table, final_equal, keys = run_chain(tmp_path, trials, seed=int(os.environ.get('KF_SIGNAL_SEED',
+                                                                                 '0')))
+  assert all(row[5] for row in table), table
+  assert final_equal
+  assert any(row[3] in (130, 143) and row[1].startswith('save') for row in table), table
+  assert len(keys) == len(set(keys)), 'metrics.jsonl repeats events after a resume'
+  assert sorted(s for split, s in keys if split == 'train') == list(range(1, STEPS + 1))
+
+
+def test_watchdog_stops_a_hung_step(tmp_path):
+  workdir = tmp_path / 'run'
+  t0 = time.time()
+  proc = Proc(workdir, tmp_path / 'data', '--hang_at', '5', '--config.watchdog_step_s=3.0',
+              '--config.watchdog_compile_s=600.0')
+  rc = proc.wait(timeout=200)
+  elapsed = time.time() - t0
+  line = last_line(proc.stderr)
+  assert rc == 4, (rc, proc.stderr[-2000:])
+  assert 'watchdog' in line and 'training step 5' in line, line
+  assert 'Traceback' not in proc.stderr
+  assert proc.steps[-1] == 4
+  assert numbered(workdir / 'checkpoints') == []            # checkpoint_every=8: nothing new was saved
+  assert not (workdir / 'lock').exists()                     # released on the way out
+  assert elapsed < 120
