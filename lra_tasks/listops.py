@@ -425,13 +425,20 @@ def write_tsv(path: str, rows: Sequence[tuple[str, int]]) -> None:
 def _iter_rows(path: str) -> Iterator[tuple[int, str, int]]:
   """Yields ``(line_number, source, target)``; a malformed header or row: a one-line DataError."""
   fix = 'fix or delete the file (prepare() regenerates it when data.generate=True)'
-  with open(path, 'r', encoding='utf-8', newline='') as f:
+  # surrogateescape: a byte that is not UTF-8 reaches the row check below, which names its line.
+  with open(path, 'r', encoding='utf-8', errors='surrogateescape', newline='') as f:
     reader = csv.reader(f, delimiter='\t')
-    header = next(reader, None)
+    rows = _csv_rows(reader, path, fix)
+    header = next(rows, None)
     if header is None or tuple(header) != HEADER:
       raise common.DataError(f'{path}:1: header must be "Source<TAB>Target", got {header!r}; {fix}')
-    for row in reader:
+    for row in rows:
       line = reader.line_num
+      _check_utf8(path, line, row, fix)
+      if any(len(field) > MAX_FIELD_CHARS for field in row):
+        # csv's own limit, unless another reader raised it for this process (Retrieval does).
+        raise common.DataError(f'{path}:{line}: malformed row (field larger than field limit '
+                               f'({MAX_FIELD_CHARS})); {fix}')
       if len(row) != 2:
         raise common.DataError(f'{path}:{line}: expected 2 tab-separated fields (Source, Target), '
                                f'got {len(row)}; {fix}')
@@ -439,6 +446,33 @@ def _iter_rows(path: str) -> Iterator[tuple[int, str, int]]:
       if not (len(target) == 1 and target in DIGITS):
         raise common.DataError(f'{path}:{line}: Target must be one digit 0-9, got {target!r}; {fix}')
       yield line, source, int(target)
+
+
+# csv's default field size limit; LRA's longest sources are ~10k characters (< 2000 tokens).
+MAX_FIELD_CHARS = 131072
+
+
+def _csv_rows(reader, path: str, fix: str) -> Iterator[list[str]]:
+  """The reader's rows; a csv fault (a field over csv's size limit, ...) is a DataError naming the line."""
+  while True:
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:
+      raise common.DataError(f'{path}:{reader.line_num}: malformed row ({e}); {fix}') from None
+    yield row
+
+
+def _check_utf8(path: str, line: int, row: Sequence[str], fix: str) -> None:
+  for field in row:
+    if not field.isascii():
+      try:
+        field.encode('utf-8')
+      except UnicodeEncodeError as e:
+        bad = field[e.start].encode('utf-8', 'surrogateescape')
+        raise common.DataError(f'{path}:{line}: not UTF-8 text (byte 0x{bad.hex()} at column '
+                               f'{e.start + 1}); {fix}') from None
 
 
 def _tokens_or_error(path: str, line: int, source: str) -> list[str]:
@@ -591,6 +625,9 @@ class ListOpsTask:
   def prepare(self, data: Any) -> None:
     """Generates the missing split files if ``data.generate``; otherwise does nothing."""
     missing = self._missing(data)
+    not_files = [split_path(data, s) for s in missing if os.path.lexists(split_path(data, s))]
+    if not_files:
+      raise common.DataError(f'listops: {not_files[0]} exists but is not a file; remove or rename it')
     if not missing or not bool(data.generate):
       return
     directory = split_dir(data)
@@ -622,6 +659,9 @@ class ListOpsTask:
       raise common.DataError('listops: ' + '; '.join(self.check(data)))
     st = os.stat(path)
     inputs, targets = _load_arrays(path, int(data.max_length), st.st_mtime_ns, st.st_size)
+    if not len(targets):
+      raise common.DataError(f'{path}: the {split} split holds no examples (a header only); delete '
+                             'the file to regenerate it, or copy it again from the LRA release')
     return common.ArraySource(inputs=inputs, targets=targets)
 
 
