@@ -241,6 +241,15 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
   _check_int(config, 'max_eval_batches', 0)
   _check_int(config, 'profile_steps', 0)
   _check_bool(config, 'progress')
+  # Run-safety fields (configs/common.py; a config file of one's own may lack them: defaults apply).
+  if 'on_nonfinite' in config:
+    _check_choice(config, 'on_nonfinite', ('stop', 'skip'))
+  for name in ('watchdog_step_s', 'watchdog_compile_s'):
+    if name in config:
+      _check_float(config, name, low=0.0, low_open=False)
+  for name in ('allow_config_change', 'reevaluate'):
+    if name in config:
+      _check_bool(config, name)
 
   # The task's own data fields (pure checks: nothing is read or created).
   task_obj = lra_tasks.get(task)

@@ -23,8 +23,10 @@ import contextlib
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -212,6 +214,33 @@ def _listops_partial_release(ctx):
   return ['--config.data.generate=True']
 
 
+def _locked_workdir(ctx):
+  # A run in progress on this host: pid 1 is alive in every container and machine.
+  with open(os.path.join(ctx.workdir, 'lock'), 'w', encoding='utf-8') as f:
+    json.dump({'pid': 1, 'host': socket.gethostname(), 'started': '2026-01-01T00:00:00'}, f)
+  return []
+
+
+def _in_workdir(name: str, content: bytes):
+  def setup(ctx):
+    with open(os.path.join(ctx.workdir, name), 'wb') as f:
+      f.write(content)
+    return []
+  return setup
+
+
+def _other_config_run(ctx):
+  from configs import listops  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  c = listops.get_config('tiny')
+  with c.unlocked():
+    c.seed = 7
+    c.data.data_dir = ctx.data_dir
+    c.progress = False
+  workdir_lib.RunRecord(ctx.workdir).write(c, [], 0)
+  return []
+
+
 PF = (f'--config={os.path.join(ROOT, "configs", "pathfinder.py")}:tiny',)
 RT = (f'--config={os.path.join(ROOT, "configs", "retrieval.py")}:tiny',)
 TRAIN, VAL, TEST = 'basic_train.tsv', 'basic_val.tsv', 'basic_test.tsv'
@@ -342,6 +371,16 @@ CASES: list[tuple[str, Any, str]] = [
     ('disk_full', Fn(_disk_full(1 << 20)), 'not enough free disk space'),
     ('disk_nearly_full', Fn(_disk_full(validate.MIN_FREE_BYTES - 1)), 'not enough free disk space'),
     ('workdir_empty', '--workdir=', 'workdir'),
+    # --- the workdir's own state (kernelformer/training/workdir.py)
+    ('workdir_locked', Fn(_locked_workdir), 'is in use by pid 1'),
+    ('workdir_lock_unreadable', Fn(_in_workdir('lock', b'\x00garbage')), 'in use by an unreadable lock file'),
+    ('workdir_other_config', Fn(_other_config_run), 'holds a run of another config (seed'),
+    ('workdir_run_json_damaged', Fn(_in_workdir('run.json', b'{"fields": ')), 'run.json is damaged'),
+    ('workdir_results_damaged', Fn(_in_workdir('results.json', b'{"final_step": ')),
+     'results.json is damaged'),
+    ('workdir_results_not_object', Fn(_in_workdir('results.json', b'[1, 2]')), 'results.json is damaged'),
+    ('on_nonfinite_unknown', '--config.on_nonfinite=ignore', "config.on_nonfinite='ignore'"),
+    ('watchdog_negative', '--config.watchdog_step_s=-1', 'config.watchdog_step_s=-1'),
     # --- data files
     ('data_dir_is_file', Fn(_data_dir_is_file), 'is a file, not a directory'),
     ('listops_missing', LISTOPS_FIXED, 'basic_train.tsv is missing'),
