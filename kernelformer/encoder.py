@@ -3,8 +3,9 @@
 Token id 0 is padding everywhere; the key padding mask is ``inputs != 0``. Pooling is masked (CLS token or
 mean over real tokens), so padded positions never reach the classifier.
 
-The dual encoder (LRA Retrieval) encodes each document separately with the same weights and classifies
-``[u, v, u * v, u - v]``: no cross-attention, as LRA requires.
+The dual encoder (LRA Retrieval) encodes each document separately with the same weights -- and, for
+random-feature and landmark mechanisms, the same features: both documents go through one encoder call
+-- and classifies ``[u, v, u * v, u - v]``: no cross-attention, as LRA requires.
 """
 from __future__ import annotations
 
@@ -111,8 +112,15 @@ class Classifier(nn.Module):
   def __call__(self, batch: Mapping[str, Any], *, train: bool = False, step=None):
     enc = Encoder(**self.encoder, name='encoder')
     if self.dual:
-      u = enc(batch['inputs1'], train=train, step=step)
-      v = enc(batch['inputs2'], train=train, step=step)
+      # One encoder call over both documents (stacked on the batch axis), so the towers are truly
+      # siamese: the same random features, landmarks and redraw for both, which two separate calls
+      # would not give (each call takes its own ``make_rng('features')``). Every mechanism treats
+      # batch rows independently, so this equals encoding each document alone with those features.
+      x1, x2 = batch['inputs1'], batch['inputs2']
+      width = max(x1.shape[1], x2.shape[1])
+      pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])))  # token 0 is padding
+      both = enc(jnp.concatenate([pad(x1), pad(x2)], axis=0), train=train, step=step)
+      u, v = both[:x1.shape[0]], both[x1.shape[0]:]
       h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
     else:
       h = enc(batch['inputs'], train=train, step=step)

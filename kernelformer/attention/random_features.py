@@ -122,9 +122,9 @@ class RandomFeatureAttention(nn.Module):
     if not components_lib.uses_projection(self.component):
       return None
     base = self.make_rng('features')
-    key = jax.random.fold_in(base, draw_index(step, self.redraw_every))
-    keys = key if self.share_heads else jax.random.split(key, num_heads)
     if self.weights in learned_lib.LEARNED:
+      key = jax.random.fold_in(base, draw_index(step, self.redraw_every))
+      keys = key if self.share_heads else jax.random.split(key, num_heads)
       sampler = learned_lib.build_learned(
           self.weights, self.num_features, head_dim,
           num_components=self.num_mixture_components, covariance=self.covariance,
@@ -135,9 +135,43 @@ class RandomFeatureAttention(nn.Module):
       raise ValueError(f'unknown weights {self.weights!r}; valid: '
                        f'{", ".join(sorted(weights_lib.SAMPLERS) + sorted(learned_lib.LEARNED))}')
     sample = weights_lib.SAMPLERS[self.weights]
-    if self.share_heads:
+
+    def draw(index: Array):
+      """The projection of draw ``index``: a pure function of (this layer's base key, index)."""
+      keys = jax.random.fold_in(base, index)
+      if not self.share_heads:
+        keys = jax.random.split(keys, num_heads)
+        return jax.vmap(lambda kk: sample(kk, self.num_features, head_dim))(keys)
       return sample(keys, self.num_features, head_dim)
-    return jax.vmap(lambda kk: sample(kk, self.num_features, head_dim))(keys)
+
+    return self._cached_projection(draw, step)
+
+  def _cached_projection(self, draw, step: Optional[Array]):
+    """A fixed sampler's W, drawn once per redraw window and kept in the ``features`` collection.
+
+    The collection holds, per layer, the evaluation draw (index 0, fixed for the whole run), the
+    training draw now in use and its index ``step // redraw_every``. A train step whose index equals
+    the stored one reuses the stored W (``lax.cond``: the sampler -- ORF's QR, MM's SVD, FastFood's
+    structure -- runs only in the step that starts a new window); evaluation reads the fixed draw. The
+    draws are the same arrays ``draw(index)`` gives, so results are bit-identical to sampling every
+    step. Without the collection (``apply`` with parameters only) W is drawn on every call.
+    Learned samplers depend on parameters and are drawn inside every step instead.
+    """
+    index = draw_index(step, self.redraw_every)
+    if not (self.is_initializing() or self.has_variable('features', 'train_index')):
+      return draw(index)
+    treedef = jax.tree.structure(jax.eval_shape(draw, index))
+    eval_leaves = self.variable('features', 'eval', lambda: tuple(jax.tree.leaves(draw(0))))
+    train_leaves = self.variable('features', 'train', lambda: eval_leaves.value)
+    train_index = self.variable('features', 'train_index', lambda: jnp.zeros((), jnp.int32))
+    if step is None:
+      return jax.tree.unflatten(treedef, eval_leaves.value)
+    leaves = jax.lax.cond(index == train_index.value,
+                          lambda: tuple(train_leaves.value),
+                          lambda: tuple(jax.tree.leaves(draw(index))))
+    if self.is_mutable_collection('features') and not self.is_initializing():
+      train_leaves.value, train_index.value = leaves, index
+    return jax.tree.unflatten(treedef, leaves)
 
   @nn.compact
   def __call__(self, q: Array, k: Array, v: Array, *, mask: Optional[Array] = None,

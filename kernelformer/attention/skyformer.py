@@ -61,23 +61,39 @@ from kernelformer.attention.gaussian import gaussian_kernel_matrix, input_scale
 Array = jax.Array
 
 
-def sample_landmarks(key: Array, valid: Array, num_landmarks: int) -> tuple[Array, Array]:
+def sample_landmarks(key: Array, valid: Array, num_landmarks: int,
+                     uniforms: Array | None = None) -> tuple[Array, Array]:
   """Draws ``num_landmarks`` row indices uniformly without replacement among the valid ones.
 
   Args:
-    key: PRNG key.
+    key: PRNG key (unused when ``uniforms`` is given).
     valid: ``[..., N]`` bool, which rows may be drawn.
     num_landmarks: d <= N (static).
+    uniforms: optional i.i.d. U(0, 1) scores broadcastable to ``valid`` (default: drawn from ``key``
+      in the shape of ``valid``).
 
   Returns:
     ``(indices [..., d] int32, landmark_valid [..., d] bool)``. The top d of i.i.d. uniforms is a
     uniformly random d-subset; invalid rows get -1 so they are picked only once every valid row has
     been, and those picks are reported invalid.
   """
-  u = jax.random.uniform(key, valid.shape)
+  u = jax.random.uniform(key, valid.shape) if uniforms is None else uniforms
   u = jnp.where(valid, u, -1.0)
   _, idx = jax.lax.top_k(u, num_landmarks)
   return idx.astype(jnp.int32), jnp.take_along_axis(valid, idx, axis=-1)
+
+
+def row_uniforms(key: Array, length: int, num_heads: int) -> Array:
+  """One U(0, 1) score per (head, row of [Q; K]): ``[H, 2 * length]``, query rows then key rows.
+
+  Drawn position-major, ``uniform(key, [length, 2, H])``: with JAX's partitionable threefry (the
+  default) element (i, s, h) depends only on the key and on i * 2H + s * H + h, so the scores of real
+  rows do not change when the sequence is padded to another length, and they are the same for every
+  batch row. So the landmark draw is padding-invariant per draw (not only in distribution), and the two
+  documents of a Retrieval pair -- encoded in one call -- get the same landmarks where they agree.
+  """
+  u = jax.random.uniform(key, (length, 2, num_heads))
+  return jnp.concatenate([u[:, 0].T, u[:, 1].T], axis=-1)
 
 
 @functools.partial(jax.jit, static_argnames='num_iterations')
@@ -146,7 +162,8 @@ def nystrom_factors(q: Array, k: Array, *, key: Array | None, mask: Array | None
   else:
     if key is None:
       raise ValueError('skyformer needs a PRNG key to draw landmarks')
-    idx, lm_valid = sample_landmarks(key, valid_rows, num_landmarks)
+    idx, lm_valid = sample_landmarks(key, valid_rows, num_landmarks,
+                                     uniforms=row_uniforms(key, length, h))
     landmarks = jnp.take_along_axis(x, idx[..., None], axis=2)  # [B, H, d, p]
   lm_f = lm_valid.astype(jnp.float32)
   qs, ks = x[:, :, :length], x[:, :, length:]

@@ -81,12 +81,18 @@ def test_padding_invariance_and_finite_edge_cases(name):
     return module.apply(variables, q, k, v, mask=mask, deterministic=True, rngs=rngs,
                         **bias_for(q.shape[1]))
 
-  def loss(variables, q, k, v, mask):
-    y = forward(variables, q, k, v, mask)
+  def loss(params, state, q, k, v, mask):
+    y = forward({**state, 'params': params} if params else state, q, k, v, mask)
     return jnp.sum(jnp.where(mask[:, :, None, None], y, 0.0) ** 2), y
 
-  # Output and gradient from one pass (has_aux), so the forward graph is not compiled twice.
-  value_and_grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)
+  # Output and gradient from one pass (has_aux), so the forward graph is not compiled twice. The
+  # gradient is taken with respect to the parameters (not to state such as the cached random
+  # features, which holds integers) and to q, k, v.
+  grad_fn = jax.value_and_grad(loss, argnums=(0, 2, 3, 4), has_aux=True)
+
+  def value_and_grad(variables, q, k, v, mask):
+    state = {c: x for c, x in variables.items() if c != 'params'}
+    return grad_fn(variables.get('params', {}), state, q, k, v, mask)
 
   def init(qkv, mask):
     return module.init({'params': key, **rngs}, *qkv, mask=mask, **bias_for(LENGTH))
