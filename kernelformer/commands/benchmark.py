@@ -4,6 +4,7 @@ usage:
   kernelformer benchmark [attention] [flags]    # time, compiled memory and FLOPs vs sequence length
   kernelformer benchmark approximation [flags]  # approximation quality of the kernels (four paper plots)
   kernelformer benchmark loader [flags]         # Pathfinder loader speed, raw PNGs vs decoded cache
+  kernelformer benchmark train_step [flags]     # train-step time per kind, reusing vs redrawing W
   kernelformer benchmark NAME --help            # the flags of one
 
 attention and approximation write into runs/benchmarks/ unless --out_dir says otherwise (the committed
@@ -15,7 +16,7 @@ import importlib
 import sys
 
 BENCHMARKS = {'attention': 'benchmark_attention', 'approximation': 'approximation',
-              'loader': 'benchmark_loader'}
+              'loader': 'benchmark_loader', 'train_step': 'benchmark_train_step'}
 
 
 def run(args) -> int:

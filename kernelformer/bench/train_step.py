@@ -1,0 +1,106 @@
+"""Time the trainer's own jitted train step for several attention kinds, interleaved, in one process.
+
+What it answers (issue 16, item 1): does the weight sampler still cost anything per step? Fixed samplers'
+projections live in the ``features`` collection and are redrawn only in the step that starts a new
+window of ``redraw_every`` steps, so two numbers per kind:
+
+* ``step_ms``: the median of steps *inside* a window (the stored W is reused) -- what 99 of 100 steps
+  cost with the default ``redraw_every=100``;
+* ``redraw_step_ms``: the median of steps that *start* a window (the sampler runs: ORF's QR, MM's SVD,
+  FastFood's structure), measured by setting the state's step to a window boundary before each call.
+
+Kinds are measured round-robin (one step of each per round) so the load of a shared machine hits them
+alike. The step is ``trainer.make_steps``'s train step compiled once per kind with the state donated,
+exactly as ``train_and_evaluate`` runs it; the batch is random tokens of the task's vocabulary.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+import lra_tasks
+from kernelformer.training import optim as optim_lib
+from kernelformer.training import sharding
+from kernelformer.training import trainer
+
+
+@dataclasses.dataclass
+class StepTiming:
+  kind: str
+  step_ms: float
+  redraw_step_ms: float
+  compile_s: float
+
+
+def _batch(config, info, batch_size: int, length: int) -> dict:
+  rng = np.random.default_rng(0)
+  batch = {name: rng.integers(1, info.vocab_size, size=(batch_size, length)).astype(np.int32)
+           for name in trainer.input_names(info)}
+  batch['targets'] = rng.integers(0, info.num_classes, size=(batch_size,)).astype(np.int32)
+  return batch
+
+
+def _compiled_step(config: ml_collections.ConfigDict, info, batch):
+  model = trainer.build_model(config, info)
+  keys = trainer._keys(config.seed)  # pylint: disable=protected-access
+  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
+  train_step, _ = trainer.make_steps(model, tx, schedule, config, keys)
+  mesh = sharding.make_mesh(None)
+  state = trainer.init_state(model, tx, info, config, keys, mesh)
+  start = time.perf_counter()
+  compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile()
+  return compiled, state, time.perf_counter() - start
+
+
+def measure(config: ml_collections.ConfigDict, kinds: Sequence[str], *, batch_size: int,
+            repeats: int = 10) -> list[StepTiming]:
+  """Median step times of ``kinds`` on ``config``'s model (its task gives vocabulary and length)."""
+  task = lra_tasks.get(config.data.task)
+  info = task.info(config.data)
+  redraw = int(config.model.attention.redraw_every or 100)
+  batch = _batch(config, info, batch_size, info.max_length)
+  runs = {}
+  for kind in kinds:
+    c = config.copy_and_resolve_references()
+    with c.unlocked():
+      c.model.attention.kind = kind
+    runs[kind] = list(_compiled_step(c, info, batch))
+  times = {kind: {'hit': [], 'redraw': []} for kind in kinds}
+  for r in range(repeats + 1):                       # round 0 is a warm-up
+    for kind in kinds:
+      compiled, state, _ = runs[kind]
+      for what in ('redraw', 'hit'):
+        # A window boundary (the sampler runs), then the step after it, inside that window (reuse).
+        step = (r + 1) * redraw + (1 if what == 'hit' else 0)
+        state = state.replace(step=jnp.asarray(step, jnp.int32))
+        t0 = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(metrics)
+        if r:
+          times[kind][what].append(time.perf_counter() - t0)
+      runs[kind][1] = state
+  return [StepTiming(kind, 1e3 * statistics.median(times[kind]['hit']),
+                     1e3 * statistics.median(times[kind]['redraw']), runs[kind][2]) for kind in kinds]
+
+
+def markdown(results: Sequence[StepTiming], header: str) -> str:
+  lines = [header, '', '| kind | step inside a window (ms) | step that redraws (ms) | compile (s) |',
+           '|---|---:|---:|---:|']
+  for t in results:
+    lines.append(f'| {t.kind} | {t.step_ms:.1f} | {t.redraw_step_ms:.1f} | {t.compile_s:.1f} |')
+  return '\n'.join(lines) + '\n'
+
+
+def load_average() -> str:
+  try:
+    return ' '.join(f'{x:.1f}' for x in os.getloadavg())
+  except OSError:
+    return 'n/a'
