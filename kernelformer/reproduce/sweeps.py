@@ -370,11 +370,15 @@ class Run:
     return 'new'
 
   def command(self, python: str = 'python', script: str = 'scripts/train.py',
-              config_path: str = '') -> list[str]:
-    """The equivalent ``scripts/train.py`` command line (for ``--emit`` and ``--parallel``)."""
+              config_path: str = '', launcher: Sequence[str] = ()) -> list[str]:
+    """The equivalent ``scripts/train.py`` command line (for ``--emit`` and ``--parallel``).
+
+    ``launcher`` replaces ``python script`` (``--parallel`` uses ``python -m kernelformer train``,
+    which an installed package has where a ``scripts/`` folder may not exist).
+    """
     path = config_path or self.point.config
     spec = f'{path}:{self.point.preset}' if self.point.preset else path
-    args = [python, script, '--config', spec, '--workdir', self.workdir]
+    args = [*(launcher or (python, script)), '--config', spec, '--workdir', self.workdir]
     for k, v in [*self.common, *_ordered(self.point.overrides)]:
       args.append(f'--config.{k}={_format_value(v)}')
     return args
@@ -534,11 +538,14 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
         _write_point_file(r)
         logf = open(os.path.join(r.workdir, 'train.log'), 'a', encoding='utf-8')
         # Same working directory as this process, so relative data_dir and work directories mean
-        # the same in the child; the script and the config file by absolute path.
-        cmd = r.command(python=sys.executable, script=os.path.join(REPO_ROOT, 'scripts', 'train.py'),
+        # the same in the child; the config file by absolute path.
+        cmd = r.command(launcher=(sys.executable, '-m', 'kernelformer', 'train'),
                         config_path=resolve_config_path(r.point.config))
+        # The child imports this very kernelformer, installed or not (REPO_ROOT holds the package).
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (REPO_ROOT, os.environ.get('PYTHONPATH', '')) if p))
         proc = subprocess.Popen(cmd + ['--config.progress=False'], stdout=logf,
-                                stderr=subprocess.STDOUT, cwd=os.getcwd())
+                                stderr=subprocess.STDOUT, cwd=os.getcwd(), env=env)
         active.append((r, proc, logf, time.time()))
         log(f'start {r.name} (pid {proc.pid})')
       still = []
