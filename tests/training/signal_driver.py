@@ -28,41 +28,42 @@ def main() -> None:
   parser.add_argument('--hang_at', type=int, default=0)
   args, overrides = parser.parse_known_args()
 
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update('jax_default_matmul_precision', 'highest')
   from kernelformer.training import cli  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
-  from tests.training import helpers  # pylint: disable=g-import-not-at-top
-
-  values = {}
-  for o in overrides:
-    key, value = o.removeprefix('--config.').split('=', 1)
-    values[key] = eval(value, {})  # pylint: disable=eval-used  (test-only driver, literal values)
-  config = helpers.tiny_config(args.data_dir, **values)
-
-  if args.hang_at:
-    make_steps = trainer.make_steps
-
-    def hanging_make_steps(*a, **k):
-      train_step, eval_step = make_steps(*a, **k)
-
-      def block(step):
-        if int(step) + 1 == args.hang_at:
-          time.sleep(3600)
-
-      def step_fn(state, batch):
-        jax.debug.callback(block, state.step)
-        return train_step(state, batch)
-      return step_fn, eval_step
-    trainer.make_steps = hanging_make_steps
-
-  def report(step, state):
-    del state
-    print(f'step {step}', flush=True)
-    if args.step_sleep:
-      time.sleep(args.step_sleep)
+  # Everything else happens inside main_with_clean_errors, as in scripts/train.py (an early signal
+  # then ends the process with the CLI's one line, not a traceback).
 
   def run(_):
+    import jax  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_default_matmul_precision', 'highest')
+    from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+    from tests.training import helpers  # pylint: disable=g-import-not-at-top
+    values = {}
+    for o in overrides:
+      key, value = o.removeprefix('--config.').split('=', 1)
+      values[key] = eval(value, {})  # pylint: disable=eval-used  (test-only driver, literal values)
+    config = helpers.tiny_config(args.data_dir, **values)
+    if args.hang_at:
+      make_steps = trainer.make_steps
+
+      def hanging_make_steps(*a, **k):
+        train_step, eval_step = make_steps(*a, **k)
+
+        def block(step):
+          if int(step) + 1 == args.hang_at:
+            time.sleep(3600)
+
+        def step_fn(state, batch):
+          jax.debug.callback(block, state.step)
+          return train_step(state, batch)
+        return step_fn, eval_step
+      trainer.make_steps = hanging_make_steps
+
+    def report(step, state):
+      del state
+      print(f'step {step}', flush=True)
+      if args.step_sleep:
+        time.sleep(args.step_sleep)
+
     results = trainer.train_and_evaluate(config, args.workdir, hooks=[report])
     print(f"done {getattr(results, 'status', '')} {results['final_step']}", flush=True)
 

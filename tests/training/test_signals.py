@@ -4,7 +4,7 @@ Each interrupted process must exit 130/143 with one line saying how to resume (o
 started, the default behaviour), leave a checkpoint that equals the uninterrupted run's state at that
 step, and the chain of resumed runs must end with the uninterrupted run's final state, bit for bit.
 
-``KF_SIGNAL_TRIALS=10 python -m pytest -q tests/training/test_signals.py -k chain -s`` runs the
+``KF_SIGNAL_TRIALS=10 KF_SIGNAL_STEPS=120 python -m pytest -q tests/training/test_signals.py -k chain -s`` runs the
 10-interruption chain and prints its table (CI runs a shorter chain: each process costs an import and
 a compilation).
 """
@@ -29,7 +29,7 @@ from tests.training import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, 'tests', 'training', 'signal_driver.py')
-STEPS = 40
+STEPS = int(os.environ.get('KF_SIGNAL_STEPS', '40'))
 OVERRIDES = {'num_train_steps': STEPS, 'checkpoint_every': 8, 'eval_every': 8, 'log_every': 1,
              'keep_checkpoints': 10, 'model.attention.kind': 'posrf-orf',
              'model.attention.redraw_every': 4}
@@ -126,10 +126,13 @@ def run_chain(tmp_path, trials, seed):
     line = last_line(proc.stderr)
     assert 'Traceback' not in proc.stderr, proc.stderr[-3000:]
     assert rc in (0, 130, 143, -signal.SIGTERM), (rc, proc.stderr[-2000:])
+    ckpt = str(workdir / 'checkpoints')
     if rc in (130, 143):
       assert rc == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig]
       assert 'resume' in line, line
-    ckpt = str(workdir / 'checkpoints')
+      if 'checkpoint saved at step' in line:   # the state of the step in flight was saved
+        assert numbered(ckpt)[-1] == int(line.split('checkpoint saved at step ')[1].split(';')[0])
+        assert numbered(ckpt)[-1] >= at
     assert not [n for n in os.listdir(ckpt) if not n.isdigit()], os.listdir(ckpt)  # no temp dirs
     latest = numbered(ckpt)[-1] if numbered(ckpt) else 0
     equal = True
