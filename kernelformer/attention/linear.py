@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -109,3 +110,188 @@ def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | N
   den = safe_normalizer(a.sum(-1), eps)
   out = jnp.einsum('bhls,bshd->blhd', a / den[..., None], v.astype(jnp.float32))
   return out.astype(v.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exp-feature attention with features recomputed in the backward (issue 16, item 3).
+# ----------------------------------------------------------------------------------------------
+
+DEFAULT_FEATURE_CHUNK = 2048
+
+
+def exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *, mask: Array | None = None,
+                          eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_FEATURE_CHUNK) -> Array:
+  """Bidirectional ``D^-1 phi(Q) (phi(K)^T V)`` for an exp-map, never storing ``phi(Q)`` or ``phi(K)``.
+
+  ``form`` is a ``components.LogSpaceForm`` (``phi(x)_r = s_r exp(z_r(x))``); ``q [..., L, d]``,
+  ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask`` broadcastable to ``[..., S]``; ``proj`` a
+  ``Projection`` without a head axis (vmap over heads outside). Same value as
+  ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Spectraformer eq. 7 with the
+  stabilizer of ``components._exp_shifted``), computed differently:
+
+  * Forward, one pass over key chunks of ``chunk_size`` rows: the state ``kv = phi(K)^T V [F, Dv]`` and
+    ``ksum = phi(K)^T 1 [F]`` are accumulated with an online column shift (as flash attention's running
+    max): when a chunk raises ``beta_r = max_j z_jr`` the state's column r is rescaled by
+    ``exp(beta_old - beta_new)``, so the final state equals the one formed with the global maxima. Then
+    one pass over query chunks: ``num = phi(q) kv``, ``den = phi(q).ksum``.
+  * Saved for the backward (``jax.custom_vjp``): q, k, v, W, beta, the state ``kv, ksum`` and the
+    normalizer ``den`` -- O(L d + M Dv) -- instead of phi(Q), phi(K) and the exp intermediates,
+    O(L M). The backward recomputes the features chunk by chunk and differentiates through them with
+    ``jax.vjp``: query chunks give ``dphi(q) = (g/D) kv^T - (g.out/D) ksum^T`` and accumulate
+    ``dkv, dksum``; key chunks give ``dv = phi(k) dkv`` and ``dphi(k) = v dkv^T + dksum``. The shifts
+    beta and a_i get no gradient (``stop_gradient`` in the original as well: they cancel), and
+    ``safe_normalizer``'s clamp passes no gradient to D where it acts, as ``jnp.where`` does.
+
+  Gradients flow to every floating leaf of ``proj`` (learned samplers' W, quadrature weights);
+  integer leaves (FastFood's permutation) get none.
+  """
+  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+  length, keys = q.shape[-2], k.shape[-2]
+  mask = (jnp.ones(lead + (keys,), bool) if mask is None
+          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (keys,)))
+  q = jnp.broadcast_to(q, lead + q.shape[-2:])
+  k = jnp.broadcast_to(k, lead + k.shape[-2:])
+  v = jnp.broadcast_to(v, lead + v.shape[-2:])
+  cq, ck = max(1, min(chunk_size, length)), max(1, min(chunk_size, keys))
+  pad_q, pad_k = -length % cq, -keys % ck
+  if pad_q:
+    q = jnp.pad(q, [(0, 0)] * len(lead) + [(0, pad_q), (0, 0)])
+  if pad_k:
+    k = jnp.pad(k, [(0, 0)] * len(lead) + [(0, pad_k), (0, 0)])
+    v = jnp.pad(v, [(0, 0)] * len(lead) + [(0, pad_k), (0, 0)])
+    mask = jnp.pad(mask, [(0, 0)] * len(lead) + [(0, pad_k)])
+  leaves, treedef = jax.tree.flatten(proj)
+  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
+  diff = tuple(x for x, f in zip(leaves, is_float) if f)
+  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
+  fn = _exp_attention_fn(form, treedef, is_float, float(eps), cq, ck)
+  out = fn(q, k, v, diff, nondiff, mask)
+  return out[..., :length, :].astype(v.dtype)
+
+
+def _split_chunks(x: Array, c: int, rows_axis: int) -> Array:
+  """``[..., n*c, ...]`` -> ``[n, ..., c, ...]`` along ``rows_axis`` (negative)."""
+  ax = x.ndim + rows_axis
+  x = x.reshape(x.shape[:ax] + (x.shape[ax] // c, c) + x.shape[ax + 1:])
+  return jnp.moveaxis(x, ax, 0)
+
+
+def _join_chunks(x: Array, rows_axis: int) -> Array:
+  """Inverse of ``_split_chunks``."""
+  ax = x.ndim - 1 + rows_axis           # position of the chunk axis once the leading n moves back
+  x = jnp.moveaxis(x, 0, ax)
+  return x.reshape(x.shape[:ax] + (-1,) + x.shape[ax + 2:])
+
+
+_FN_CACHE: dict = {}
+
+
+def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
+  """The ``custom_vjp`` function of ``exp_feature_attention`` for one (form, W structure, eps, chunks)."""
+  cache_key = (form, treedef, is_float, eps, cq, ck)
+  if cache_key in _FN_CACHE:
+    return _FN_CACHE[cache_key]
+
+  def rebuild(diff, nondiff):
+    it_d, it_n = iter(diff), iter(nondiff)
+    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
+
+  def key_logits(kc, mc, p):
+    return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
+
+  def query_features(qc, p, beta):
+    zq = form.logits(qc, p) + beta
+    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
+    a = jnp.where(jnp.isfinite(a), a, 0.0)
+    return jnp.exp(zq - a) * form.scales(p, zq.dtype)[0]
+
+  def key_features(kc, mc, p, beta):
+    ek = jnp.exp(key_logits(kc, mc, p) - beta) * form.scales(p, kc.dtype)[1]
+    return jnp.where(mc[..., None], ek, 0.0)
+
+  def forward(q, k, v, diff, nondiff, mask):
+    p = rebuild(diff, nondiff)
+    dt = jnp.promote_types(q.dtype, jnp.float32)
+    q, k, v32 = q.astype(dt), k.astype(dt), v.astype(jnp.float32)
+    kcs, vcs, mcs = _split_chunks(k, ck, -2), _split_chunks(v32, ck, -2), _split_chunks(mask, ck, -1)
+    f = form.logits(jnp.zeros(k.shape[-1:], dt)[None], p).shape[-1]
+    lead = q.shape[:-2]
+    init = (jnp.full(lead + (1, f), -jnp.inf, dt), jnp.zeros(lead + (f, v.shape[-1]), jnp.float32),
+            jnp.zeros(lead + (f,), jnp.float32))
+
+    def key_step(carry, xs):
+      beta, kv, ksum = carry
+      kc, vc, mc = xs
+      z = key_logits(kc, mc, p)
+      new = jnp.maximum(beta, jnp.max(z, axis=-2, keepdims=True))
+      safe_new = jnp.where(jnp.isfinite(new), new, 0.0)
+      # Rescale the state to the new column shift (exp(-inf) = 0 for columns not seen yet).
+      rescale = jnp.where(jnp.isfinite(beta), jnp.exp(beta - safe_new), 0.0)
+      ek = jnp.where(mc[..., None], jnp.exp(z - safe_new), 0.0) * form.scales(p, dt)[1]
+      kv = kv * rescale[..., 0, :, None] + jnp.einsum('...cf,...cd->...fd', ek, vc)
+      ksum = ksum * rescale[..., 0, :] + jnp.sum(ek, axis=-2)
+      return (new, kv, ksum), None
+
+    (beta, kv, ksum), _ = jax.lax.scan(key_step, init, (kcs, vcs, mcs))
+    beta = jax.lax.stop_gradient(jnp.where(jnp.isfinite(beta), beta, 0.0))
+
+    def query_step(_, qc):
+      phi = query_features(qc, p, beta)
+      num = jnp.einsum('...cf,...fd->...cd', phi, kv)
+      den = jnp.einsum('...cf,...f->...c', phi, ksum)
+      return None, (num / safe_normalizer(den, eps)[..., None], den)
+
+    _, (out, den) = jax.lax.scan(query_step, None, _split_chunks(q, cq, -2))
+    return _join_chunks(out, -2), (beta, kv, ksum, _join_chunks(den, -1))
+
+  @jax.custom_vjp
+  def fn(q, k, v, diff, nondiff, mask):
+    return forward(q, k, v, diff, nondiff, mask)[0]
+
+  def fwd(q, k, v, diff, nondiff, mask):
+    out, (beta, kv, ksum, den) = forward(q, k, v, diff, nondiff, mask)
+    return out, (q, k, v, diff, nondiff, mask, beta, kv, ksum, den)
+
+  def bwd(res, g):
+    q, k, v, diff, nondiff, mask, beta, kv, ksum, den = res
+    dt = jnp.promote_types(q.dtype, jnp.float32)
+    qd, kd, g = q.astype(dt), k.astype(dt), g.astype(jnp.float32)
+    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
+    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
+
+    def query_step(carry, xs):
+      dkv, dksum, dw = carry
+      qc, gc, denc = xs
+      phi, vjp = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), beta), qc, diff)
+      sden = safe_normalizer(denc, eps)
+      out = jnp.einsum('...cf,...fd->...cd', phi, kv) / sden[..., None]
+      gn = gc / sden[..., None]
+      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * out, axis=-1) / sden)
+      dphi = jnp.einsum('...cd,...fd->...cf', gn, kv) + gden[..., None] * ksum[..., None, :]
+      dkv = dkv + jnp.einsum('...cf,...cd->...fd', phi, gn)
+      dksum = dksum + jnp.einsum('...cf,...c->...f', phi, gden)
+      dq, ddiff = vjp(dphi.astype(phi.dtype))
+      return (dkv, dksum, add(dw, ddiff)), dq
+
+    (dkv, dksum, dw), dq = jax.lax.scan(
+        query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
+        (_split_chunks(qd, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)))
+
+    def key_step(dw, xs):
+      kc, vc, mc = xs
+      phi, vjp = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), beta), kc, diff)
+      dv = jnp.einsum('...cf,...fd->...cd', phi, dkv)
+      dphi = jnp.einsum('...cd,...fd->...cf', vc.astype(jnp.float32), dkv) + dksum[..., None, :]
+      dk, ddiff = vjp(dphi.astype(phi.dtype))
+      return add(dw, ddiff), (dk, dv)
+
+    dw, (dk, dv) = jax.lax.scan(
+        key_step, dw, (_split_chunks(kd, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)))
+    float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
+    return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
+            _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+            tuple(float0(x) for x in nondiff), float0(mask))
+
+  fn.defvjp(fwd, bwd)
+  _FN_CACHE[cache_key] = fn
+  return fn

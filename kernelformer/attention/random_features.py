@@ -192,11 +192,24 @@ class RandomFeatureAttention(nn.Module):
     proj = self._projection(head_dim, num_heads, step)
     if self._use_pallas(position_bias, q.shape, v.dtype, causal):
       return self._pallas_attention(qf, kf, v, proj, mask, causal)
+    # Exp-maps, bidirectional: features formed chunk by chunk and recomputed in the backward
+    # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
+    form = components_lib.LOG_SPACE_FORMS.get(self.component)
+    lean = form is not None and not causal and position_bias is None
+    if lean:
+      proj_axis = None if self.share_heads else 0
+      out = jax.vmap(lambda qh, kh, vh, p: linear.exp_feature_attention(
+          form, qh, kh, vh, p, mask=mask, eps=self.feature_eps),
+                     in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
+      if not self.is_mutable_collection('intermediates'):
+        return out
     phi_q, phi_k = per_head_features(self.component, qf, kf, proj, mask,
                                      heads_share_proj=self.share_heads)
     # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise.
     self.sow('intermediates', 'phi_q', phi_q)
     self.sow('intermediates', 'phi_k', phi_k)
+    if lean:
+      return out
     if position_bias is not None:
       # Imported here: rpe.py imports this module to register nprf-rpe, and only this branch needs it.
       from kernelformer.attention import rpe  # pylint: disable=g-import-not-at-top

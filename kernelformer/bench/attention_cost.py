@@ -484,3 +484,100 @@ def plot(rows: Sequence[dict[str, Any]], path_prefix: str, title: str = '') -> l
     axes[0][-1].legend(fontsize=7, loc='upper left', bbox_to_anchor=(1.01, 1.0))
     paths.append(output.save_figure(fig, f'{path_prefix}_{suffix}.png'))
   return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# ``--compare official``: the project's posrf-orf against the official Performer FAVOR+ (issue 16).
+# ----------------------------------------------------------------------------------------------
+
+COMPARE_FIELDS = ('causal', 'mode', 'length', 'batch', 'heads', 'head_dim', 'num_features',
+                  'masked_keys', 'ours_ms', 'official_ms', 'speedup', 'ours_temp_mib',
+                  'official_temp_mib', 'max_abs_diff', 'repeats', 'load_1min')
+
+
+def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequence[bool] = (False, True),
+                     log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """Ours (registry ``posrf-orf``) vs ``official_favor.favor_attention`` at equal B, H, d, M, W and mask.
+
+  Both get the same W (``share_heads=True`` here, since the official code has one projection matrix
+  for all heads; the per-head default costs the same) and the same key-padding mask (the last eighth
+  of the keys padded). For each (causal, length, mode) both programs are compiled first, then timed
+  *interleaved* -- one call of each per round, the order alternating between rounds, ``setup.repeats``
+  rounds after one warm-up call each -- so load changes on a shared machine hit both alike; the median
+  per side is reported with ``speedup = official / ours`` (> 1: ours is faster), XLA temp memory of
+  each executable, the max |ours - official| of the forward output with the official ``eps = 1e-4``
+  set to 0 (then both are the same estimate from the same W and must agree to float32 rounding; with
+  it the official outputs differ: its keys are shifted by one global max, so most key features sit
+  far below 1e-4 and the constant dominates) and the 1-minute load average at the end of the cell.
+  """
+  from kernelformer.bench import official_favor  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  rows = []
+  for causal in causal_modes:
+    for length in sorted(lengths):
+      inputs = make_inputs(setup, length, setup.seed)
+      q, k, v, cot = inputs['q'], inputs['k'], inputs['v'], inputs['cotangent']
+      mask = jnp.broadcast_to(jnp.arange(length)[None, :] < length - length // 8, (setup.batch, length))
+      module = registry.build(attention_options('posrf-orf', length, setup.num_features),
+                              share_heads=True, impl='xla')
+      kf = jax.random.PRNGKey(setup.seed + 1)
+      variables = jax.jit(lambda key: module.init({'params': key, 'features': key}, q, k, v,
+                                                  mask=mask, causal=causal))(kf)
+      (w,) = [x for x in jax.tree.leaves(variables.get('features', {})) if x.ndim == 2][:1]
+
+      def ours(q_, k_, v_, variables=variables, mask=mask, causal=causal):
+        return module.apply(variables, q_, k_, v_, mask=mask, causal=causal, rngs={'features': kf})
+
+      def official(q_, k_, v_, w=w, mask=mask, causal=causal):
+        return official_favor.favor_attention(q_, k_, v_, w, mask=mask, causal=causal)
+
+      def with_bwd(f):
+        def fb(q_, k_, v_):
+          _, vjp = jax.vjp(f, q_, k_, v_)
+          return vjp(cot)
+        return fb
+
+      # The same math check: with the official eps (1e-4 added to every feature) off, both compute the
+      # same estimate from the same W, so they must agree to float32 rounding.
+      official_eps0 = lambda q_, k_, v_: official_favor.favor_attention(q_, k_, v_, w, mask=mask,
+                                                                        causal=causal, eps=0.0)
+      diff = float(jnp.max(jnp.abs(jax.jit(ours)(q, k, v) - jax.jit(official_eps0)(q, k, v))))
+      for mode in MODES:
+        fns = (ours, official) if mode == 'fwd' else (with_bwd(ours), with_bwd(official))
+        compiled = [measure.compile_with_stats(f, q, k, v) for f in fns]
+        times: list[list[float]] = [[], []]
+        for c, _ in compiled:
+          jax.block_until_ready(c(q, k, v))          # warm-up
+        for r in range(max(1, setup.repeats)):
+          for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled[i][0](q, k, v))
+            times[i].append(time.perf_counter() - start)
+        t_ours, t_off = (statistics.median(t) * 1e3 for t in times)
+        row = {'causal': causal, 'mode': mode, 'length': length, 'batch': setup.batch,
+               'heads': setup.heads, 'head_dim': setup.head_dim, 'num_features': setup.num_features,
+               'masked_keys': length // 8, 'ours_ms': t_ours, 'official_ms': t_off,
+               'speedup': t_off / t_ours, 'ours_temp_mib': compiled[0][1].temp_bytes / MIB,
+               'official_temp_mib': compiled[1][1].temp_bytes / MIB, 'max_abs_diff': diff,
+               'repeats': len(times[0]),
+               'load_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None}
+        rows.append(row)
+        log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: ours {t_ours:.1f} ms, '
+            f'official {t_off:.1f} ms, official/ours {t_off / t_ours:.2f}x; temp '
+            f'{row["ours_temp_mib"]:.0f} vs {row["official_temp_mib"]:.0f} MiB')
+        del compiled
+      gc.collect()
+  return rows
+
+
+def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:
+  """The ``compare_official`` rows as one markdown table."""
+  head = ('| attention | mode | L | ours (ms) | official (ms) | official / ours | temp ours (MiB) | '
+          'temp official (MiB) | max abs diff (eps 0) | rounds | load |')
+  lines = [head, '|' + '---|' * 11]
+  for r in rows:
+    lines.append(f'| {"causal" if r["causal"] else "bidirectional"} | {r["mode"]} | {r["length"]} | '
+                 f'{r["ours_ms"]:.1f} | {r["official_ms"]:.1f} | {r["speedup"]:.2f} | '
+                 f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | {r["max_abs_diff"]:.1e} | '
+                 f'{r["repeats"]} | {r["load_1min"]:.1f} |')
+  return '\n'.join(lines)

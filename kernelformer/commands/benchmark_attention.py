@@ -4,6 +4,8 @@
   python scripts/benchmark_attention.py --out_dir docs/benchmarks   # the committed results
   python scripts/benchmark_attention.py --kinds softmax,posrf-orf --lengths 1024,4096 --mode fwd+bwd
   python scripts/benchmark_attention.py --quick --out_dir /tmp/bench   # tiny, for tests
+  python scripts/benchmark_attention.py --compare official --num_features 256 --repeats 7
+      # posrf-orf vs a re-implementation of the official Performer FAVOR+, same W and mask, interleaved
 
 Writes ``<out_dir>/<name>.csv``, ``<name>.md`` (markdown tables) and ``<name>_time.png`` /
 ``<name>_memory.png`` (log-log vs length, softmax in black), then prints the issue's claims with the
@@ -50,6 +52,10 @@ def parse_args(argv):
                  help='output folder (default runs/benchmarks; --out_dir docs/benchmarks regenerates the '
                       'committed results of docs/benchmarks.md)')
   p.add_argument('--name', default=None, help='output file stem (default: attention_cost[_quick])')
+  p.add_argument('--compare', default=None, choices=('official',),
+                 help='official: posrf-orf against the official Performer FAVOR+ (bench/official_favor.py) '
+                      'at equal B, H, d, M, W and key mask, bidirectional and causal (or only --causal), '
+                      'fwd and fwd+bwd, timed interleaved; writes <name>.csv/.md (default compare_official)')
   p.add_argument('--quick', action='store_true',
                  help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat')
   args = p.parse_args(argv)
@@ -90,6 +96,8 @@ def main(argv=None) -> int:
                                matmul_size=512 if args.quick else 2048, seed=args.seed)
   hw_before = hardware()
   print(hw_before, flush=True)
+  if args.compare == 'official':
+    return _compare_official(args, setup, lengths, hw_before, argv)
   start = time.time()
   rows, info = attention_cost.run(kinds, lengths, setup, log=lambda s: print(s, flush=True))
   elapsed = time.time() - start
@@ -132,6 +140,34 @@ def main(argv=None) -> int:
   print('\nClaims (measured in this run):')
   print(attention_cost.format_claims(claims))
   print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md', *pngs]))
+  return 0
+
+
+def _compare_official(args, setup, lengths, hw_before, argv) -> int:
+  """``--compare official``: runs ``attention_cost.compare_official`` and writes its table."""
+  from kernelformer.bench import attention_cost, output  # pylint: disable=g-import-not-at-top
+  causal_modes = (True,) if args.causal else (False, True)
+  start = time.time()
+  rows = attention_cost.compare_official(lengths, setup, causal_modes=causal_modes,
+                                         log=lambda s: print(s, flush=True))
+  elapsed = time.time() - start
+  hw_after = hardware()
+  name = args.name or ('compare_official_quick' if args.quick else 'compare_official')
+  prefix = os.path.join(args.out_dir, name)
+  os.makedirs(args.out_dir, exist_ok=True)
+  output.write_csv(rows, prefix + '.csv', attention_cost.COMPARE_FIELDS)
+  command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
+  table = attention_cost.compare_markdown(rows)
+  lines = [f'# posrf-orf vs official Performer FAVOR+ ({name})', '', f'Command: `{command.strip()}`', '',
+           f'Hardware at start: {hw_before}', '', f'Hardware at end: {hw_after}', '',
+           f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
+           f'M {args.num_features}, {args.dtype}, last L/8 keys padded; medians of {args.repeats} '
+           f'interleaved rounds after one warm-up call each; run took {elapsed:.0f} s.', '', table, '']
+  with open(prefix + '.md', 'w') as f:
+    f.write('\n'.join(lines))
+  print()
+  print(table)
+  print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md']))
   return 0
 
 

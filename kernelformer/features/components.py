@@ -46,6 +46,7 @@ exact ones times ``e^(beta_r - a_i)`` (queries) and ``e^(-beta_r)`` (keys): the 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Optional
 
@@ -449,6 +450,50 @@ TARGET_KERNEL: dict[str, str] = {
     'grelu': 'none',
     'grelu_det': 'none',
 }
+
+# ----------------------------------------------------------------------------------------------
+# Split (log-space) forms for the memory-lean attention path (``linear.exp_feature_attention``).
+# ----------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class LogSpaceForm:
+  """An exp-map written as per-row log-magnitudes: ``phi(q_i)_r = sq_r exp(zq_ir)``, same for keys.
+
+  ``logits(x, proj)`` gives ``z`` for a block of rows ``[..., n, d] -> [..., n, F]`` using nothing but
+  those rows and W, so ``linear.exp_feature_attention`` can form features a chunk of the sequence at a
+  time, recompute them in the backward instead of storing them, and apply the stabilizer of
+  ``_exp_shifted`` itself (key-column maxima beta_r over valid keys, query-row maxima a_i, both under
+  ``stop_gradient``). ``scales(proj, dtype)`` are the per-feature (query, key) multipliers
+  ``sign(c_r) sqrt|c_r|`` and ``sqrt|c_r|``. Query and key logits are the same function for the maps
+  registered here (Performer Lemma 1 is symmetric in q and k).
+  """
+
+  logits: Callable[[Array, Projection], Array]
+  parts: int
+
+  def scales(self, proj: Projection, dtype) -> tuple[Array, Array]:
+    return _side_scales(proj, self.parts, dtype)
+
+
+def _posrf_logits(x: Array, proj: Projection) -> Array:
+  """``omega_r.x - |x|^2/2``: the exponent of ``posrf`` (Performer Lemma 1; Spectraformer eq. 32)."""
+  return project(x, proj) - 0.5 * _sq_norm(x)
+
+
+def _hyperbolic_logits(x: Array, proj: Projection) -> Array:
+  """``+-omega_r.x - |x|^2/2 - log(2)/2``: the exponent of ``hyperbolic`` (both parts)."""
+  px = project(x, proj)
+  return jnp.concatenate([px, -px], axis=-1) - 0.5 * _sq_norm(x) - 0.5 * math.log(2.0)
+
+
+# Components whose stabilized features ``linear.exp_feature_attention`` can form chunk by chunk: the
+# result equals ``linear_attention(*COMPONENTS[name](q, k, proj, mask=mask), v, mask=mask)`` to
+# float32 rounding (the maps' own stabilizer, ``_exp_shifted``, reproduced there).
+LOG_SPACE_FORMS: dict[str, LogSpaceForm] = {
+    'posrf': LogSpaceForm(_posrf_logits, parts=1),
+    'hyperbolic': LogSpaceForm(_hyperbolic_logits, parts=2),
+}
+
 
 # Number of parts l in Spectraformer eq. 11 (features per projection row); 0: no projection (M' = d).
 _PARTS = {'trigrf': 2, 'rks': 2, 'posrf': 1, 'hyperbolic': 2, 'oprf': 1, 'saderf': 1,

@@ -155,6 +155,25 @@ def test_benchmark_quick(tmp_path, capsys):
     assert_png(str(tmp_path / f'attention_cost_quick_{suffix}.png'))
 
 
+def test_benchmark_compare_official_quick(tmp_path, capsys):
+  """``--compare official``: one row per (causal, length, mode), both sides timed, same estimate."""
+  script = load_script('benchmark_attention')
+  assert script.main(['--compare', 'official', '--quick', '--out_dir', str(tmp_path)]) == 0
+  rows = output.read_csv(str(tmp_path / 'compare_official_quick.csv'))
+  assert {(r['causal'], r['mode'], r['length']) for r in rows} == {
+      (c, m, str(n)) for c in ('True', 'False') for m in attention_cost.MODES
+      for n in script.QUICK_LENGTHS}
+  for r in rows:
+    assert as_float(r['ours_ms']) > 0 and as_float(r['official_ms']) > 0
+    assert math.isclose(as_float(r['speedup']), as_float(r['official_ms']) / as_float(r['ours_ms']),
+                        rel_tol=1e-6)
+    assert as_float(r['max_abs_diff']) < 1e-4        # same W and mask: the same estimate (eps 0)
+    assert int(r['masked_keys']) == int(r['length']) // 8
+  md = (tmp_path / 'compare_official_quick.md').read_text()
+  assert '| causal | fwd+bwd | 256 |' in md and 'load average' in md
+  assert 'official / ours' in capsys.readouterr().out
+
+
 def test_approximation_quick(tmp_path, capsys):
   script = load_script('approximation')
   assert script.main(['--quick', '--out_dir', str(tmp_path)]) == 0
