@@ -77,3 +77,45 @@ def test_trainer_counts_only_query_positions(tmp_path):
   assert results['test_examples'] == 64
   assert 0.0 <= results['test_accuracy'] <= 1.0
   assert results['attention'] == 'softmax'
+
+
+def _recall_oracle(seq, tgt):
+  """What perfect recall predicts at each query: the token right after the key's first occurrence,
+  which must lie before the query. None where the key has not appeared earlier (unsolvable)."""
+  preds = {}
+  for p in np.nonzero(tgt)[0]:
+    earlier = np.nonzero(seq[:p] == seq[p])[0]
+    preds[int(p)] = int(seq[earlier[0] + 1]) if len(earlier) and earlier[0] + 1 < p else None
+  return preds
+
+
+@pytest.mark.parametrize('preset', ['quick', 'tiny'])
+def test_preset_task_is_solvable_by_recall(preset):
+  """In the presets' data every query's key and its value occur earlier in the sequence, the answer is
+  the value, keys and values come from disjoint halves of the vocabulary, and so a perfect look-up
+  scores 100% while guessing among the context's values cannot."""
+  from configs import mqar as mqar_config
+  data = mqar_config.get_config(preset).data
+  task = lra_tasks.get('mqar')
+  v, n = int(data.vocab_size), int(data.num_pairs)
+  num_keys = (v - 2) // 2
+  for split in ('train', 'test'):
+    src = task.source(data, split)
+    for i in range(min(50, len(src))):
+      ex = src[i]
+      seq, tgt = ex['inputs'], ex['targets']
+      assert len(seq) == int(data.max_length)
+      q = np.nonzero(tgt)[0]
+      assert len(q) == n
+      assert ((2 <= seq[q]) & (seq[q] < 2 + num_keys)).all()           # queries are keys
+      assert ((2 + num_keys <= tgt[q]) & (tgt[q] < v)).all()           # answers are values
+      preds = _recall_oracle(seq, tgt)
+      assert all(preds[int(p)] == tgt[p] for p in q), (split, i, preds, tgt[q])
+  # Not answerable from the query token alone: the same key gets different values across examples.
+  src = task.source(data, 'train')
+  answers = {}
+  for i in range(min(200, len(src))):
+    ex = src[i]
+    for p in np.nonzero(ex['targets'])[0]:
+      answers.setdefault(int(ex['inputs'][p]), set()).add(int(ex['targets'][p]))
+  assert max(len(s) for s in answers.values()) > 1

@@ -1,0 +1,169 @@
+"""The recall sweep (``configs/sweeps/recall.py``) as a table and a figure: accuracy against M per kernel.
+
+Reads a sweep directory through ``report.collect`` (every planned run, finished or not) and writes
+
+* ``<out>.md``: one table per number of key-value pairs, a row per kernel, a column per configured
+  feature count M (``—``: planned but not finished), plus the state each kernel decodes with: ``M'``,
+  the feature dimension of ``phi`` (``trigrf`` has ``2M``: sin and cos), and the per-head state of
+  a decode step, ``M' x d_head`` for linear attention (Katharopoulos et al. 2020 eq. 9's
+  ``S = sum_j phi(k_j) v_j^T``), a cache that grows with the length for softmax and nprf-rpe;
+* ``<out>.png``: test accuracy (query positions) against ``M'`` (log scale), one panel per number of
+  pairs, a line per feature kernel, linear-elu as one point at ``M' = d_head``, softmax as a horizontal
+  line (its state is not fixed).
+
+``M'`` is read from the decoder's own decode cache (``decoder.init_cache`` shapes), so it is what the
+model keeps, not what the config asked for.
+
+  python -m kernelformer.reproduce.recall_plot runs/sweeps/recall --out docs/recall
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from typing import Optional
+
+from kernelformer.reproduce import report
+
+MISSING = report.MISSING
+
+
+def _get(config: dict, dotted: str):
+  for part in dotted.split('.'):
+    config = (config or {}).get(part)
+  return config
+
+
+@functools.lru_cache(maxsize=None)
+def state_features(kind: str, num_features: int, head_dim: int, num_heads: int) -> tuple[int, str]:
+  """``(M', state)``: the feature dimension of the decode state and its per-head description."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from kernelformer import decoder  # pylint: disable=g-import-not-at-top
+  model = decoder.Decoder(vocab_size=8, emb_dim=head_dim * num_heads, num_layers=1,
+                          num_heads=num_heads, qkv_dim=head_dim * num_heads, mlp_dim=8,
+                          attention={'kind': kind, 'num_features': num_features}, max_length=4)
+  cache = decoder.init_cache(model, 1)
+  flat = {'/'.join(str(getattr(k, 'key', k)) for k in path): v.shape
+          for path, v in jax.tree_util.tree_flatten_with_path(cache)[0]}
+  for name, shape in flat.items():
+    if name.endswith('attention/state'):          # [B, H, M', Dv]: fixed-size recurrent state
+      return int(shape[2]), f"{shape[2]} x {shape[3]}"
+    if name.endswith('attention/phi_k'):          # [B, Lmax, H, M']: feature cache (RPE)
+      return int(shape[3]), f'L x ({shape[3]} + {head_dim}) (feature cache)'
+  return 0, f'L x 2 x {head_dim} (KV cache)'
+
+
+def collect(sweep_dir: str) -> list[dict]:
+  """One dict per planned run: kind, M, pairs, accuracy (None if unfinished), M', state, seconds."""
+  meta, runs = report.collect(sweep_dir)
+  planned = {e['workdir']: dict(e.get('overrides') or {}) for e in meta.get('runs', [])}
+  rows = []
+  for r in runs:
+    res = r.results or {}
+    cfg = res.get('config') or {}
+    over = planned.get(r.workdir, {})
+    pairs = _get(cfg, 'data.num_pairs') or over.get('data.num_pairs')
+    m = over.get('model.attention.num_features', _get(cfg, 'model.attention.num_features'))
+    row = dict(kind=r.kind, pairs=pairs, m=m, accuracy=r.accuracy, workdir=r.workdir,
+               seconds=res.get('wall_time_s'), mprime=None, state='')
+    if cfg:
+      heads = int(_get(cfg, 'model.num_heads'))
+      head_dim = int(_get(cfg, 'model.qkv_dim')) // heads
+      row['mprime'], row['state'] = state_features(r.kind, int(m or 0) or 1, head_dim, heads)
+      row['head_dim'] = head_dim
+    if r.kind in ('softmax', 'linear-elu'):
+      row['m'] = None
+    rows.append(row)
+  return rows
+
+
+def _kinds(rows):
+  order = []
+  for r in rows:
+    if r['kind'] not in order:
+      order.append(r['kind'])
+  return order
+
+
+def markdown(rows: list[dict]) -> str:
+  ms = sorted({r['m'] for r in rows if r['m'] is not None})
+  lines = []
+  for pairs in sorted({r['pairs'] for r in rows if r['pairs'] is not None}):
+    sub = [r for r in rows if r['pairs'] == pairs]
+    lines += [f'**{pairs} pairs** — test accuracy (%) on the query positions', '',
+              '| kernel | ' + ' | '.join(f'M = {m}' for m in ms) + " | decode state per head (M' x d) |",
+              '|---|' + '---|' * len(ms) + '---|']
+    for kind in _kinds(sub):
+      cells, states = [], []
+      for m in ms:
+        hit = [r for r in sub if r['kind'] == kind and r['m'] == m]
+        cells.append(_cell(hit[0]) if hit else '')
+        states += [r['state'] for r in hit if r['state']]
+      plain = [r for r in sub if r['kind'] == kind and r['m'] is None]
+      if plain:
+        cells = [_cell(plain[0]) + ' (no M)'] + [''] * (len(ms) - 1)
+        states = [plain[0]['state']]
+      states = list(dict.fromkeys(states))
+      lines.append(f'| {kind} | ' + ' | '.join(cells) + f" | {', '.join(states) or MISSING} |")
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def _cell(row: dict) -> str:
+  return MISSING if row['accuracy'] is None else f"{row['accuracy']:.1f}"
+
+
+def plot(rows: list[dict], path: str) -> bool:
+  """The figure (module docstring); False when nothing finished."""
+  done = [r for r in rows if r['accuracy'] is not None]
+  if not done:
+    return False
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  pairs_list = sorted({r['pairs'] for r in done})
+  fig, axes = plt.subplots(1, len(pairs_list), figsize=(5 * len(pairs_list), 4), squeeze=False,
+                           sharey=True)
+  for ax, pairs in zip(axes[0], pairs_list):
+    sub = [r for r in done if r['pairs'] == pairs]
+    for kind in _kinds(sub):
+      pts = sorted((r['mprime'], r['accuracy']) for r in sub if r['kind'] == kind)
+      if kind == 'softmax':
+        ax.axhline(pts[0][1], color='k', ls='--', label='softmax (KV cache)')
+      elif kind == 'linear-elu':
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], 'k*', ms=12, label="linear-elu (M' = d)")
+      else:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], 'o-', label=kind)
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel("feature dimension M' of the state (state per head = M' x d_head)")
+    ax.set_title(f'MQAR, {pairs} key-value pairs')
+    ax.set_ylim(0, 102)
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('test accuracy on queries (%)')
+  axes[0][-1].legend(fontsize=8, loc='lower right')
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('sweep_dir')
+  p.add_argument('--out', required=True, help='output prefix: writes OUT.md and OUT.png')
+  a = p.parse_args(argv)
+  if not os.path.isdir(a.sweep_dir):
+    print(f'error: no sweep directory {a.sweep_dir!r}', file=sys.stderr)
+    return 2
+  rows = collect(a.sweep_dir)
+  os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
+  with open(a.out + '.md', 'w', encoding='utf-8') as f:
+    f.write(markdown(rows))
+  wrote = plot(rows, a.out + '.png')
+  print(f"wrote {a.out}.md{' and ' + a.out + '.png' if wrote else ''}")
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

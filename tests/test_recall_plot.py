@@ -1,0 +1,55 @@
+"""kernelformer/reproduce/recall_plot.py: a fake recall sweep directory becomes the per-pairs tables
+(M columns, missing runs as missing) and the figure, with M' read from the decoder's decode state."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kernelformer.reproduce import recall_plot
+
+
+def _run(tmp, workdir, kind, pairs, m, acc):
+  over = {'data.num_pairs': pairs, 'model.attention.kind': kind}
+  if m is not None:
+    over['model.attention.num_features'] = m
+  entry = {'workdir': workdir, 'kind': kind, 'task': 'mqar', 'seed': 0, 'preset': 'quick',
+           'overrides': over}
+  if acc is not None:
+    os.makedirs(tmp / workdir)
+    cfg = {'seed': 0, 'data': {'task': 'mqar', 'num_pairs': pairs},
+           'model': {'num_heads': 2, 'qkv_dim': 16,
+                     'attention': {'kind': kind, 'num_features': m or 64}}}
+    (tmp / workdir / 'results.json').write_text(json.dumps(
+        {'test_accuracy': acc, 'config': cfg, 'attention': kind, 'task': 'mqar', 'wall_time_s': 3.0}))
+  return entry
+
+
+def test_table_and_figure(tmp_path):
+  runs = [_run(tmp_path, 'a', 'softmax', 4, None, 0.99),
+          _run(tmp_path, 'b', 'linear-elu', 4, None, 0.5),
+          _run(tmp_path, 'c', 'posrf-orf', 4, 4, 0.25),
+          _run(tmp_path, 'd', 'trigrf-orf', 4, 4, 0.75),
+          _run(tmp_path, 'e', 'posrf-orf', 4, 16, None),      # planned, not finished
+          _run(tmp_path, 'f', 'nprf-rpe', 8, 16, 0.125)]
+  (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'recall', 'runs': runs}))
+  rows = {r['workdir']: r for r in recall_plot.collect(str(tmp_path))}
+  # M' is the decode state's feature dimension: trigrf has sin and cos (2M); linear-elu uses d_head.
+  assert (rows['c']['mprime'], rows['d']['mprime'], rows['b']['mprime']) == (4, 8, 8)
+  assert rows['c']['state'] == '4 x 8' and 'KV cache' in rows['a']['state']
+  assert 'feature cache' in rows['f']['state'] and rows['e']['accuracy'] is None
+  md = recall_plot.markdown(list(rows.values()))
+  four, eight = md.split('**8 pairs**')
+  assert '| M = 4 | M = 16 |' in four
+  assert '| posrf-orf | 25.0 | — |' in four and '| trigrf-orf | 75.0 |  |' in four
+  assert '| softmax | 99.0 (no M) |' in four and '| linear-elu | 50.0 (no M) |' in four
+  assert '| nprf-rpe |  | 12.5 |' in eight and 'softmax' not in eight
+  assert recall_plot.plot(list(rows.values()), str(tmp_path / 'fig.png'))
+  assert (tmp_path / 'fig.png').stat().st_size > 1000
+
+
+def test_cli_missing_directory_one_line(tmp_path, capsys):
+  assert recall_plot.main([str(tmp_path / 'nope'), '--out', str(tmp_path / 'x')]) == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and 'nope' in err
