@@ -18,6 +18,9 @@ near offset 0, which every query sees, are unaffected. A common offset of b is r
 
 Cost: the FFT runs over M * (Dv + 1) channels per head, which dominates everything at large M
 (``shared/reference/attention-facts.md`` §7: M = 256, d = 64 is 16K channels); Luo et al. use M = 16..64.
+``rpe_linear_attention`` pays only those FFTs: real transforms, features in chunks (bounded memory),
+and a custom VJP that recomputes a chunk's spectra instead of storing them (its docstring;
+``kernelformer/bench/rpe_cost.py`` measures it against a bare rfft/irfft pair of the same size).
 
 Layout: ``position_bias [H, 2L - 1]``, index ``j - i + L - 1`` (the registry's convention).
 
@@ -103,9 +106,27 @@ def _position_weights(position_bias: Array, causal: bool) -> Array:
   return jnp.exp(b - jax.lax.stop_gradient(shift))
 
 
+# Bytes of one chunk's complex spectrum (``rpe_linear_attention``): with the real input, the product and
+# the inverse transform a chunk holds about four buffers of this size at once, so ~256 MiB in flight.
+DEFAULT_CHUNK_BYTES = 64 * 2 ** 20
+
+
+def features_per_chunk(num_features: int, channels_per_feature: int, fft_size: int, batch_heads: int,
+                       chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+  """The largest divisor ``mc`` of M whose spectrum ``[B, H, mc, Dv + 1, F]`` (complex64) fits in
+  ``chunk_bytes`` (at least 1): a divisor, so no chunk is padded and no FFT is wasted."""
+  per_feature = batch_heads * channels_per_feature * (fft_size // 2 + 1) * 8
+  best = 1
+  for mc in range(1, num_features + 1):
+    if num_features % mc == 0 and mc * per_feature <= chunk_bytes:
+      best = mc
+  return best
+
+
 def rpe_linear_attention(phi_q: Array, phi_k: Array, v: Array, position_bias: Array, *,
                          mask: Array | None = None, causal: bool = False,
-                         eps: float = DEFAULT_EPS) -> Array:
+                         eps: float = DEFAULT_EPS, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                         feature_chunk: int | None = None) -> Array:
   """Kernelized attention with RPE (Luo et al. eq. 10, Algorithm 1) in O(L log L M Dv).
 
   Args:
@@ -114,24 +135,110 @@ def rpe_linear_attention(phi_q: Array, phi_k: Array, v: Array, position_bias: Ar
     mask: ``[B, L]`` key padding mask (True = real); padded keys' features are zeroed.
     causal: keep only j <= i.
     eps: normalizer guard (``linear.safe_normalizer``).
+    chunk_bytes: memory bound of one feature chunk's spectrum (``features_per_chunk``).
+    feature_chunk: features per chunk (a divisor of M); None picks it from ``chunk_bytes``.
 
   Returns:
     ``[B, L, H, Dv]`` in ``v.dtype``; accumulation in float32.
+
+  The Toeplitz products of eqs. 12-13 run over ``M (Dv + 1)`` channels of length ``2L`` (zero-padded
+  against wrap-around, see ``toeplitz_matmul``); nothing beyond those FFTs is paid:
+
+  * v gets a column of ones, ``v~ = [v, 1]``: channel ``(m, e)`` is ``phi_k[:, m] v~[:, e]``, so D~1
+    (eq. 12) and D~2 (eq. 13) come out of one transform, and eq. 10's numerator and normalizer are the
+    columns of one contraction ``sum_m phi_q[i, m] D~[i, m, :]``;
+  * real FFTs (``rfft``/``irfft``: half the spectrum), along the last, contiguous axis;
+  * the bias transform ``rfft(reversed exp(b))`` (``[H, L + 1]``, 1/(M (Dv + 1)) of the work) once per
+    call, shared by every channel and batch row; across layers with a shared bias the identical
+    computation is merged by XLA's common-subexpression elimination in one jitted program;
+  * the features are processed ``feature_chunk`` at a time (``lax.scan`` accumulating numerator and
+    normalizer), so the spectra of only one chunk are alive: memory O(B H L (M + mc Dv)), not
+    O(B H L M Dv);
+  * the chunk has its own VJP (``_rpe_chunk``, ``jax.custom_vjp``): the backward keeps only the chunk's
+    inputs (phi_q, phi_k columns; v~ and the bias are shared by all chunks) and recomputes its forward
+    transform instead of storing the spectra, and its transposes are real FFTs too (JAX's own
+    transpose of ``rfft`` is a full complex FFT). Per channel: 2 FFTs forward, 4 backward (2
+    recomputed, 2 for the transposed Toeplitz product), against a bare rfft/irfft pair's 2 + 2.
   """
   b, length, h, m = phi_k.shape
   dv = v.shape[-1]
   check_position_bias(position_bias, length, h)
-  phi_k = mask_keys(phi_k.astype(jnp.float32), mask)
-  kv = phi_k[..., :, None] * v.astype(jnp.float32)[..., None, :]      # [B, L, H, M, Dv]
-  channels = jnp.concatenate([kv.reshape(b, length, h, m * dv), phi_k], axis=-1)
-  channels = jnp.transpose(channels, (0, 2, 1, 3))                     # [B, H, L, M (Dv + 1)]
+  size = next_pow2(2 * length - 1)
   c = _position_weights(position_bias, causal)                         # [H, 2L - 1]
-  mixed = toeplitz_matmul(c[None], channels, causal=causal)            # D~1 and D~2 of eqs. 12-13
-  d1 = mixed[..., :m * dv].reshape(b, h, length, m, dv)
-  d2 = mixed[..., m * dv:]
-  num = einsum_f32('blhm,bhlmd->blhd', phi_q, d1)
-  den = einsum_f32('blhm,bhlm->blh', phi_q, d2)
-  return (num / safe_normalizer(den, eps)[..., None]).astype(v.dtype)
+  if causal:
+    c = jnp.where(jnp.arange(2 * length - 1) <= length - 1, c, 0.0)   # c_{j-i} = 0 for j > i
+  r = jnp.pad(c[:, ::-1], ((0, 0), (0, size - (2 * length - 1))))   # r[t] = c[2L - 2 - t], [H, N]
+  # Length-last layouts: [B, H, M, L] features, [B, H, Dv + 1, L] values with the ones column.
+  pk = jnp.transpose(mask_keys(phi_k.astype(jnp.float32), mask), (0, 2, 3, 1))
+  pq = jnp.transpose(phi_q.astype(jnp.float32), (0, 2, 3, 1))
+  vt = jnp.transpose(v.astype(jnp.float32), (0, 2, 3, 1))
+  va = jnp.concatenate([vt, jnp.ones_like(vt[:, :, :1])], axis=2)
+  mc = feature_chunk or features_per_chunk(m, dv + 1, size, b * h, chunk_bytes)
+  if m % mc:
+    raise ValueError(f'feature_chunk={mc} must divide the feature count {m}')
+  chunks = lambda x: jnp.moveaxis(x.reshape(b, h, m // mc, mc, length), 2, 0)
+
+  def body(acc, xs):
+    return acc + _rpe_chunk(*xs, va, r), None
+
+  acc, _ = jax.lax.scan(body, jnp.zeros((b, h, dv + 1, length), jnp.float32),
+                        (chunks(pq), chunks(pk)))
+  out = acc[:, :, :dv] / safe_normalizer(acc[:, :, dv], eps)[:, :, None]   # eq. 10
+  return jnp.transpose(out, (0, 3, 1, 2)).astype(v.dtype)
+
+
+def _chunk_forward(pq_c: Array, pk_c: Array, va: Array, r: Array):
+  """One feature chunk of eqs. 10-13: ``(sum_m phi_q[i, m] D~[i, m, e], X^, D~, R^)``.
+
+  pq_c, pk_c ``[B, H, mc, L]``; va ``[B, H, E, L]`` (v with the ones column); r ``[H, N]`` the reversed,
+  zero-padded Toeplitz coefficients. ``D~ = T (phi_k v~)`` is entry ``n - 1 + i`` of the circular
+  convolution ``r * pad(x)`` (``toeplitz_matmul``'s derivation).
+  """
+  n, size = pq_c.shape[-1], r.shape[-1]
+  r_hat = jnp.fft.rfft(r, axis=-1)                                     # [H, F]
+  x = pk_c[:, :, :, None, :] * va[:, :, None, :, :]                   # [B, H, mc, E, L]
+  x_hat = jnp.fft.rfft(x, n=size, axis=-1)
+  y = jnp.fft.irfft(x_hat * r_hat[None, :, None, None, :], n=size, axis=-1)[..., n - 1:2 * n - 1]
+  return einsum_f32('bhml,bhmel->bhel', pq_c, y), x_hat, y, r_hat
+
+
+@jax.custom_vjp
+def _rpe_chunk(pq_c: Array, pk_c: Array, va: Array, r: Array) -> Array:
+  return _chunk_forward(pq_c, pk_c, va, r)[0]
+
+
+def _rpe_chunk_fwd(pq_c, pk_c, va, r):
+  return _chunk_forward(pq_c, pk_c, va, r)[0], (pq_c, pk_c, va, r)   # inputs only
+
+
+def _rpe_chunk_bwd(res, g):
+  """The transposes, with real FFTs of the same size as the forward's.
+
+  With ``Y = r (*) pad(x)`` (circular, length N) and ``D~ = Y[n - 1 : 2n - 1]``, the cotangent of Y is
+  ``G = dy`` placed at offset n - 1. Then ``dx = (G (star) r)[:n]``, the Toeplitz product with the
+  transposed matrix ``(c_{j-i})^T``, i.e. the forward's algorithm with the coefficients reversed,
+  ``dx = irfft(rfft(dy) rfft(pad(c)))[n - 1 : 2n - 1]`` (no shifted copy of dy is formed); and
+  ``dr = G (star) x = irfft(e^{-2 pi i f (n - 1) / N} sum_channels rfft(dy) conj(X^))``: the shift
+  becomes a phase ramp applied after the sum over channels, on ``[H, F]`` only.
+  """
+  pq_c, pk_c, va, r = res
+  n, size = pq_c.shape[-1], r.shape[-1]
+  _, x_hat, y, r_hat = _chunk_forward(pq_c, pk_c, va, r)              # recomputed, not stored
+  d_pq = einsum_f32('bhel,bhmel->bhml', g, y)
+  dy = pq_c[:, :, :, None, :] * g[:, :, None, :, :]                   # cotangent of D~
+  dy_hat = jnp.fft.rfft(dy, n=size, axis=-1)
+  # pad(c): c[t] = r[2n - 2 - t] for t < 2n - 1, zeros after -- r reversed, rolled into place.
+  c_hat = jnp.fft.rfft(jnp.roll(r[:, ::-1], 2 * n - 1 - size, axis=-1), axis=-1)
+  dx = jnp.fft.irfft(dy_hat * c_hat[None, :, None, None, :], n=size, axis=-1)[..., n - 1:2 * n - 1]
+  d_pk = einsum_f32('bhmel,bhel->bhml', dx, va)
+  d_va = einsum_f32('bhmel,bhml->bhel', dx, pk_c)
+  freq = jnp.arange(size // 2 + 1)
+  ramp = jnp.exp(-2j * jnp.pi * ((freq * (n - 1)) % size) / size).astype(x_hat.dtype)
+  d_r = jnp.fft.irfft(ramp * jnp.sum(dy_hat * jnp.conj(x_hat), axis=(0, 2, 3)), n=size, axis=-1)
+  return d_pq, d_pk, d_va, d_r
+
+
+_rpe_chunk.defvjp(_rpe_chunk_fwd, _rpe_chunk_bwd)
 
 
 def rpe_quadratic_reference(phi_q: Array, phi_k: Array, v: Array, position_bias: Array, *,

@@ -64,20 +64,24 @@ def _features(seed, b=2, length=6, h=2, m=5, dv=3):
   return phi_q, phi_k, v, bias
 
 
-@functools.partial(fast_jit, static_argnames='causal')
-def _fast_and_reference(phi_q, phi_k, v, bias, mask, *, causal, reference_bias=None):
+@functools.partial(fast_jit, static_argnames=('causal', 'feature_chunk'))
+def _fast_and_reference(phi_q, phi_k, v, bias, mask, *, causal, reference_bias=None,
+                        feature_chunk=None):
   """(FFT path with ``bias``, quadratic reference with ``reference_bias`` or ``bias``), one program."""
   ref_bias = bias if reference_bias is None else reference_bias
-  return (rpe.rpe_linear_attention(phi_q, phi_k, v, bias, mask=mask, causal=causal),
+  return (rpe.rpe_linear_attention(phi_q, phi_k, v, bias, mask=mask, causal=causal,
+                                   feature_chunk=feature_chunk),
           rpe.rpe_quadratic_reference(phi_q, phi_k, v, ref_bias, mask=mask, causal=causal))
 
 
-@pytest.mark.parametrize('length', [1, 7])
-def test_rpe_linear_attention_matches_quadratic_reference(length):
+@pytest.mark.parametrize('length,feature_chunk', [(1, None), (7, None), (7, 1)])
+def test_rpe_linear_attention_matches_quadratic_reference(length, feature_chunk):
+  """One chunk of all 5 features, and 5 chunks of one (the scan's accumulation)."""
   phi_q, phi_k, v, bias = _features(length, length=length)
   mask = jnp.arange(length)[None, :] < jnp.array([[length], [max(1, length - 2)]])
   for causal in (False, True):
-    out, ref = _fast_and_reference(phi_q, phi_k, v, bias, mask, causal=causal)
+    out, ref = _fast_and_reference(phi_q, phi_k, v, bias, mask, causal=causal,
+                                   feature_chunk=feature_chunk)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
 
 
@@ -107,6 +111,66 @@ def test_rpe_padded_keys_drop_out_and_gradient_is_finite():
   np.testing.assert_allclose(np.asarray(out[1]), np.broadcast_to(np.asarray(v[1, 0]), out[1].shape),
                              rtol=1e-5, atol=1e-5)
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in grads)
+
+
+@functools.partial(fast_jit, static_argnames=('causal', 'feature_chunk'))
+def _grads_fast_and_reference(phi_q, phi_k, v, bias, mask, cot, *, causal, feature_chunk):
+  """VJPs (w.r.t. phi_q, phi_k, v, bias) of the chunked FFT path and of the quadratic reference."""
+  def vjp(fn):
+    _, pull = jax.vjp(lambda *a: fn(*a, mask=mask, causal=causal), phi_q, phi_k, v, bias)
+    return pull(cot)
+  fast = functools.partial(rpe.rpe_linear_attention, feature_chunk=feature_chunk)
+  return vjp(fast), vjp(rpe.rpe_quadratic_reference)
+
+
+@pytest.mark.parametrize('feature_chunk', [1, 5])
+def test_rpe_gradients_match_quadratic_reference(feature_chunk):
+  """The custom VJP of a feature chunk (recomputed spectra, real-FFT transposes, the phase-ramped bias
+  gradient) against autodiff of the O(L^2) reference: 5 chunks of 1 feature (the lax.scan
+  accumulation) and 1 chunk of 5, causal and bidirectional, with a padded row."""
+  length = 7
+  phi_q, phi_k, v, bias = _features(21, length=length)
+  cot = jax.random.normal(jax.random.PRNGKey(22), v.shape)
+  mask = jnp.arange(length)[None, :] < jnp.array([[length], [4]])
+  for causal in (False, True):
+    fast, ref = _grads_fast_and_reference(phi_q, phi_k, v, bias, mask, cot, causal=causal,
+                                          feature_chunk=feature_chunk)
+    for name, a, b in zip(('phi_q', 'phi_k', 'v', 'bias'), fast, ref):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5,
+                                 err_msg=f'{name}, causal={causal}')
+
+
+def test_features_per_chunk_is_a_divisor_within_budget():
+  # one feature's spectrum: B H (Dv + 1) (N / 2 + 1) complex64 = 2 * 65 * 16385 * 8 bytes ~ 16.3 MiB
+  per_feature = 2 * 65 * (32768 // 2 + 1) * 8
+  assert rpe.features_per_chunk(64, 65, 32768, 2, chunk_bytes=4 * per_feature) == 4
+  assert rpe.features_per_chunk(64, 65, 32768, 2, chunk_bytes=7 * per_feature) == 4   # 7 not a divisor
+  assert rpe.features_per_chunk(48, 65, 32768, 2, chunk_bytes=7 * per_feature) == 6
+  assert rpe.features_per_chunk(64, 65, 32768, 2, chunk_bytes=1) == 1
+  assert rpe.features_per_chunk(64, 65, 1024, 2) == 64          # 34 MB: one chunk
+  assert rpe.features_per_chunk(64, 65, 2048, 2) == 32          # 68 MB > 64 MiB: two
+  with pytest.raises(ValueError, match='divide'):
+    phi_q, phi_k, v, bias = _features(1)
+    rpe.rpe_linear_attention(phi_q, phi_k, v, bias, feature_chunk=2)
+
+
+def test_rpe_memory_is_bounded_by_the_chunk():
+  """XLA's temp bytes of fwd+bwd at L = 2048, M = 64, Dv = 16: with 1-feature chunks the program holds
+  one feature's spectra, not all 64 (the unchunked path needs > 64 * 2 * 17 * 2049 * 8 bytes = 36 MiB
+  for one spectrum alone)."""
+  b, length, h, m, dv = 1, 2048, 2, 64, 16
+  args = (jax.ShapeDtypeStruct((b, length, h, m), jnp.float32),) * 2 + (
+      jax.ShapeDtypeStruct((b, length, h, dv), jnp.float32),
+      jax.ShapeDtypeStruct((h, 2 * length - 1), jnp.float32))
+
+  def temp_bytes(chunk):
+    def fb(*a):
+      out, pull = jax.vjp(functools.partial(rpe.rpe_linear_attention, feature_chunk=chunk), *a)
+      return pull(out)
+    return jax.jit(fb).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+  one_spectrum = b * h * (dv + 1) * (length + 1) * 8
+  assert temp_bytes(1) < 24 * one_spectrum < temp_bytes(64)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -148,6 +212,9 @@ def test_nprf_rpe_end_to_end_estimates_normalized_softmax_with_rpe():
   module = registry.build({'kind': 'nprf-rpe', 'num_features': 256})
   variables = module.init({'params': jax.random.PRNGKey(0), 'features': jax.random.PRNGKey(0)},
                           q, k, v, position_bias=bias)
+  # Parameters only: without the 'features' collection (its cached, fixed evaluation draw) every
+  # call draws W from its own key, which is what averaging over draws needs.
+  variables = {'params': variables.get('params', {})}
 
   @fast_jit
   def one_draw(key, scale_q=1.0, scale_k=1.0):
