@@ -116,7 +116,7 @@ def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | N
 # Exp-feature attention with features recomputed in the backward (issue 16, item 3).
 # ----------------------------------------------------------------------------------------------
 
-DEFAULT_FEATURE_CHUNK = 2048
+DEFAULT_FEATURE_CHUNK = 1024
 
 
 def exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *, mask: Array | None = None,

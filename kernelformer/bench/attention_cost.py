@@ -581,3 +581,95 @@ def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:
                  f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | {r["max_abs_diff"]:.1e} | '
                  f'{r["repeats"]} | {r["load_1min"]:.1f} |')
   return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# ``--compare projections``: SORF and FastFood against a dense W (issue 16, item 4).
+# ----------------------------------------------------------------------------------------------
+
+PROJECTION_FIELDS = ('what', 'size', 'num_features', 'rows', 'dense_ms', 'sorf_ms',
+                     'fastfood_ms', 'fastfood_rowwise_ms', 'butterfly_ms', 'matmul_ms',
+                     'repeats', 'load_1min')
+
+
+def _interleaved_medians(fns: Sequence[Callable[..., Any]], args: Sequence[Sequence[Any]],
+                         repeats: int) -> list[float]:
+  """Compiles every ``fns[i](*args[i])``, one warm-up each, then ``repeats`` rounds of one call of
+  each (order rotating between rounds); the median seconds of each, in order."""
+  compiled = [jax.jit(f).lower(*a).compile() for f, a in zip(fns, args)]
+  for c, a in zip(compiled, args):
+    jax.block_until_ready(c(*a))
+  times: list[list[float]] = [[] for _ in fns]
+  for r in range(max(1, repeats)):
+    order = list(range(len(fns)))
+    order = order[r % len(order):] + order[:r % len(order)]
+    for i in order:
+      start = time.perf_counter()
+      jax.block_until_ready(compiled[i](*args[i]))
+      times[i].append(time.perf_counter() - start)
+  return [statistics.median(t) for t in times]
+
+
+def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
+                        log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+  """Time of ``x W^T`` for ``x [rows, d]`` (``rows`` = B * H * L positions) by each form of W, and of
+  the Walsh-Hadamard transform by butterfly and by dense matmul, interleaved in one process.
+
+  Projection rows (``what='projection'``, M = ``setup.num_features``): a dense ORF matrix
+  (``dense_ms``), SORF as the project builds it (dense after its O(M d log d) construction:
+  ``sorf_ms``), FastFood as ``projection.project`` applies it (materialized per call for
+  d <= FASTFOOD_DENSE_MAX_DIM: ``fastfood_ms``) and FastFood by the structured transform of every row
+  (``FastFoodBlocks.apply``, O(M log d) per row: ``fastfood_rowwise_ms``). The construction of the
+  structure (sampling) is not timed: it happens once per redraw window. Transform rows
+  (``what='fwht'``): ``hadamard.fwht`` on ``[rows * 64 / n, n]`` (a fixed amount of data) by butterfly
+  and by dense matmul. Times in ms, medians of ``setup.repeats`` interleaved rounds.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  from kernelformer.features import hadamard, projection, weights  # pylint: disable=g-import-not-at-top
+  out = []
+  m = setup.num_features
+  load = lambda: os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
+  for d in dims:
+    x = jax.random.normal(jax.random.PRNGKey(setup.seed), (rows, d))
+    keys = jax.random.split(jax.random.PRNGKey(setup.seed + 1), 3)
+    dense = weights.SAMPLERS['orf'](keys[0], m, d)
+    sorf = weights.SAMPLERS['sorf'](keys[1], m, d)
+    ff = weights.SAMPLERS['fastfood'](keys[2], m, d)
+    t = _interleaved_medians(
+        [projection.project, projection.project, projection.project, lambda x, p: p.fastfood.apply(x)],
+        [(x, dense), (x, sorf), (x, ff), (x, ff)], setup.repeats)
+    row = {'what': 'projection', 'size': d, 'num_features': m, 'rows': rows, 'dense_ms': t[0] * 1e3,
+           'sorf_ms': t[1] * 1e3, 'fastfood_ms': t[2] * 1e3, 'fastfood_rowwise_ms': t[3] * 1e3,
+           'repeats': setup.repeats, 'load_1min': load()}
+    out.append(row)
+    log(f'projection d={d} M={m}: dense {row["dense_ms"]:.2f} ms, SORF {row["sorf_ms"]:.2f}, '
+        f'FastFood {row["fastfood_ms"]:.2f} (row-wise transform {row["fastfood_rowwise_ms"]:.2f})')
+  for n in sorted({hadamard.next_pow2(d) for d in dims}):
+    x = jax.random.normal(jax.random.PRNGKey(setup.seed), (max(1, rows * 64 // n), n))
+    t = _interleaved_medians([lambda x: hadamard.fwht(x, method='butterfly'),
+                              lambda x: hadamard.fwht(x, method='dense')], [(x,), (x,)],
+                             setup.repeats)
+    row = {'what': 'fwht', 'size': n, 'rows': x.shape[0], 'butterfly_ms': t[0] * 1e3,
+           'matmul_ms': t[1] * 1e3, 'repeats': setup.repeats, 'load_1min': load()}
+    out.append(row)
+    log(f'fwht n={n} ({x.shape[0]} rows): butterfly {row["butterfly_ms"]:.2f} ms, dense matmul '
+        f'{row["matmul_ms"]:.2f} ms')
+  return out
+
+
+def projections_markdown(rows: Sequence[dict[str, Any]]) -> str:
+  """Two markdown tables: projections by form of W, and the Hadamard transform by method."""
+  proj = [r for r in rows if r['what'] == 'projection']
+  fw = [r for r in rows if r['what'] == 'fwht']
+  lines = ['| d | M | rows | dense W (ms) | SORF (ms) | FastFood (ms) | FastFood row-wise transform (ms) | '
+           'FastFood / dense | load |', '|' + '---|' * 9]
+  for r in proj:
+    lines.append(f'| {r["size"]} | {r["num_features"]} | {r["rows"]} | {r["dense_ms"]:.2f} | '
+                 f'{r["sorf_ms"]:.2f} | {r["fastfood_ms"]:.2f} | {r["fastfood_rowwise_ms"]:.2f} | '
+                 f'{r["fastfood_ms"] / r["dense_ms"]:.2f} | {r["load_1min"]:.1f} |')
+  lines += ['', '| n | rows | butterfly (ms) | dense matmul (ms) | butterfly / matmul | load |',
+            '|' + '---|' * 6]
+  for r in fw:
+    lines.append(f'| {r["size"]} | {r["rows"]} | {r["butterfly_ms"]:.2f} | {r["matmul_ms"]:.2f} | '
+                 f'{r["butterfly_ms"] / r["matmul_ms"]:.2f} | {r["load_1min"]:.1f} |')
+  return '\n'.join(lines)

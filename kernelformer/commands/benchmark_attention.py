@@ -52,10 +52,14 @@ def parse_args(argv):
                  help='output folder (default runs/benchmarks; --out_dir docs/benchmarks regenerates the '
                       'committed results of docs/benchmarks.md)')
   p.add_argument('--name', default=None, help='output file stem (default: attention_cost[_quick])')
-  p.add_argument('--compare', default=None, choices=('official',),
+  p.add_argument('--dims', default='16,32,64,128,256,512,1024',
+                 help='--compare projections: head dims d to time')
+  p.add_argument('--compare', default=None, choices=('official', 'projections'),
                  help='official: posrf-orf against the official Performer FAVOR+ (bench/official_favor.py) '
                       'at equal B, H, d, M, W and key mask, bidirectional and causal (or only --causal), '
-                      'fwd and fwd+bwd, timed interleaved; writes <name>.csv/.md (default compare_official)')
+                      'fwd and fwd+bwd, timed interleaved; writes <name>.csv/.md (default compare_official). '
+                      'projections: x W^T by dense W, SORF and FastFood for each of --dims (M = '
+                      '--num_features), and the Hadamard transform by butterfly vs dense matmul')
   p.add_argument('--quick', action='store_true',
                  help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat')
   args = p.parse_args(argv)
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
   print(hw_before, flush=True)
   if args.compare == 'official':
     return _compare_official(args, setup, lengths, hw_before, argv)
+  if args.compare == 'projections':
+    return _compare_projections(args, setup, hw_before, argv)
   start = time.time()
   rows, info = attention_cost.run(kinds, lengths, setup, log=lambda s: print(s, flush=True))
   elapsed = time.time() - start
@@ -165,6 +171,31 @@ def _compare_official(args, setup, lengths, hw_before, argv) -> int:
            f'interleaved rounds after one warm-up call each; run took {elapsed:.0f} s.', '', table, '']
   with open(prefix + '.md', 'w') as f:
     f.write('\n'.join(lines))
+  print()
+  print(table)
+  print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md']))
+  return 0
+
+
+def _compare_projections(args, setup, hw_before, argv) -> int:
+  """``--compare projections``: runs ``attention_cost.compare_projections`` and writes its tables."""
+  from kernelformer.bench import attention_cost, output  # pylint: disable=g-import-not-at-top
+  dims = [int(x) for x in args.dims.split(',')]
+  if args.quick:
+    dims = dims[:2]
+  rows_per_call = args.batch * args.heads * (256 if args.quick else 8192)
+  rows = attention_cost.compare_projections(dims, setup, rows=rows_per_call,
+                                            log=lambda s: print(s, flush=True))
+  name = args.name or ('compare_projections_quick' if args.quick else 'compare_projections')
+  prefix = os.path.join(args.out_dir, name)
+  os.makedirs(args.out_dir, exist_ok=True)
+  output.write_csv(rows, prefix + '.csv', attention_cost.PROJECTION_FIELDS)
+  command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
+  table = attention_cost.projections_markdown(rows)
+  with open(prefix + '.md', 'w') as f:
+    f.write('\n'.join([f'# Structured projections ({name})', '', f'Command: `{command.strip()}`', '',
+                       f'Hardware at start: {hw_before}', '', f'Hardware at end: {hardware()}', '',
+                       table, '']))
   print()
   print(table)
   print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md']))

@@ -5,11 +5,24 @@
 not a power of two are zero-padded to the next one by ``pad_to_pow2``: padding the *input* with zeros
 is exact (the extra coordinates contribute nothing to ``w . x``), which is why FastFood and SORF may
 pad d up to 2^ceil(log2 d) without changing the kernel they estimate.
+
+Below ``DENSE_MAX`` the transform is one small dense matmul ``x @ H_n`` instead of log2(n) butterfly
+stages: on CPU each stage is a memory-bound reshape/stack pass, so for n <= 128 the O(n^2) matmul is
+faster (measured, docs/benchmarks.md "Structured projections": n = 64, 32K rows: butterfly 6.5 ms, dense
+1.2 ms; from n = 256 the butterfly wins). The matmul runs at ``Precision.HIGHEST`` so accelerators
+that default to bf16 passes for float32 keep full precision; H has entries +-1, so the two forms
+differ only in the order of the float additions.
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+# Largest n transformed by a dense matmul with H_n (see the module docstring); above it, the butterfly.
+DENSE_MAX = 128
 
 
 def next_pow2(n: int) -> int:
@@ -27,11 +40,19 @@ def pad_to_pow2(x, axis: int = -1):
   return jnp.pad(x, widths)
 
 
-def fwht(x):
-  """Unnormalized Walsh-Hadamard transform over the last axis (length must be a power of two)."""
+def fwht(x, *, method: str = 'auto'):
+  """Unnormalized Walsh-Hadamard transform over the last axis (length must be a power of two).
+
+  ``method``: 'auto' (dense matmul for n <= ``DENSE_MAX``, else butterfly), 'dense' or 'butterfly'.
+  """
   n = x.shape[-1]
   if n & (n - 1):
     raise ValueError(f'fwht needs a power-of-two length, got {n}; pad with pad_to_pow2 first')
+  if method not in ('auto', 'dense', 'butterfly'):
+    raise ValueError(f"fwht method must be 'auto', 'dense' or 'butterfly', got {method!r}")
+  if method == 'dense' or (method == 'auto' and n <= DENSE_MAX):
+    h = jnp.asarray(_hadamard_f32(n), dtype=jnp.promote_types(x.dtype, jnp.float32))
+    return jnp.matmul(x, h, precision=jax.lax.Precision.HIGHEST).astype(x.dtype)
   lead = x.shape[:-1]
   h = 1
   while h < n:
@@ -43,8 +64,13 @@ def fwht(x):
   return x
 
 
+@functools.lru_cache(maxsize=16)
+def _hadamard_f32(n: int) -> np.ndarray:
+  return hadamard_matrix(n).astype(np.float32)
+
+
 def hadamard_matrix(n: int) -> np.ndarray:
-  """The dense Sylvester Hadamard matrix ``H_n`` (test oracle; never used in a hot path)."""
+  """The dense Sylvester Hadamard matrix ``H_n`` (test oracle; ``fwht`` multiplies by it for n <= DENSE_MAX)."""
   if n & (n - 1):
     raise ValueError(f'Hadamard size must be a power of two, got {n}')
   h = np.ones((1, 1))

@@ -44,7 +44,11 @@ class FastFoodBlocks:
       xp = jnp.pad(xp, [(0, 0)] * (x.ndim - 1) + [(0, n - xp.shape[-1])])
     y = xp[..., None, :] * self.b                              # [..., blocks, n]  B
     y = hadamard.fwht(y)                                       # H
-    y = jnp.take_along_axis(y, jnp.broadcast_to(self.perm, y.shape), axis=-1)  # Pi
+    # Pi: one gather over the flattened (block, n) axis with a [blocks * n] index vector (a
+    # take_along_axis with indices broadcast to y's full shape is several times slower on CPU).
+    blocks = self.perm.shape[-2]
+    flat = (self.perm + n * jnp.arange(blocks, dtype=self.perm.dtype)[:, None]).reshape(-1)
+    y = jnp.take(y.reshape(*y.shape[:-2], blocks * n), flat, axis=-1).reshape(y.shape)
     y = y * self.g                                             # G
     y = hadamard.fwht(y)                                       # H
     y = y * self.s / jnp.sqrt(jnp.asarray(n, y.dtype))         # S, and 1/sqrt(n) of each H pair
@@ -79,10 +83,27 @@ class Projection:
     return self.fastfood.dim
 
 
+# FastFood with d up to this is projected by materializing W (``dense_matrix``: the structured
+# transform applied to the d x d identity, O(M d log d) per call, independent of the sequence length)
+# and one dense matmul; above it, by the structured transform of every row. Measured on CPU
+# (docs/benchmarks.md "Structured projections"): at M = 256 the materialized form is 2-50x faster
+# than the per-row transform for every d measured (16..2048), so the threshold is set at the largest d
+# measured; a per-row transform only pays where L M d matmul FLOPs dominate, i.e. far larger d.
+FASTFOOD_DENSE_MAX_DIM = 2048
+
+
 def project(x: Array, proj: Projection) -> Array:
-  """``x W^T``: ``[..., d] -> [..., M]``, through the FWHT for FastFood."""
+  """``x W^T``: ``[..., d] -> [..., M]``.
+
+  FastFood (Le et al. 2013) is O(M log d) per row against O(M d) for a dense W, but at attention
+  head sizes a dense matmul beats the structured transform by a wide margin on every backend's matmul
+  units, so for d <= ``FASTFOOD_DENSE_MAX_DIM`` W is materialized once per call and applied densely.
+  Same values to float32 rounding; gradients reach FastFood's diagonals either way.
+  """
   if proj.matrix is not None:
     return jnp.einsum('...d,md->...m', x, proj.matrix.astype(x.dtype))
+  if proj.fastfood.dim <= FASTFOOD_DENSE_MAX_DIM:
+    return jnp.einsum('...d,md->...m', x, dense_matrix(proj).astype(x.dtype))
   return proj.fastfood.apply(x)
 
 
