@@ -622,7 +622,9 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
   (``FastFoodBlocks.apply``, O(M log d) per row: ``fastfood_rowwise_ms``). The construction of the
   structure (sampling) is not timed: it happens once per redraw window. Transform rows
   (``what='fwht'``): ``hadamard.fwht`` on ``[rows * 64 / n, n]`` (a fixed amount of data) by butterfly
-  and by dense matmul. Times in ms, medians of ``setup.repeats`` interleaved rounds.
+  and by dense matmul. Attention rows (``what='attention fwd'`` / ``'attention fwd+bwd'``): the
+  registry's posrf-orf, posrf-sorf and posrf-fastfood modules at d = 64, L = rows / (B H), the
+  benchmark's fwd and fwd+bwd programs. Times in ms, medians of ``setup.repeats`` interleaved rounds.
   """
   import os  # pylint: disable=g-import-not-at-top
   from kernelformer.features import hadamard, projection, weights  # pylint: disable=g-import-not-at-top
@@ -644,6 +646,21 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
     out.append(row)
     log(f'projection d={d} M={m}: dense {row["dense_ms"]:.2f} ms, SORF {row["sorf_ms"]:.2f}, '
         f'FastFood {row["fastfood_ms"]:.2f} (row-wise transform {row["fastfood_rowwise_ms"]:.2f})')
+  # The whole attention (module, fwd and fwd+bwd) at d = 64 for each form of W, interleaved: the
+  # claim "FastFood / SORF not slower than a dense projection" measured without load drift.
+  length = max(1, rows // (setup.batch * setup.heads))
+  att = dataclasses.replace(setup, head_dim=64)
+  inputs = make_inputs(att, length, setup.seed)
+  programs = [build_programs(kind, att, inputs) for kind in ('posrf-orf', 'posrf-sorf', 'posrf-fastfood')]
+  for mode, pick in (('fwd', lambda p: (p[0], p[1])), ('fwd+bwd', lambda p: (p[2], p[3]))):
+    fns, fargs = zip(*(pick(p) for p in programs))
+    t = _interleaved_medians(fns, fargs, setup.repeats)
+    row = {'what': f'attention {mode}', 'size': 64, 'num_features': m, 'rows': length,
+           'dense_ms': t[0] * 1e3, 'sorf_ms': t[1] * 1e3, 'fastfood_ms': t[2] * 1e3,
+           'repeats': setup.repeats, 'load_1min': load()}
+    out.append(row)
+    log(f'attention {mode} L={length} d=64 M={m}: posrf-orf {row["dense_ms"]:.2f} ms, posrf-sorf '
+        f'{row["sorf_ms"]:.2f}, posrf-fastfood {row["fastfood_ms"]:.2f}')
   for n in sorted({hadamard.next_pow2(d) for d in dims}):
     x = jax.random.normal(jax.random.PRNGKey(setup.seed), (max(1, rows * 64 // n), n))
     t = _interleaved_medians([lambda x: hadamard.fwht(x, method='butterfly'),
@@ -661,11 +678,18 @@ def projections_markdown(rows: Sequence[dict[str, Any]]) -> str:
   """Two markdown tables: projections by form of W, and the Hadamard transform by method."""
   proj = [r for r in rows if r['what'] == 'projection']
   fw = [r for r in rows if r['what'] == 'fwht']
+  att = [r for r in rows if r['what'].startswith('attention')]
   lines = ['| d | M | rows | dense W (ms) | SORF (ms) | FastFood (ms) | FastFood row-wise transform (ms) | '
            'FastFood / dense | load |', '|' + '---|' * 9]
   for r in proj:
     lines.append(f'| {r["size"]} | {r["num_features"]} | {r["rows"]} | {r["dense_ms"]:.2f} | '
                  f'{r["sorf_ms"]:.2f} | {r["fastfood_ms"]:.2f} | {r["fastfood_rowwise_ms"]:.2f} | '
+                 f'{r["fastfood_ms"] / r["dense_ms"]:.2f} | {r["load_1min"]:.1f} |')
+  lines += ['', '| attention (B=1 x heads, d=64) | L | M | posrf-orf (ms) | posrf-sorf (ms) | posrf-fastfood (ms) | '
+            'sorf / orf | fastfood / orf | load |', '|' + '---|' * 9]
+  for r in att:
+    lines.append(f'| {r["what"]} | {r["rows"]} | {r["num_features"]} | {r["dense_ms"]:.2f} | '
+                 f'{r["sorf_ms"]:.2f} | {r["fastfood_ms"]:.2f} | {r["sorf_ms"] / r["dense_ms"]:.2f} | '
                  f'{r["fastfood_ms"] / r["dense_ms"]:.2f} | {r["load_1min"]:.1f} |')
   lines += ['', '| n | rows | butterfly (ms) | dense matmul (ms) | butterfly / matmul | load |',
             '|' + '---|' * 6]

@@ -183,7 +183,7 @@ def _compare_projections(args, setup, hw_before, argv) -> int:
   dims = [int(x) for x in args.dims.split(',')]
   if args.quick:
     dims = dims[:2]
-  rows_per_call = args.batch * args.heads * (256 if args.quick else 8192)
+  rows_per_call = args.batch * args.heads * (256 if args.quick else 16384)
   rows = attention_cost.compare_projections(dims, setup, rows=rows_per_call,
                                             log=lambda s: print(s, flush=True))
   name = args.name or ('compare_projections_quick' if args.quick else 'compare_projections')

@@ -77,3 +77,22 @@ def test_zero_padding_is_exact_for_projections():
   w_full = rng.normal(size=(7, 16)).astype(np.float32)
   padded = np.asarray(hadamard.pad_to_pow2(jnp.asarray(x)))
   np.testing.assert_allclose(padded @ w_full.T, x @ w_full[:, :12].T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('method', ['dense', 'butterfly'])
+@pytest.mark.parametrize('n', [2, 16, 256])
+def test_fwht_methods_equal_dense_hadamard(method, n):
+  """Both forms of the transform (issue 16, item 4) are ``x @ H_n``; 'auto' picks dense up to DENSE_MAX."""
+  x = np.random.default_rng(n).normal(size=(3, n)).astype(np.float32)
+  expected = x @ hadamard.hadamard_matrix(n)
+  got = jax.jit(lambda y: hadamard.fwht(y, method=method))(jnp.asarray(x))
+  np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5 * np.sqrt(n))
+
+
+def test_fwht_auto_uses_dense_matmul_only_up_to_threshold():
+  small = jax.make_jaxpr(hadamard.fwht)(jnp.ones((2, hadamard.DENSE_MAX)))
+  large = jax.make_jaxpr(hadamard.fwht)(jnp.ones((2, 2 * hadamard.DENSE_MAX)))
+  assert 'dot_general' in str(small) and 'concatenate' not in str(small)
+  assert 'dot_general' not in str(large)
+  with pytest.raises(ValueError, match='method'):
+    hadamard.fwht(jnp.ones((2, 4)), method='fast')

@@ -434,3 +434,21 @@ def test_sgq_estimate_matches_its_rotation_average():
   _within(est.mean(0), est.std(0, ddof=1) / math.sqrt(len(est)), expected, floor=1e-5)
   # ... and that average is a biased estimate of the Gaussian kernel (a fixed low-degree rule).
   assert abs(expected[1] - math.exp(-0.5)) > 1e-2
+
+
+@pytest.mark.parametrize('dim', [12, 64])
+def test_fastfood_project_dense_equals_rowwise_transform(dim):
+  """``project`` materializes FastFood's W for d <= FASTFOOD_DENSE_MAX_DIM (issue 16, item 4): same values
+  and same gradients wrt x and the diagonals as the row-wise structured transform."""
+  from kernelformer.features import projection  # pylint: disable=g-import-not-at-top
+  assert dim <= projection.FASTFOOD_DENSE_MAX_DIM
+  proj = weights.SAMPLERS['fastfood'](jax.random.PRNGKey(0), 40, dim)
+  x = jax.random.normal(jax.random.PRNGKey(1), (5, 3, dim))
+  assert 'dot_general' in str(jax.make_jaxpr(projection.project)(x, proj))
+  np.testing.assert_allclose(projection.project(x, proj), proj.fastfood.apply(x), rtol=1e-5, atol=1e-4)
+  loss = lambda f: (lambda x, p: jnp.sum(jnp.sin(f(x, p))))
+  dense = jax.grad(loss(projection.project), argnums=(0, 1), allow_int=True)(x, proj)
+  rowwise = jax.grad(loss(lambda x, p: p.fastfood.apply(x)), argnums=(0, 1), allow_int=True)(x, proj)
+  for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(rowwise)):
+    if a.dtype != jax.dtypes.float0:
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)

@@ -174,6 +174,22 @@ def test_benchmark_compare_official_quick(tmp_path, capsys):
   assert 'official / ours' in capsys.readouterr().out
 
 
+def test_benchmark_compare_projections_quick(tmp_path):
+  """``--compare projections``: projection rows per d, attention rows per mode, transform rows per n."""
+  script = load_script('benchmark_attention')
+  assert script.main(['--compare', 'projections', '--quick', '--dims', '16,64', '--out_dir',
+                      str(tmp_path)]) == 0
+  rows = output.read_csv(str(tmp_path / 'compare_projections_quick.csv'))
+  assert [(r['what'], r['size']) for r in rows] == [
+      ('projection', '16'), ('projection', '64'), ('attention fwd', '64'), ('attention fwd+bwd', '64'),
+      ('fwht', '16'), ('fwht', '64')]
+  for r in rows:
+    times = [as_float(r[k]) for k in ('dense_ms', 'sorf_ms', 'fastfood_ms', 'butterfly_ms', 'matmul_ms')]
+    assert all(t > 0 for t in times if not math.isnan(t)) and sum(not math.isnan(t) for t in times) >= 2
+  md = (tmp_path / 'compare_projections_quick.md').read_text()
+  assert '| 64 | 32 | 512 |' in md and 'butterfly / matmul' in md and 'fastfood / orf' in md
+
+
 def test_approximation_quick(tmp_path, capsys):
   script = load_script('approximation')
   assert script.main(['--quick', '--out_dir', str(tmp_path)]) == 0
