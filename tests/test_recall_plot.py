@@ -53,3 +53,18 @@ def test_cli_missing_directory_one_line(tmp_path, capsys):
   assert recall_plot.main([str(tmp_path / 'nope'), '--out', str(tmp_path / 'x')]) == 2
   err = capsys.readouterr().err
   assert err.count('\n') == 1 and 'nope' in err
+
+
+def test_dropped_points_and_step_labels(tmp_path):
+  """An unfinished run the current definition no longer plans is not shown as missing (a finished one
+  stays), and runs of different lengths get the step count in their row label."""
+  runs = [_run(tmp_path, 'a', 'softmax', 8, None, 0.35), _run(tmp_path, 'b', 'softmax', 8, None, 1.0),
+          _run(tmp_path, 'c', 'posrf-orf', 8, 64, None), _run(tmp_path, 'd', 'gmm-prf', 8, 64, None)]
+  runs[0]['common'] = {'num_train_steps': 600}
+  runs[1]['overrides']['num_train_steps'] = 1200
+  (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'recall', 'runs': runs}))
+  rows = recall_plot.collect(str(tmp_path), plan={'b', 'd'})
+  assert sorted(r['workdir'] for r in rows) == ['a', 'b', 'd']
+  md = recall_plot.markdown(rows)
+  assert '| softmax, 600 steps | 35.0 (no M) |' in md and '| softmax, 1200 steps | 100.0 (no M) |' in md
+  assert 'gmm-prf, preset steps' in md and 'posrf-orf' not in md

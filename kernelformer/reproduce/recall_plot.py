@@ -54,19 +54,40 @@ def state_features(kind: str, num_features: int, head_dim: int, num_heads: int) 
   return 0, f'L x 2 x {head_dim} (KV cache)'
 
 
-def collect(sweep_dir: str) -> list[dict]:
-  """One dict per planned run: kind, M, pairs, accuracy (None if unfinished), M', state, seconds."""
+def current_plan(name: str) -> Optional[set[str]]:
+  """Work directories (relative) of the named sweep's current definition; None if it cannot load."""
+  from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
+  try:
+    sweep = sweeps.load_sweep(name, validate=False)
+  except Exception:  # pylint: disable=broad-except  (no such named sweep: keep every planned run)
+    return None
+  return {sweeps.point_dirname(p) for p in sweep.points}
+
+
+def collect(sweep_dir: str, plan: Optional[set[str]] = None) -> list[dict]:
+  """One dict per run: kind, M, pairs, steps, accuracy (None if unfinished), M', state, seconds.
+
+  Every finished run is kept. An unfinished run is kept (as missing) when ``plan`` is None or names
+  it, so points an earlier definition planned but the current one dropped are not shown as missing.
+  Rows get ``label`` = the kind, plus the step count when the kept runs differ in steps.
+  """
   meta, runs = report.collect(sweep_dir)
-  planned = {e['workdir']: dict(e.get('overrides') or {}) for e in meta.get('runs', [])}
+  planned = {e['workdir']: e for e in meta.get('runs', [])}
   rows = []
   for r in runs:
     res = r.results or {}
+    if r.results is None and plan is not None and r.workdir not in plan:
+      continue
     cfg = res.get('config') or {}
-    over = planned.get(r.workdir, {})
+    entry = planned.get(r.workdir, {})
+    over = dict(entry.get('overrides') or {})
+    steps = over.get('num_train_steps', (entry.get('common') or {}).get('num_train_steps'))
+    if cfg:
+      steps = cfg.get('num_train_steps', steps)
     pairs = _get(cfg, 'data.num_pairs') or over.get('data.num_pairs')
     m = over.get('model.attention.num_features', _get(cfg, 'model.attention.num_features'))
-    row = dict(kind=r.kind, pairs=pairs, m=m, accuracy=r.accuracy, workdir=r.workdir,
-               seconds=res.get('wall_time_s'), mprime=None, state='')
+    row = dict(kind=r.kind, label=r.kind, pairs=pairs, m=m, steps=steps, accuracy=r.accuracy,
+               workdir=r.workdir, seconds=res.get('wall_time_s'), mprime=None, state='')
     if cfg:
       heads = int(_get(cfg, 'model.num_heads'))
       head_dim = int(_get(cfg, 'model.qkv_dim')) // heads
@@ -75,14 +96,18 @@ def collect(sweep_dir: str) -> list[dict]:
     if r.kind in ('softmax', 'linear-elu'):
       row['m'] = None
     rows.append(row)
+  if len({r['steps'] for r in rows}) > 1:
+    for r in rows:
+      r['label'] = f"{r['kind']}, {r['steps'] if r['steps'] is not None else 'preset'} steps"
   return rows
 
 
 def _kinds(rows):
+  """Row labels in first-seen order."""
   order = []
   for r in rows:
-    if r['kind'] not in order:
-      order.append(r['kind'])
+    if r['label'] not in order:
+      order.append(r['label'])
   return order
 
 
@@ -97,10 +122,10 @@ def markdown(rows: list[dict]) -> str:
     for kind in _kinds(sub):
       cells, states = [], []
       for m in ms:
-        hit = [r for r in sub if r['kind'] == kind and r['m'] == m]
+        hit = [r for r in sub if r['label'] == kind and r['m'] == m]
         cells.append(_cell(hit[0]) if hit else '')
         states += [r['state'] for r in hit if r['state']]
-      plain = [r for r in sub if r['kind'] == kind and r['m'] is None]
+      plain = [r for r in sub if r['label'] == kind and r['m'] is None]
       if plain:
         cells = [_cell(plain[0]) + ' (no M)'] + [''] * (len(ms) - 1)
         states = [plain[0]['state']]
@@ -127,12 +152,15 @@ def plot(rows: list[dict], path: str) -> bool:
                            sharey=True)
   for ax, pairs in zip(axes[0], pairs_list):
     sub = [r for r in done if r['pairs'] == pairs]
+    n_softmax = 0
     for kind in _kinds(sub):
-      pts = sorted((r['mprime'], r['accuracy']) for r in sub if r['kind'] == kind)
-      if kind == 'softmax':
-        ax.axhline(pts[0][1], color='k', ls='--', label='softmax (KV cache)')
-      elif kind == 'linear-elu':
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], 'k*', ms=12, label="linear-elu (M' = d)")
+      mine = [r for r in sub if r['label'] == kind]
+      pts = sorted((r['mprime'], r['accuracy']) for r in mine)
+      if mine[0]['kind'] == 'softmax':
+        ax.axhline(pts[0][1], color='k', ls=('--', ':', '-.')[n_softmax % 3], label=f'{kind} (KV cache)')
+        n_softmax += 1
+      elif mine[0]['kind'] == 'linear-elu':
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], 'k*', ms=12, label=f"{kind} (M' = d)")
       else:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], 'o-', label=kind)
     ax.set_xscale('log', base=2)
@@ -156,7 +184,8 @@ def main(argv: Optional[list[str]] = None) -> int:
   if not os.path.isdir(a.sweep_dir):
     print(f'error: no sweep directory {a.sweep_dir!r}', file=sys.stderr)
     return 2
-  rows = collect(a.sweep_dir)
+  meta = report._read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}  # pylint: disable=protected-access
+  rows = collect(a.sweep_dir, current_plan(meta['name']) if meta.get('name') else None)
   os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
   with open(a.out + '.md', 'w', encoding='utf-8') as f:
     f.write(markdown(rows))
