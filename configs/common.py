@@ -58,6 +58,16 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.pooling = 'cls'               # 'cls' (LRA) | 'mean' (Skyformer/Spectraformer setting)
   c.model.rpe_per_layer = False         # Luo et al. share one bias across layers
   c.model.dtype = 'float32'             # compute dtype: 'float32' | 'bfloat16' (parameters stay float32)
+  # Training memory at long lengths (docs/benchmarks.md, "Remat and layer scan"): the backward keeps
+  # every block's activations unless they are recomputed. 'none' keeps them; 'block' recomputes each
+  # block from its input (nn.remat); a jax.checkpoint_policies name ('dots_saveable',
+  # 'nothing_saveable', ...; kernelformer/layers.py REMAT_CHOICES) keeps only what it names.
+  c.model.remat = 'none'
+  # One nn.scan over the identical blocks (parameters stacked on a layer axis under 'layers'): one
+  # compiled block instead of num_layers, so compile time and program size stop growing with depth.
+  # Changes the parameter tree (checkpoints of the other setting do not restore) and the per-layer
+  # random-feature keys (split by the scan instead of folded from 'block_i').
+  c.model.scan_layers = False
   c.model.attention = attention_config('softmax')
   c.model.attention.attention_dropout = 0.1
 

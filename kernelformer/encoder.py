@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer import registry
-from kernelformer.layers import EncoderBlock, RelativePositionBias
+from kernelformer.layers import RelativePositionBias, remat_block, scanned_layers
 
 def sinusoidal_positions(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
   """The sinusoidal table of Vaswani et al. 2017 §3.5, ``[length, dim]``."""
@@ -55,6 +55,8 @@ class Encoder(nn.Module):
   pooling: str = 'cls'                 # 'cls' | 'mean'
   rpe_per_layer: bool = False          # Luo et al. share the bias across layers (False)
   dtype: Any = jnp.float32
+  remat: str = 'none'                  # 'none' | 'block' | a jax.checkpoint_policies name (layers.py)
+  scan_layers: bool = False            # one nn.scan over the blocks (params stacked on a layer axis)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool = False, step=None):
@@ -87,12 +89,18 @@ class Encoder(nn.Module):
       per_layer = self.rpe_per_layer
       if not per_layer:
         shared_bias = RelativePositionBias(self.num_heads, name='position_bias')(length)
-    for i in range(self.num_layers):
-      x = EncoderBlock(self.num_heads, self.qkv_dim, self.mlp_dim, attention,
-                       dropout_rate=self.dropout_rate, per_layer_position_bias=per_layer,
-                       dtype=self.dtype, name=f'block_{i}')(
-                           x, mask=mask, step=step, deterministic=deterministic,
-                           position_bias=shared_bias)
+    block = dict(num_heads=self.num_heads, qkv_dim=self.qkv_dim, mlp_dim=self.mlp_dim,
+                 attention=attention, dropout_rate=self.dropout_rate,
+                 per_layer_position_bias=per_layer, dtype=self.dtype)
+    if self.scan_layers:
+      # Parameters under 'layers/block/...' with a leading [num_layers] axis; one compiled block.
+      x, _ = scanned_layers(self.num_layers, self.remat, deterministic, block)(
+          x, mask, step, shared_bias)
+    else:
+      # Unrolled: parameters under 'block_{i}' whatever ``remat`` (nn.remat keeps the names).
+      cls = remat_block(self.remat)
+      for i in range(self.num_layers):
+        x = cls(**block, name=f'block_{i}')(x, mask, step, deterministic, shared_bias)
     x = nn.LayerNorm(dtype=self.dtype, name='final_norm')(x).astype(jnp.float32)
     if self.pooling == 'cls':
       return x[:, 0]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from kernelformer import registry
@@ -74,7 +75,9 @@ class EncoderBlock(nn.Module):
   dtype: Any = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
+  def __call__(self, x, mask=None, step=None, deterministic=True, position_bias=None):
+    # Positional arguments allowed (not keyword-only) for nn.remat's static_argnums (``deterministic``
+    # is argument 4, counting self) and for nn.scan (see ``LayerStep``).
     if self.per_layer_position_bias:
       position_bias = RelativePositionBias(self.num_heads, name='position_bias')(x.shape[1])
     y = nn.LayerNorm(dtype=self.dtype)(x)
@@ -86,6 +89,64 @@ class EncoderBlock(nn.Module):
     y = nn.LayerNorm(dtype=self.dtype)(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, dtype=self.dtype)(y, deterministic=deterministic)
     return x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+
+
+# ``config.model.remat``: 'none', 'block' (nn.remat around each block: only its input is kept for the
+# backward) or a named jax.checkpoint_policies policy (what inside the block may be kept).
+REMAT_POLICIES = ('dots_saveable', 'nothing_saveable', 'everything_saveable',
+                  'dots_with_no_batch_dims_saveable', 'checkpoint_dots',
+                  'checkpoint_dots_with_no_batch_dims')
+REMAT_CHOICES = ('none', 'block') + REMAT_POLICIES
+
+
+def remat_block(remat: str, *, in_scan: bool = False):
+  """``EncoderBlock`` wrapped per ``remat`` (see REMAT_CHOICES); the class itself for 'none'.
+
+  The wrapped class has the same parameters under the same names (lifted transforms keep the module
+  tree), so a remat model restores a plain model's checkpoint and vice versa. ``deterministic`` is
+  static (it selects dropout). Under nn.scan ``prevent_cse`` is off: the scan already keeps XLA from
+  merging the recomputation into the forward, and the CSE barrier would only cost speed.
+  """
+  if remat == 'none':
+    return EncoderBlock
+  if remat not in REMAT_CHOICES:
+    raise ValueError(f"model.remat must be one of {', '.join(map(repr, REMAT_CHOICES))}, "
+                     f'got {remat!r}')
+  policy = None if remat == 'block' else getattr(jax.checkpoint_policies, remat)
+  return nn.remat(EncoderBlock, policy=policy, prevent_cse=not in_scan, static_argnums=(4,))
+
+
+class LayerStep(nn.Module):
+  """One layer as an ``nn.scan`` body: ``(x, mask, step, position_bias) -> (block(x), None)``.
+
+  ``block`` holds the ``EncoderBlock`` fields; the block is the child 'block', under ``remat``.
+  """
+
+  block: Mapping[str, Any]
+  remat: str = 'none'
+  deterministic: bool = True
+
+  @nn.compact
+  def __call__(self, x, mask, step, position_bias):
+    cls = remat_block(self.remat, in_scan=True)
+    return cls(**self.block, name='block')(x, mask, step, self.deterministic, position_bias), None
+
+
+def scanned_layers(num_layers: int, remat: str, deterministic: bool, block: Mapping[str, Any],
+                   name: str = 'layers') -> nn.Module:
+  """``num_layers`` identical blocks as one ``nn.scan``: parameters stacked on a leading layer axis.
+
+  Every collection a block writes is scanned too (``variable_axes`` 0): 'params', the 'features'
+  collection of cached random-feature draws (``random_features._cached_projection``) and sown
+  'intermediates'. ``split_rngs`` gives each layer its own 'params', 'dropout' and 'features' key, so
+  layers are initialized, dropped out and feature-sampled independently (as the unrolled blocks are,
+  where ``make_rng`` folds in the distinct module paths ``block_i``).
+  """
+  scan = nn.scan(LayerStep,
+                 variable_axes={'params': 0, 'features': 0, 'intermediates': 0},
+                 split_rngs={'params': True, 'dropout': True, 'features': True},
+                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast), length=num_layers)
+  return scan(block=block, remat=remat, deterministic=deterministic, name=name)
 
 
 class RelativePositionBias(nn.Module):

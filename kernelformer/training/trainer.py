@@ -55,6 +55,9 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
   m = config.model
   if is_language_model(info):
     # Causal LM tasks (enwik8, MQAR, selective copy): the decoder-only model, per-token targets.
+    if m.get('remat', 'none') != 'none' or m.get('scan_layers', False):
+      raise ValueError('model.remat and model.scan_layers apply to the encoder of classification '
+                       "tasks; the decoder of LM tasks does not take them (leave 'none' / False)")
     from kernelformer import decoder  # pylint: disable=g-import-not-at-top
     return decoder.build_decoder(m, info)
   if m.dtype not in DTYPES:
@@ -68,7 +71,8 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
                  num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
                  max_length=info.max_length, dropout_rate=m.dropout_rate,
                  pos_encoding=m.pos_encoding, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
-                 dtype=DTYPES[m.dtype])
+                 dtype=DTYPES[m.dtype], remat=m.get('remat', 'none'),
+                 scan_layers=bool(m.get('scan_layers', False)))
   return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
 
 

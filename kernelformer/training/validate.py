@@ -214,6 +214,11 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
   _check_choice(config, m + 'pos_encoding', POS_ENCODINGS)
   _check_choice(config, m + 'pooling', POOLINGS)
   _check_bool(config, m + 'rpe_per_layer')
+  if 'remat' in config.model:       # configs written before the field existed mean 'none'
+    from kernelformer import layers  # pylint: disable=g-import-not-at-top
+    _check_choice(config, m + 'remat', layers.REMAT_CHOICES)
+  if 'scan_layers' in config.model:
+    _check_bool(config, m + 'scan_layers')
   _check_choice(config, m + 'dtype', DTYPES)
   qkv, heads = _get(config, m + 'qkv_dim'), _get(config, m + 'num_heads')
   if qkv % heads:
