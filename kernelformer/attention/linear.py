@@ -232,7 +232,7 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
       ksum = ksum * rescale[..., 0, :] + jnp.sum(ek, axis=-2)
       return (new, kv, ksum), None
 
-    (beta, kv, ksum), _ = jax.lax.scan(key_step, init, (kcs, vcs, mcs))
+    (beta, kv, ksum), _ = jax.lax.scan(key_step, init, (kcs, vcs, mcs), unroll=kcs.shape[0] == 1)
     beta = jax.lax.stop_gradient(jnp.where(jnp.isfinite(beta), beta, 0.0))
 
     def query_step(_, qc):
@@ -241,7 +241,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
       den = jnp.einsum('...cf,...f->...c', phi, ksum)
       return None, (num / safe_normalizer(den, eps)[..., None], den)
 
-    _, (out, den) = jax.lax.scan(query_step, None, _split_chunks(q, cq, -2))
+    qcs = _split_chunks(q, cq, -2)
+    _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
     return _join_chunks(out, -2), (beta, kv, ksum, _join_chunks(den, -1))
 
   @jax.custom_vjp
@@ -275,7 +276,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
 
     (dkv, dksum, dw), dq = jax.lax.scan(
         query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
-        (_split_chunks(qd, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)))
+        (_split_chunks(qd, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)),
+        unroll=qd.shape[-2] == cq)
 
     def key_step(dw, xs):
       kc, vc, mc = xs
@@ -286,7 +288,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
       return add(dw, ddiff), (dk, dv)
 
     dw, (dk, dv) = jax.lax.scan(
-        key_step, dw, (_split_chunks(kd, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)))
+        key_step, dw, (_split_chunks(kd, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)),
+        unroll=kd.shape[-2] == ck)
     float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
     return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
             _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
