@@ -148,28 +148,36 @@ def plot(rows: list[dict], path: str) -> bool:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   pairs_list = sorted({r['pairs'] for r in done})
-  fig, axes = plt.subplots(1, len(pairs_list), figsize=(5 * len(pairs_list), 4), squeeze=False,
+  fig, axes = plt.subplots(1, len(pairs_list), figsize=(6 * len(pairs_list), 4.6), squeeze=False,
                            sharey=True)
+  kinds = [k for k in dict.fromkeys(r['kind'] for r in done) if k not in ('softmax', 'linear-elu')]
+  colors = {k: f'C{i}' for i, k in enumerate(kinds)}            # one colour per kernel in every panel
+  styles = ('-', '--', ':', '-.')                                # one line style per step count
+  steps = list(dict.fromkeys(r['steps'] for r in done))
+  xs = [r['mprime'] for r in done if r['mprime']]
   for ax, pairs in zip(axes[0], pairs_list):
     sub = [r for r in done if r['pairs'] == pairs]
-    n_softmax = 0
-    for kind in _kinds(sub):
-      mine = [r for r in sub if r['label'] == kind]
+    for label in _kinds(sub):
+      mine = [r for r in sub if r['label'] == label]
+      kind, ls = mine[0]['kind'], styles[steps.index(mine[0]['steps']) % len(styles)]
       pts = sorted((r['mprime'], r['accuracy']) for r in mine)
-      if mine[0]['kind'] == 'softmax':
-        ax.axhline(pts[0][1], color='k', ls=('--', ':', '-.')[n_softmax % 3], label=f'{kind} (KV cache)')
-        n_softmax += 1
-      elif mine[0]['kind'] == 'linear-elu':
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], 'k*', ms=12, label=f"{kind} (M' = d)")
+      if kind == 'softmax':
+        ax.axhline(pts[0][1], color='k', ls=ls, lw=1.2, label=f'{label} (KV cache)')
+      elif kind == 'linear-elu':
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='*', color='0.4', ls='none',
+                ms=13 - 4 * steps.index(mine[0]['steps']), label=f"{label} (M' = d)")
       else:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], 'o-', label=kind)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='o', color=colors[kind], ls=ls,
+                label=label)
     ax.set_xscale('log', base=2)
+    if xs:
+      ax.set_xlim(min(xs) / 1.4, max(xs) * 1.4)
     ax.set_xlabel("feature dimension M' of the state (state per head = M' x d_head)")
     ax.set_title(f'MQAR, {pairs} key-value pairs')
-    ax.set_ylim(0, 102)
+    ax.set_ylim(0, 104)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc='center right')
   axes[0][0].set_ylabel('test accuracy on queries (%)')
-  axes[0][-1].legend(fontsize=8, loc='lower right')
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
