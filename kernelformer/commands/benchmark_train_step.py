@@ -9,6 +9,7 @@ kernelformer/bench/train_step.py for what is measured.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import os
 import platform
@@ -33,6 +34,8 @@ def main(argv) -> int:
   parser.add_argument('--batch_size', type=int, default=8)
   parser.add_argument('--length', type=int, default=0, help='data.max_length (0: the preset\'s)')
   parser.add_argument('--num_features', type=int, default=0, help='0: the kind\'s default')
+  parser.add_argument('--set', action='append', default=[], metavar='FIELD=VALUE',
+                      help='config override, e.g. --set model.num_heads=2 (repeatable)')
   parser.add_argument('--repeats', type=int, default=10)
   parser.add_argument('--out_dir', default=os.path.join('runs', 'benchmarks'))
   args = parser.parse_args(argv)
@@ -51,6 +54,18 @@ def main(argv) -> int:
       config.data.max_length = args.length
     if args.num_features:
       config.model.attention.num_features = args.num_features
+    for item in args.set:
+      field, sep, value = item.partition('=')
+      *parents, leaf = field.split('.')
+      node = config
+      try:
+        for name in parents:
+          node = node[name]
+        node[leaf] = type(node[leaf])(ast.literal_eval(value)) if node[leaf] is not None else \
+            ast.literal_eval(value)
+      except (KeyError, ValueError, SyntaxError, TypeError) as e:
+        print(f'error: --set {item}: {e}', file=sys.stderr)
+        return 2
   results = train_step.measure(config, kinds, batch_size=args.batch_size, repeats=args.repeats)
   import jax  # pylint: disable=g-import-not-at-top
   header = (f'`kernelformer benchmark train_step {" ".join(argv)}`; {jax.devices()[0].device_kind} '
