@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import sys
 
 from absl import app, flags
@@ -96,6 +97,9 @@ def _main(argv):
         sweeps.write_sweep_file(sweep, sweep_dir, runs)
         print(f'wrote {len(lines)} commands to {_EMIT.value}')
       return
+    # SIGTERM (a scheduler preempting the sweep) stops it like Ctrl-C: the running point checkpoints
+    # (the trainer handles the signal while it trains), and no further point starts.
+    signal.signal(signal.SIGTERM, sweeps._raise_on_sigterm)  # pylint: disable=protected-access
     counts = sweeps.run_sweep(sweep, sweep_dir, parallel=_PARALLEL.value,
                               log=lambda s: print(s, flush=True))
   except (sweeps.SweepError, registry.KernelPluginError) as e:
@@ -104,6 +108,9 @@ def _main(argv):
   except KeyboardInterrupt:
     print('interrupted: run the same command again to continue the sweep.', file=sys.stderr)
     sys.exit(130)
+  except sweeps.SweepInterrupted as e:
+    print(f'{e}: run the same command again to continue the sweep.', file=sys.stderr)
+    sys.exit(e.exit_code)
   print(f'{counts["ran"]} trained, {counts["done"]} already finished, {counts["failed"]} failed'
         + (f' (see {os.path.join(sweep_dir, sweeps.FAILURES_FILE)})' if counts['failed'] else ''))
   if counts['failed']:

@@ -384,6 +384,21 @@ class Run:
     return args
 
 
+class SweepInterrupted(Exception):
+  """SIGINT/SIGTERM stopped the sweep; the running point saved its checkpoint. ``exit_code`` 130/143."""
+
+  def __init__(self, message: str, exit_code: int):
+    super().__init__(message)
+    self.exit_code = exit_code
+
+
+INTERRUPT_EXIT_CODES = (130, 143)   # the trainer's exit codes for SIGINT / SIGTERM (checkpoint saved)
+
+
+def _raise_on_sigterm(signum, frame):  # pylint: disable=unused-argument
+  raise SweepInterrupted('terminated (SIGTERM)', 143)
+
+
 def plan(sweep: Sweep, sweep_dir: str) -> list[Run]:
   """Places every point under ``sweep_dir`` and checks its overrides against its config.
 
@@ -513,6 +528,12 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
       log(f'interrupted during {r.name}; run the same command again to continue')
       raise
     except Exception as e:  # pylint: disable=broad-except  (recorded; the sweep goes on)
+      code = getattr(e, 'exit_code', None)
+      if isinstance(e, SweepInterrupted) or code in INTERRUPT_EXIT_CODES:
+        # SIGINT/SIGTERM reached the trainer: it saved the point's checkpoint. Stop the sweep (a
+        # preempted job must end), instead of recording a failure and starting the next point.
+        log(f'interrupted during {r.name}; run the same command again to continue')
+        raise SweepInterrupted(str(e), code or 143) from None
       record_failure(sweep_dir, r, f'{type(e).__name__}: {e}', traceback.format_exc())
       counts['failed'] += 1
       log(f'  failed after {time.time() - t0:.0f}s: {type(e).__name__}: {e}')
@@ -558,6 +579,9 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
         if rc == 0 and os.path.isfile(os.path.join(r.workdir, RESULTS_FILE)):
           counts['ran'] += 1
           log(f'finished {r.name} in {time.time() - t0:.0f}s')
+        elif rc in INTERRUPT_EXIT_CODES:
+          counts['interrupted'] = counts.get('interrupted', 0) + 1
+          log(f'interrupted {r.name} (exit code {rc}, checkpoint saved); it resumes on the next run')
         else:
           with open(os.path.join(r.workdir, 'train.log'), encoding='utf-8', errors='replace') as f:
             tail = f.read()[-4000:]
@@ -568,9 +592,10 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
       active = still
       if active:
         time.sleep(0.5)
-  except KeyboardInterrupt:
+  except (KeyboardInterrupt, SweepInterrupted) as e:
+    sig = 15 if isinstance(e, SweepInterrupted) and e.exit_code == 143 else 2
     for r, proc, logf, _ in active:
-      proc.send_signal(2)  # SIGINT: the trainer saves a checkpoint and exits
+      proc.send_signal(sig)  # SIGINT / SIGTERM: the trainer saves a checkpoint and exits
     for r, proc, logf, _ in active:
       proc.wait()
       logf.close()

@@ -230,3 +230,26 @@ def test_in_process_sweep_trains_for_real_and_skips_on_rerun(tmp_path):
   assert results['final_step'] == 2 and results['config']['seed'] == 1
   assert sweeps.run_sweep(sweep, str(tmp_path / 'sw'), log=lambda s: None) == \
       {'done': 1, 'ran': 0, 'failed': 0}
+
+
+def test_a_preempted_point_stops_the_sweep_and_is_not_a_failure(tmp_path):
+  """SIGTERM/SIGINT inside a point (the trainer saved its checkpoint and raised exit code 143/130)
+  stops the sweep: no failure is recorded and the next point does not start."""
+  from kernelformer.training.workdir import RunError
+  sweep = sweeps.expand(sweeps.sweep_from_flags(
+      [f'{LISTOPS}:tiny'], ['model.attention.kind=softmax,posrf-orf,linear-elu', 'seed=0'],
+      ['num_train_steps=5']))
+  sweep_dir = str(tmp_path / 'sw')
+  calls = []
+
+  def train(config, workdir):
+    calls.append(config.model.attention.kind)
+    if config.model.attention.kind == 'posrf-orf':
+      raise RunError('preempted (SIGTERM) at step 3: checkpoint saved', 143)
+    return _fake_trainer()[0](config, workdir)
+
+  with pytest.raises(sweeps.SweepInterrupted) as e:
+    sweeps.run_sweep(sweep, sweep_dir, train_fn=train, log=lambda s: None)
+  assert e.value.exit_code == 143
+  assert calls == ['softmax', 'posrf-orf']
+  assert not (tmp_path / 'sw' / 'failures.jsonl').exists()
