@@ -176,3 +176,9 @@ def test_config_fields_validated_and_passed():
   validate.validate_config(c)
   model = trainer.build_model(c, lra_tasks.get('text').info(c.data))
   assert model.encoder['remat'] == 'dots_saveable' and model.encoder['scan_layers'] is True
+  # The LM decoder takes neither: refused before anything is built.
+  from configs import mqar  # pylint: disable=g-import-not-at-top
+  lm = mqar.get_config()
+  lm.model.scan_layers = True
+  with pytest.raises(validate.ConfigError, match='scan_layers'):
+    validate.validate_config(lm)

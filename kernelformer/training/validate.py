@@ -219,6 +219,14 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
     _check_choice(config, m + 'remat', layers.REMAT_CHOICES)
   if 'scan_layers' in config.model:
     _check_bool(config, m + 'scan_layers')
+  if config.model.get('remat', 'none') != 'none' or config.model.get('scan_layers', False):
+    try:
+      lm = getattr(lra_tasks.get(task).info(config.data), 'language_model', False)
+    except Exception:  # pylint: disable=broad-except  # the data checks below report a bad data config
+      lm = False
+    if lm:
+      raise ConfigError(f'config.model.remat / model.scan_layers apply to the encoder of classification '
+                        f"tasks; the decoder of task {task!r} does not take them (leave 'none' / False)")
   _check_choice(config, m + 'dtype', DTYPES)
   qkv, heads = _get(config, m + 'qkv_dim'), _get(config, m + 'num_heads')
   if qkv % heads:
