@@ -45,11 +45,20 @@ def mask_keys(phi_k: Array, mask: Array | None) -> Array:
 
 def linear_attention(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None = None,
                      causal: bool = False, chunk_size: int = 64,
-                     eps: float = DEFAULT_EPS) -> Array:
-  """Normalized linear attention; returns ``[B, L, H, Dv]`` in ``v.dtype``."""
+                     eps: float = DEFAULT_EPS, key_shift: Array | None = None) -> Array:
+  """Normalized linear attention; returns ``[B, L, H, Dv]`` in ``v.dtype``.
+
+  ``key_shift [B, N, H, M]`` (causal only; N = number of chunks of ``chunk_size``): the features were
+  formed with a per-chunk running key max (``components._exp_shifted(causal_chunk=chunk_size)``): the
+  keys of chunk n carry ``exp(-beta_n)``, its queries ``exp(+beta_n)``. The carried prefix state is then
+  rescaled column by column by ``exp(beta_{n-1} - beta_n)`` between chunks (as flash attention's running
+  max), so every product is the unshifted one and no key enters an earlier chunk's shift.
+  """
   phi_k = mask_keys(phi_k, mask)
+  if key_shift is not None and not causal:
+    raise ValueError('key_shift is for causal attention (per-chunk running key maxima)')
   if causal:
-    num, den = _causal_num_den(phi_q, phi_k, v, chunk_size)
+    num, den = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift)
   else:
     kv = einsum_f32('bshm,bshd->bhmd', phi_k, v)                  # [B, H, M, Dv]
     ksum = jnp.sum(phi_k.astype(jnp.float32), axis=1)             # [B, H, M]
@@ -59,7 +68,8 @@ def linear_attention(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None
   return out.astype(v.dtype)
 
 
-def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int):
+def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
+                    key_shift: Array | None = None):
   """Numerator and normalizer of causal linear attention in chunked form."""
   b, length, h, m = phi_q.shape
   dv = v.shape[-1]
@@ -76,8 +86,11 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int):
   # Inter-chunk part: exclusive prefix sum of per-chunk states.
   kv_chunk = einsum_f32('bnchm,bnchd->bnhmd', kc, vc)               # [B, N, H, M, Dv]
   ks_chunk = jnp.sum(kc.astype(jnp.float32), axis=2)              # [B, N, H, M]
-  kv_prev = jnp.cumsum(kv_chunk, axis=1) - kv_chunk
-  ks_prev = jnp.cumsum(ks_chunk, axis=1) - ks_chunk
+  if key_shift is None:
+    kv_prev = jnp.cumsum(kv_chunk, axis=1) - kv_chunk
+    ks_prev = jnp.cumsum(ks_chunk, axis=1) - ks_chunk
+  else:
+    kv_prev, ks_prev = _shifted_exclusive_prefix(kv_chunk, ks_chunk, key_shift, n_chunks)
   num = einsum_f32('bnchm,bnhmd->bnchd', qc, kv_prev)
   den = einsum_f32('bnchm,bnhm->bnch', qc, ks_prev)
   # Intra-chunk part: masked quadratic C x C.
@@ -89,6 +102,36 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int):
   num = num.reshape(b, n_chunks * c, h, dv)[:, :length]
   den = den.reshape(b, n_chunks * c, h)[:, :length]
   return num, den
+
+
+def _shifted_exclusive_prefix(kv_chunk: Array, ks_chunk: Array, key_shift: Array, n_chunks: int):
+  """Exclusive prefix of chunk states formed relative to per-chunk shifts ``beta [B, N, H, M]``.
+
+  Chunk n's state is ``sum_{j in n} e^{z_j - beta_n} ...``; the prefix for chunk n must be relative to
+  ``beta_n``: ``P_n = sum_{n' < n} state_{n'} e^{beta_{n'} - beta_n}``. ``lax.associative_scan`` with
+  ``(S_a, b_a) + (S_b, b_b) = (S_a e^{b_a - b_b} + S_b, b_b)`` (associative) gives the inclusive sums
+  ``I_n`` relative to ``beta_n``; then ``P_n = I_{n-1} e^{beta_{n-1} - beta_n}``. Running maxima never
+  decrease, so every factor is ``<= 1``; the clamp only matters where leading chunks had no valid key
+  (their shift is 0 and their state exactly 0).
+  """
+  if key_shift.shape[1] != n_chunks or key_shift.shape[-1] != ks_chunk.shape[-1]:
+    raise ValueError(f'key_shift has shape {key_shift.shape}; expected [B, {n_chunks}, H, '
+                     f'{ks_chunk.shape[-1]}] (one running key max per chunk and feature)')
+  beta = jax.lax.stop_gradient(key_shift.astype(jnp.float32))
+  factor = lambda older, newer: jnp.exp(jnp.minimum(older - newer, 0.0))
+
+  def combine(a, b):
+    kv_a, ks_a, b_a = a
+    kv_b, ks_b, b_b = b
+    f = factor(b_a, b_b)
+    return kv_a * f[..., None] + kv_b, ks_a * f + ks_b, b_b
+
+  kv_inc, ks_inc, _ = jax.lax.associative_scan(combine, (kv_chunk, ks_chunk, beta), axis=1)
+  f = factor(beta[:, :-1], beta[:, 1:])
+  zero = lambda x: jnp.zeros_like(x[:, :1])
+  kv_prev = jnp.concatenate([zero(kv_inc), kv_inc[:, :-1] * f[..., None]], axis=1)
+  ks_prev = jnp.concatenate([zero(ks_inc), ks_inc[:, :-1] * f], axis=1)
+  return kv_prev, ks_prev
 
 
 def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None = None,

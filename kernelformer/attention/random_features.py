@@ -71,18 +71,23 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
 
 
 def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[Array], *,
-                      heads_share_proj: bool) -> tuple[Array, Array]:
+                      heads_share_proj: bool, causal_chunk: Optional[int] = None
+                      ) -> tuple[Array, ...]:
   """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']``: the component applied one head at a time.
 
-  ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu).
+  ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu). With
+  ``causal_chunk`` (components in ``components.CAUSAL_SHIFTED`` only) also ``key_shift [B, N, H, M']``,
+  the per-chunk running key maxima for ``linear.linear_attention(..., key_shift=)``.
   """
   fn = components_lib.COMPONENTS[component]
+  extra = {} if causal_chunk is None else {'causal_chunk': causal_chunk}
 
   def one_head(qh, kh, p):
-    return fn(qh, kh, p, mask=mask, stabilize=True)
+    return fn(qh, kh, p, mask=mask, stabilize=True, **extra)
 
   proj_axis = None if (heads_share_proj or proj is None) else 0
-  return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=(2, 2))(q, k, proj)
+  outs = (2, 2) if causal_chunk is None else (2, 2, 2)
+  return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=outs)(q, k, proj)
 
 
 class RandomFeatureAttention(nn.Module):
@@ -203,11 +208,18 @@ class RandomFeatureAttention(nn.Module):
                      in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
       if not self.is_mutable_collection('intermediates'):
         return out
-    phi_q, phi_k = per_head_features(self.component, qf, kf, proj, mask,
-                                     heads_share_proj=self.share_heads)
-    # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise.
-    self.sow('intermediates', 'phi_q', phi_q)
-    self.sow('intermediates', 'phi_k', phi_k)
+    # Causal exp-maps: key shifts are running maxima per chunk (no later key enters an earlier row).
+    chunked = (causal and position_bias is None
+               and self.component in components_lib.CAUSAL_SHIFTED)
+    phi_q, phi_k, *key_shift = per_head_features(
+        self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
+        causal_chunk=self.chunk_size if chunked else None)
+    # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise. Chunk-shifted
+    # features pair up only with the core's rescaling, so the sown ones use one shift for all keys.
+    sown = (per_head_features(self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads)
+            if chunked and self.is_mutable_collection('intermediates') else (phi_q, phi_k))
+    self.sow('intermediates', 'phi_q', sown[0])
+    self.sow('intermediates', 'phi_k', sown[1])
     if lean:
       return out
     if position_bias is not None:
@@ -216,7 +228,8 @@ class RandomFeatureAttention(nn.Module):
       return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal,
                                       eps=self.feature_eps)
     return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
-                                   chunk_size=self.chunk_size, eps=self.feature_eps)
+                                   chunk_size=self.chunk_size, eps=self.feature_eps,
+                                   key_shift=key_shift[0] if key_shift else None)
 
 
   def _use_pallas(self, position_bias, q_shape, dtype, causal=None) -> bool:

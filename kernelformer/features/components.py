@@ -35,8 +35,11 @@ weight ``|c_r|``: with ``r*`` the argmax of ``zq_ir + beta_r`` and ``j*`` the ke
 cannot underflow however large the norms (a single all-key max, used before, let a query whose
 features all sat ~90 below that max in log-magnitude get a normalizer of exactly 0 and an output of 0
 where the answer was, e.g. with one valid key, ``v_0`` exactly). This is the Pallas kernel's
-convention (``pallas/feature_attention.py``). Causal attention sees only keys j <= i, so there the
-bound holds only for the row whose visible keys include the column maxima.
+convention (``pallas/feature_attention.py``). Causal attention sees only keys j <= i, so a global
+``beta`` would let a later key set the shift of an earlier row (its visible terms underflow, and the
+past depends on the future in floating point): causal callers pass ``causal_chunk=C`` and get
+running per-chunk maxima plus ``key_shift`` for the core's state rescaling (``_exp_shifted``;
+``CAUSAL_SHIFTED``). Within a chunk the shift still includes that chunk's later keys, as in Pallas.
 
 Padded keys are excluded from ``beta`` (a huge padded key would otherwise underflow every real key) and
 get zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
@@ -96,16 +99,50 @@ def _side_scales(proj: Projection, parts: int, dtype) -> tuple[Array, Array]:
   return jnp.tile(q_scale, parts), jnp.tile(mag, parts)
 
 
-def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool):
+def _chunk_prefix_max(zk: Array, chunk: int) -> Array:
+  """``beta_nr = max {zk_jr : j in chunks 0..n}``, ``[..., N, F]`` for chunks of ``chunk`` rows.
+
+  The running (prefix) maximum over chunks of the key log-magnitudes (masked keys are ``-inf``); a
+  column with no valid key yet gets 0 (its features are all 0, any shift is correct).
+  """
+  s, f = zk.shape[-2], zk.shape[-1]
+  c = max(1, min(chunk, s))
+  n = -(-s // c)
+  z = jnp.pad(zk, [(0, 0)] * (zk.ndim - 2) + [(0, n * c - s), (0, 0)], constant_values=-jnp.inf)
+  m = jnp.max(z.reshape(zk.shape[:-2] + (n, c, f)), axis=-2)
+  m = jax.lax.cummax(m, axis=m.ndim - 2)
+  return jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+
+
+def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
+                 causal_chunk: Optional[int] = None):
   """``exp`` of query and key log-magnitudes, shifted as the module docstring explains.
 
   ``zq [..., L, F]`` and ``zk [..., S, F]`` (F = M' or 1 for a per-row factor). Keys are shifted per
   feature column by ``beta_r = max_j zk_jr`` (valid keys), queries by ``a_i = max_r (zq_ir + beta_r)``
   after adding ``beta_r``. Masked keys get ``-inf`` before the max, so they never set the shift and come
   out as exactly 0 (forward and backward stay finite: ``exp(-inf) = 0`` has zero derivative).
+
+  ``causal_chunk=C`` (causal self-attention, L = S): ``beta`` is the running max per chunk of C rows,
+  ``beta_n`` over the keys of chunks 0..n only; key j and query i are shifted by the ``beta`` of their
+  own chunk. Returns ``(exp_q, exp_k, beta [..., N, F])``: the causal core
+  (``linear.linear_attention(..., key_shift=beta)``) rescales its carried state by
+  ``exp(beta_{n-1} - beta_n)`` between chunks, so no later key enters an earlier chunk's shift.
   """
   if mask is not None:
     zk = jnp.where(mask[..., None], zk, -jnp.inf)
+  if causal_chunk is not None:
+    if zq.shape[-2] != zk.shape[-2]:
+      raise ValueError(f'causal features need as many queries as keys; got {zq.shape[-2]} and '
+                       f'{zk.shape[-2]}')
+    s = zk.shape[-2]
+    c = max(1, min(causal_chunk, s))
+    beta = _chunk_prefix_max(zk, c)                                      # [..., N, F]
+    rows = jnp.repeat(beta, c, axis=-2)[..., :s, :]                     # each row's chunk shift
+    zq = zq + rows
+    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
+    a = jnp.where(jnp.isfinite(a), a, 0.0)
+    return jnp.exp(zq - a), jnp.exp(zk - rows), beta
   if stabilize:
     beta = jax.lax.stop_gradient(jnp.max(zk, axis=-2, keepdims=True))     # [..., 1, F]
     # Every key masked: the max is -inf; any finite shift is correct (all key features are 0).
@@ -115,6 +152,14 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool):
     a = jnp.where(jnp.isfinite(a), a, 0.0)
     zq, zk = zq - a, zk - beta
   return jnp.exp(zq), jnp.exp(zk)
+
+
+def _with_shift(phi_q: Array, phi_k: Array, shift: list) -> tuple[Array, ...]:
+  """``(phi_q, phi_k)``, plus the causal key shift broadcast to M' columns when one was formed."""
+  if not shift:
+    return phi_q, phi_k
+  beta = shift[0]
+  return phi_q, phi_k, jnp.broadcast_to(beta, beta.shape[:-1] + phi_k.shape[-1:])
 
 
 def _zero_masked(phi_k: Array, mask: Optional[Array]) -> Array:
@@ -144,7 +189,8 @@ def _row_sq_norms(proj: Projection, dtype) -> Array:
 # ----------------------------------------------------------------------------------------------
 
 def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-           stabilize: bool = True) -> tuple[Array, Array]:
+           stabilize: bool = True, causal_chunk: Optional[int] = None
+           ) -> tuple[Array, ...]:
   """TrigRF for the softmax kernel: ``exp(|x|^2/2) [cos(W x), sin(W x)]``, estimates ``exp(q.k)``.
 
   Rahimi-Recht features (Spectraformer eq. 10, kernel-learning paper eq. 3) estimate the Gaussian
@@ -161,11 +207,11 @@ def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   q, k = q.astype(dt), k.astype(dt)
   mask = _key_mask(mask, k)
   pq, pk = project(q, proj), project(k, proj)
-  eq, ek = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize)
+  eq, ek, *shift = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize, causal_chunk)
   sq, sk = _side_scales(proj, 2, dt)
   phi_q = eq * jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
   phi_k = ek * jnp.concatenate([jnp.cos(pk), jnp.sin(pk)], axis=-1) * sk
-  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+  return _with_shift(phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k), shift)
 
 
 def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
@@ -190,7 +236,8 @@ def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
 
 
 def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-          stabilize: bool = True) -> tuple[Array, Array]:
+          stabilize: bool = True, causal_chunk: Optional[int] = None
+          ) -> tuple[Array, ...]:
   """Positive random features ``exp(omega_r.x - |x|^2/2)`` (Performer FAVOR+; Spectraformer eq. 32).
 
   ``E_omega[exp(omega.q - |q|^2/2) exp(omega.k - |k|^2/2)] = exp(|q+k|^2/2 - |q|^2/2 - |k|^2/2) =
@@ -205,13 +252,14 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   mask = _key_mask(mask, k)
   zq = project(q, proj) - 0.5 * _sq_norm(q)
   zk = project(k, proj) - 0.5 * _sq_norm(k)
-  eq, ek = _exp_shifted(zq, zk, mask, stabilize)
+  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk)
   sq, sk = _side_scales(proj, 1, dt)
-  return (eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k)
+  return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
 
 
 def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-               stabilize: bool = True) -> tuple[Array, Array]:
+               stabilize: bool = True, causal_chunk: Optional[int] = None
+               ) -> tuple[Array, ...]:
   """Hyperbolic positive features ``exp(+-omega_r.x - |x|^2/2) / sqrt(2)`` (Performer FAVOR+ paper).
 
   The two-part PRF (Spectraformer eq. 11 with l = 2, eq. 33 there with the Performer's ``|x|^2/2``):
@@ -228,9 +276,9 @@ def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = 
   half_log2 = 0.5 * math.log(2.0)   # the 1/sqrt(2) on each side, kept in the exponent
   zq = jnp.concatenate([pq, -pq], axis=-1) - 0.5 * _sq_norm(q) - half_log2
   zk = jnp.concatenate([pk, -pk], axis=-1) - 0.5 * _sq_norm(k) - half_log2
-  eq, ek = _exp_shifted(zq, zk, mask, stabilize)
+  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk)
   sq, sk = _side_scales(proj, 2, dt)
-  return (eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k)
+  return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
 
 
 def _query_mask(mask: Optional[Array], q: Array, k: Array) -> Optional[Array]:
@@ -267,7 +315,7 @@ def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
 
 
 def _gerf_features(q: Array, k: Array, proj: Projection, a: Array, mask: Optional[Array],
-                   stabilize: bool) -> tuple[Array, Array]:
+                   stabilize: bool, causal_chunk: Optional[int] = None) -> tuple[Array, ...]:
   """Positive GERF (Spectraformer eq. 34, s = +1) for the softmax kernel, given A ``[...]``.
 
   ``f(omega, x) = D exp(A |omega|^2 + B omega.x - |x|^2/2)`` with ``B = sqrt(1 - 4A)`` and
@@ -285,13 +333,14 @@ def _gerf_features(q: Array, k: Array, proj: Projection, a: Array, mask: Optiona
   aw = a[..., None, None] * _row_sq_norms(proj, dt)           # [..., 1, M]
   zq = aw + bcoef * project(q, proj) - 0.5 * _sq_norm(q) + log_d
   zk = aw + bcoef * project(k, proj) - 0.5 * _sq_norm(k) + log_d
-  eq, ek = _exp_shifted(zq, zk, mask, stabilize)
+  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk)
   sq, sk = _side_scales(proj, 1, dt)
-  return eq * sq, _zero_masked(ek * sk, mask)
+  return _with_shift(eq * sq, _zero_masked(ek * sk, mask), shift)
 
 
 def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-         stabilize: bool = True) -> tuple[Array, Array]:
+         stabilize: bool = True, causal_chunk: Optional[int] = None
+         ) -> tuple[Array, ...]:
   """Optimized positive random features (FAVOR++; Spectraformer eqs. 34-35), estimate ``exp(q.k)``.
 
   GERF with s = +1 and A from ``oprf_parameter`` (one A per batch element/head, from the moments of
@@ -303,8 +352,8 @@ def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   q, k = q.astype(dt), k.astype(dt)
   mask = _key_mask(mask, k)
   a = oprf_parameter(q, k, mask)
-  phi_q, phi_k = _gerf_features(q, k, proj, a, mask, stabilize)
-  return phi_q.astype(out_q), phi_k.astype(out_k)
+  phi_q, phi_k, *shift = _gerf_features(q, k, proj, a, mask, stabilize, causal_chunk)
+  return _with_shift(phi_q.astype(out_q), phi_k.astype(out_k), shift)
 
 
 def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
@@ -328,7 +377,8 @@ def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
 
 
 def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-           stabilize: bool = True) -> tuple[Array, Array]:
+           stabilize: bool = True, causal_chunk: Optional[int] = None
+           ) -> tuple[Array, ...]:
   """Simplified asymmetric dense-exponential RF (FAVOR#; Spectraformer eq. 36), estimate ``exp(q.k)``.
 
   ``f^(1)(omega, q) = f_GE^(1)(omega, Psi q)`` and ``f^(2)(omega, k) = f_GE^(2)(omega, Psi^-1 k)`` with Psi
@@ -343,8 +393,8 @@ def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   psi = saderf_scaling(q, k, mask)[..., None, :]
   qt, kt = q * psi, k / psi
   a = oprf_parameter(qt, kt, mask)
-  phi_q, phi_k = _gerf_features(qt, kt, proj, a, mask, stabilize)
-  return phi_q.astype(out_q), phi_k.astype(out_k)
+  phi_q, phi_k, *shift = _gerf_features(qt, kt, proj, a, mask, stabilize, causal_chunk)
+  return _with_shift(phi_q.astype(out_q), phi_k.astype(out_k), shift)
 
 
 def elu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional[Array] = None,
@@ -494,6 +544,11 @@ LOG_SPACE_FORMS: dict[str, LogSpaceForm] = {
     'hyperbolic': LogSpaceForm(_hyperbolic_logits, parts=2),
 }
 
+
+# Components taking ``causal_chunk=C``: with it they return ``(phi_q, phi_k, key_shift [..., N, M'])``,
+# features shifted by the running per-chunk key max (``_exp_shifted``) for ``linear.linear_attention(...,
+# causal=True, chunk_size=C, key_shift=key_shift)``. The other built-in maps have no key-dependent shift.
+CAUSAL_SHIFTED = frozenset({'trigrf', 'posrf', 'hyperbolic', 'oprf', 'saderf'})
 
 # Number of parts l in Spectraformer eq. 11 (features per projection row); 0: no projection (M' = d).
 _PARTS = {'trigrf': 2, 'rks': 2, 'posrf': 1, 'hyperbolic': 2, 'oprf': 1, 'saderf': 1,
