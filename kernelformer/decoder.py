@@ -22,10 +22,11 @@ from ``init_cache``):
 Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind):
 the step draws W with the mechanism's own ``_projection`` under the same module path (``mechanism``),
 so it gets the same ``make_rng('features')`` key and the same learned-sampler parameters. The full
-forward stabilizes key features by ONE shift per batch element and head (``features/components.py``),
-which cancels in the normalized output; a per-token shift would not cancel, so the step computes key
-features without a shift and query features with their per-row shift (which cancels per row). The two
-are equal in exact arithmetic. Limit: unshifted key features can overflow where the full forward
+forward stabilizes key features by a running max over chunks 0..n for the keys of chunk n, with the
+carried prefix state rescaled when that max grows (``features/components.py`` ``causal_chunk``,
+``attention/linear.py`` ``key_shift``); every shift cancels in the normalized output. The step computes
+key features without a shift and query features with their per-row shift (which cancels per row). The
+two are equal in exact arithmetic. Limit: unshifted key features can overflow where the full forward
 would not (exp of a key exponent above ~88 in float32: posrf/hyperbolic exponents are bounded by
 |w|^2/2, trigrf's ``|k|^2 / (2 sqrt d)`` is not).
 
