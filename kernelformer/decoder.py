@@ -53,7 +53,7 @@ from kernelformer.attention import linear as linear_lib
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.attention import softmax as softmax_lib
 from kernelformer.features import components as components_lib
-from kernelformer.layers import MlpBlock, RelativePositionBias, _attention_options
+from kernelformer.layers import MlpBlock, RelativePositionBias, _attention_options, qkv_projections
 
 Array = Any
 
@@ -162,13 +162,7 @@ class CausalSelfAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
-    if self.qkv_dim % self.num_heads:
-      raise ValueError(f'qkv_dim={self.qkv_dim} is not divisible by num_heads={self.num_heads}')
-    head_dim = self.qkv_dim // self.num_heads
-    dense = lambda name: nn.DenseGeneral(
-        (self.num_heads, head_dim), dtype=self.dtype, name=name,
-        kernel_init=nn.initializers.xavier_uniform())
-    q, k, v = dense('query')(x), dense('key')(x), dense('value')(x)
+    q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype)
     spec, kwargs = _mechanism_kwargs(self.attention)
     if not self.decode:
       extra = {}

@@ -22,6 +22,19 @@ def _attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in dict(attention).items() if v is not None}
 
 
+def qkv_projections(x, num_heads: int, qkv_dim: int, dtype) -> tuple[Array, Array, Array]:
+  """``q, k, v [B, L, H, qkv_dim / H]`` from ``x``: submodules 'query', 'key', 'value' of the calling module.
+
+  Called inside a compact ``__call__`` (the encoder's and the decoder's attention share it).
+  """
+  if qkv_dim % num_heads:
+    raise ValueError(f'qkv_dim={qkv_dim} is not divisible by num_heads={num_heads}')
+  dense = lambda name: nn.DenseGeneral(
+      (num_heads, qkv_dim // num_heads), dtype=dtype, name=name,
+      kernel_init=nn.initializers.xavier_uniform())
+  return dense('query')(x), dense('key')(x), dense('value')(x)
+
+
 class MultiHeadAttention(nn.Module):
   """Projections + a registered attention mechanism."""
 
@@ -33,13 +46,7 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
-    if self.qkv_dim % self.num_heads:
-      raise ValueError(f'qkv_dim={self.qkv_dim} is not divisible by num_heads={self.num_heads}')
-    head_dim = self.qkv_dim // self.num_heads
-    dense = lambda name: nn.DenseGeneral(
-        (self.num_heads, head_dim), dtype=self.dtype, name=name,
-        kernel_init=nn.initializers.xavier_uniform())
-    q, k, v = dense('query')(x), dense('key')(x), dense('value')(x)
+    q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype)
     mechanism = registry.build(_attention_options(self.attention))
     extra = {} if position_bias is None else {'position_bias': position_bias}
     out = mechanism(q, k, v, mask=mask, causal=self.causal, step=step,

@@ -21,6 +21,7 @@ Vocabulary ``0`` padding, ``1`` filler, ``2`` separator, data ``[3, V)``.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any
 
@@ -94,11 +95,12 @@ class GeneratedSource:
     return self._make(int(i))
 
 
-class _RecallTask:
+class _RecallTask(abc.ABC):
   name = ''
 
+  @abc.abstractmethod
   def _validate(self, data: Any) -> None:
-    raise NotImplementedError
+    """Raises a one-line error for settings the generator cannot satisfy."""
 
   def info(self, data: Any) -> LMTaskInfo:
     self._validate(data)
