@@ -17,10 +17,11 @@ _COORDINATOR = None
 _NUM_PROCESSES = None
 _PROCESS_ID = None
 _DISTRIBUTED = None
+_PEER_TIMEOUT = None
 
 
 def define_distributed_flags() -> None:
-  global _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED
+  global _COORDINATOR, _NUM_PROCESSES, _PROCESS_ID, _DISTRIBUTED, _PEER_TIMEOUT
   _COORDINATOR = flags.DEFINE_string(
       'coordinator_address', None,
       'host:port of process 0 for a multi-process run (auto-detected on TPU pods and SLURM).')
@@ -31,6 +32,10 @@ def define_distributed_flags() -> None:
       'Call jax.distributed.initialize() with JAX\'s own cluster detection. Needed on Cloud TPU pod '
       'slices created with gcloud (detected from the VM metadata, not the environment); SLURM, Open '
       'MPI and GKE are detected without it.')
+  _PEER_TIMEOUT = flags.DEFINE_float(
+      'peer_timeout_s', 30.0,
+      'Multi-process runs: stop with one line when another process has sent no heartbeat for this '
+      'many seconds (it died or hangs); 0 leaves it to JAX (an abort after ~100 s).')
 
 
 def maybe_initialize_distributed() -> None:
@@ -59,6 +64,8 @@ def maybe_initialize_distributed() -> None:
                                num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
   else:
     jax.distributed.initialize()
+  from kernelformer.training import peers  # pylint: disable=g-import-not-at-top
+  peers.start(_PEER_TIMEOUT.value if _PEER_TIMEOUT is not None else 30.0)
 
 
 def user_error_types() -> tuple[type, ...]:
@@ -78,6 +85,8 @@ def run(get_config: Callable, workdir: str) -> dict:
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
   config = get_config()
   results = trainer.train_and_evaluate(config, workdir)
+  from kernelformer.training import peers  # pylint: disable=g-import-not-at-top
+  peers.stop()  # finished: slower peers must not take this process's exit for a death
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0 and getattr(results, 'status', '') == 'finished':
     print(f"this run is finished (step {results['final_step']}, test accuracy "
@@ -177,6 +186,8 @@ def main_with_clean_errors(main: Callable) -> None:
   except SystemExit:
     raise
   except BaseException as e:  # pylint: disable=broad-except
+    from kernelformer.training import peers  # pylint: disable=g-import-not-at-top
+    peers.handle_collective_failure(e)  # a lost peer process: one line (exits), else falls through
     if isinstance(e, KeyboardInterrupt):
       # Outside the training loop (which turns signals into a checkpoint and a RunError).
       print('interrupted before training: nothing new to save; run the same command to start or '
