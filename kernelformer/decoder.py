@@ -53,7 +53,7 @@ from kernelformer.attention import linear as linear_lib
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.attention import softmax as softmax_lib
 from kernelformer.features import components as components_lib
-from kernelformer.layers import MlpBlock, RelativePositionBias, _attention_options, qkv_projections
+from kernelformer.layers import RelativePositionBias, _attention_options, pre_ln_residuals, qkv_projections
 
 Array = Any
 
@@ -262,15 +262,12 @@ class DecoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
-    y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = CausalSelfAttention(self.num_heads, self.qkv_dim, self.attention, self.max_length,
-                            decode=self.decode, dtype=self.dtype, name='attention')(
-                                y, mask=mask, step=step, deterministic=deterministic,
-                                position_bias=position_bias)
-    x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, dtype=self.dtype)(y, deterministic=deterministic)
-    return x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    attention = CausalSelfAttention(self.num_heads, self.qkv_dim, self.attention, self.max_length,
+                                    decode=self.decode, dtype=self.dtype, name='attention')
+    return pre_ln_residuals(
+        x, lambda y: attention(y, mask=mask, step=step, deterministic=deterministic,
+                               position_bias=position_bias),
+        self.mlp_dim, self.dropout_rate, self.dtype, deterministic)
 
 
 def sinusoid_at(positions: Array, dim: int, max_scale: float = 10000.0) -> Array:

@@ -68,6 +68,19 @@ class MlpBlock(nn.Module):
     return nn.Dense(x.shape[-1], dtype=self.dtype)(y)
 
 
+def pre_ln_residuals(x, attend, mlp_dim: int, dropout_rate: float, dtype, deterministic: bool):
+  """The pre-LayerNorm block body: ``x + Drop(attend(LN(x)))``, then ``x + Drop(MLP(LN(x)))``.
+
+  Called inside a compact ``__call__`` (encoder and decoder blocks share it); its LayerNorms and
+  MlpBlock become submodules of the caller with the names they always had.
+  """
+  y = nn.LayerNorm(dtype=dtype)(x)
+  x = x + nn.Dropout(dropout_rate)(attend(y), deterministic=deterministic)
+  y = nn.LayerNorm(dtype=dtype)(x)
+  y = MlpBlock(mlp_dim, dropout_rate, dtype=dtype)(y, deterministic=deterministic)
+  return x + nn.Dropout(dropout_rate)(y, deterministic=deterministic)
+
+
 class EncoderBlock(nn.Module):
   """Pre-LayerNorm Transformer block: x + Attn(LN(x)), then x + MLP(LN(x))."""
 
@@ -87,15 +100,12 @@ class EncoderBlock(nn.Module):
     # is argument 4, counting self) and for nn.scan (see ``LayerStep``).
     if self.per_layer_position_bias:
       position_bias = RelativePositionBias(self.num_heads, name='position_bias')(x.shape[1])
-    y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = MultiHeadAttention(self.num_heads, self.qkv_dim, self.attention, causal=self.causal,
-                           dtype=self.dtype, name='attention')(
-                               y, mask=mask, step=step, deterministic=deterministic,
-                               position_bias=position_bias)
-    x = x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    y = nn.LayerNorm(dtype=self.dtype)(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, dtype=self.dtype)(y, deterministic=deterministic)
-    return x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
+    attention = MultiHeadAttention(self.num_heads, self.qkv_dim, self.attention, causal=self.causal,
+                                   dtype=self.dtype, name='attention')
+    return pre_ln_residuals(
+        x, lambda y: attention(y, mask=mask, step=step, deterministic=deterministic,
+                               position_bias=position_bias),
+        self.mlp_dim, self.dropout_rate, self.dtype, deterministic)
 
 
 # ``config.model.remat``: 'none', 'block' (nn.remat around each block: only its input is kept for the
