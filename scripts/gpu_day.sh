@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One short GPU lease, prepared in advance (the project gets ~15 device-minutes per session).
+#
+#   bash scripts/gpu_day.sh check OUT_DIR [BUDGET_SCALE]   # part 1: gpu_check.py + loop benchmark,
+#                                                          #   ListOps (skyformer preset) generated meanwhile
+#   bash scripts/gpu_day.sh listops OUT_DIR SECONDS KIND.. # part 2: ListOps at the Skyformer preset, each
+#                                                          #   KIND trained for SECONDS, then tested
+#
+# Part 2 trains the preset unchanged (50k-step schedule, evaluation every 500 steps), stops it with
+# SIGINT after SECONDS (the trainer saves a checkpoint), then re-runs it with num_train_steps set to the
+# step reached (allow_config_change), which does no more steps and tests the best-validation checkpoint
+# on the whole test split. The result is therefore "the paper's schedule, truncated at step S" and
+# results.json says S; it is not the paper's 50k-step number.
+#
+# Python packages the device image lacks travel as wheels in .whl/ (see docs/reproduce.md, "GPU day");
+# the image's own jax/flax/optax/orbax are used and their versions printed first.
+set -u
+mode=${1:?usage: gpu_day.sh check|listops OUT_DIR ...}
+out=${2:?OUT_DIR}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+if [ -z "${KF_NO_WHL:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >/dev/null 2>&1 || { echo "wheel install failed"; exit 2; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+data=${KF_GPU_DATA:-$PWD/.gpudata}
+cfg=${KF_GPU_CONFIG:-configs/listops.py:skyformer}
+
+case "$mode" in
+check)
+  scale=${3:-0.4}
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 - <<'EOF'
+import jax, flax, optax, orbax.checkpoint as ocp, numpy
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__,
+      'orbax', ocp.__version__ if hasattr(ocp, '__version__') else '?', 'numpy', numpy.__version__)
+print(jax.devices())
+EOF
+  (python3 -m kernelformer prepare-data --config "$cfg" --data_dir "$data" \
+     > "$out/prepare.log" 2>&1; echo "prepare rc $?" >> "$out/prepare.log") &
+  prep=$!
+  timeout 420 python3 scripts/gpu_check.py --out_dir "$out" --budget_scale "$scale" 2>&1 \
+    | tee "$out/gpu_check.log" | tail -n 60
+  echo "gpu_check rc ${PIPESTATUS[0]}"
+  cp kernelformer/pallas/validated.json "$out/validated.json" 2>/dev/null
+  if python3 -m kernelformer benchmark --help 2>/dev/null | grep -q '\bloop\b'; then
+    timeout 120 python3 -m kernelformer benchmark loop --out_dir "$out" 2>&1 | tail -n 30
+  fi
+  wait $prep
+  tail -n 3 "$out/prepare.log"
+  ;;
+listops)
+  secs=${3:?SECONDS}; shift 3
+  for kind in "$@"; do
+    wd=/tmp/gpu_runs/$kind
+    rm -rf "$wd"
+    common=(--config "$cfg" --workdir "$wd" --config.data.data_dir="$data"
+            --config.model.attention.kind="$kind" --config.progress=False)
+    timeout -s INT "$secs" python3 -m kernelformer train "${common[@]}" > "$out/train-$kind.log" 2>&1
+    step=$(ls "$wd/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
+    echo "$kind: stopped at step ${step:-none}"
+    [ -n "$step" ] || { tail -n 20 "$out/train-$kind.log"; continue; }
+    timeout 120 python3 -m kernelformer train "${common[@]}" --config.num_train_steps="$step" \
+      --config.allow_config_change=True >> "$out/train-$kind.log" 2>&1
+    tail -n 2 "$out/train-$kind.log"
+    cp "$wd/results.json" "$out/results-$kind.json" 2>/dev/null
+    grep -E '"split": "(val|test)"' "$wd/metrics.jsonl" | tail -n 20 > "$out/val-$kind.jsonl"
+  done
+  ;;
+*) echo "unknown mode $mode"; exit 2 ;;
+esac
