@@ -3,6 +3,10 @@
 usage:
   kernelformer sweep --config FILE.py[:PRESET] --grid KEY=V1,V2,... [--grid ...] [--set KEY=V] --sweep_dir DIR
   kernelformer sweep --sweep NAME --sweep_dir DIR [--dry_run] [--emit FILE] [--parallel N]
+  kernelformer sweep ... --launcher slurm [--slurm_partition P --gpus_per_node G --nodes N --time MIN
+      --slurm_args KEY=VALUE,...] [--dry_run]     # one SLURM job per unfinished point (submitit)
+  kernelformer sweep ... --launcher slurm --status  # each point: finished/queued/running/stopped/failed
+  kernelformer sweep ... --launcher tpu-pod --tpu_name NAME --zone ZONE [--tpu_sweep_dir DIR] [--submit]
 
 examples:
   kernelformer sweep --config configs/listops.py:quick \\
@@ -13,7 +17,9 @@ examples:
 
 Each point trains in SWEEP_DIR/<config>-<preset>/<overrides>; finished points are skipped, interrupted
 ones resume, failures go to SWEEP_DIR/failures.jsonl and the sweep goes on. Then: kernelformer report
-SWEEP_DIR. The work is kernelformer.reproduce.sweeps; see docs/reproduce.md.
+SWEEP_DIR. The work is kernelformer.reproduce.sweeps (launchers: kernelformer.reproduce.launchers); see
+docs/reproduce.md, "Sweeps on clusters". With --launcher slurm, re-running the same command submits only
+the points that are neither finished nor queued/running; each resumes from its own checkpoint.
 """
 from __future__ import annotations
 
@@ -35,7 +41,70 @@ _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the runs and their status;
 _EMIT = flags.DEFINE_string('emit', None, 'Write one scripts/train.py command per unfinished run here.')
 _PARALLEL = flags.DEFINE_integer('parallel', 0, '0: train in this process one run after another; '
                                  'N: up to N scripts/train.py subprocesses at a time.')
+_LAUNCHER = flags.DEFINE_enum('launcher', 'local', ['local', 'slurm', 'tpu-pod'],
+                              'Where points train: this machine, one SLURM job each (submitit), or a '
+                              'Cloud TPU pod slice (gcloud ... --worker=all).')
+_STATUS = flags.DEFINE_bool('status', False, '--launcher slurm: show each point\'s state and exit.')
+_PARTITION = flags.DEFINE_string('slurm_partition', '', 'SLURM partition (default: the cluster\'s).')
+_GPUS = flags.DEFINE_integer('gpus_per_node', 0, 'GPUs per node for each SLURM job.')
+_NODES = flags.DEFINE_integer('nodes', 1, 'Nodes per point (one task per node; jax.distributed from '
+                              'SLURM\'s environment when > 1).')
+_CPUS = flags.DEFINE_integer('cpus_per_task', 1, 'CPUs per task for each SLURM job.')
+_TIME = flags.DEFINE_integer('time', 24 * 60, 'Time limit of each SLURM job, minutes; the trainer '
+                             'saves and the job requeues before it runs out.')
+_MEM = flags.DEFINE_float('mem_gb', 0.0, 'Memory per node, GB (0: the cluster\'s default).')
+_SLURM_ARGS = flags.DEFINE_multi_string('slurm_args', [], 'Other sbatch options as KEY=VALUE[,KEY=VALUE] '
+                                        '(e.g. account=abc,qos=high,constraint=a100).')
+_TPU_NAME = flags.DEFINE_string('tpu_name', '', '--launcher tpu-pod: the TPU VM (pod slice) name.')
+_ZONE = flags.DEFINE_string('zone', '', '--launcher tpu-pod: its zone.')
+_TPU_PROJECT = flags.DEFINE_string('tpu_project', '', '--launcher tpu-pod: GCP project (default: '
+                                   'gcloud\'s).')
+_TPU_SWEEP_DIR = flags.DEFINE_string('tpu_sweep_dir', '', '--launcher tpu-pod: the sweep directory as '
+                                     'the TPU hosts see it (a mount all hosts share); default --sweep_dir.')
+_TPU_CODE_DIR = flags.DEFINE_string('tpu_code_dir', '~/kernelformer', '--launcher tpu-pod: where the '
+                                    'repository is on every host.')
+_SUBMIT = flags.DEFINE_bool('submit', False, '--launcher tpu-pod: run the printed gcloud commands.')
 flags.mark_flags_as_required(['sweep_dir'])
+
+
+def _cluster(sweep, sweep_dir) -> int:
+  """--launcher slurm / tpu-pod: submit, dry-run or show status; returns the exit code."""
+  from kernelformer.reproduce import launchers, sweeps  # pylint: disable=g-import-not-at-top
+  if _PARALLEL.value or _EMIT.value:
+    raise sweeps.SweepError(f'--launcher {_LAUNCHER.value} does not take --parallel or --emit')
+  if _LAUNCHER.value == 'slurm':
+    options = launchers.SlurmOptions(
+        partition=_PARTITION.value, nodes=_NODES.value, gpus_per_node=_GPUS.value,
+        cpus_per_task=_CPUS.value, time_min=_TIME.value, mem_gb=_MEM.value,
+        extra=launchers.SlurmOptions.parse_extra(_SLURM_ARGS.value))
+    if _STATUS.value:
+      why = launchers.slurm_available()
+      runs = sweeps.plan(sweep, sweep_dir)
+      statuses = launchers.slurm_status(runs, sweep_dir, states={} if why else None)
+      if why:
+        print(f'note: {why}; queued/running jobs cannot be seen, only the run directories')
+      print('\n'.join(launchers.format_status(statuses)))
+      return 0
+    counts = launchers.submit_slurm(sweep, sweep_dir, options, dry_run=_DRY_RUN.value,
+                                    log=lambda s: print(s, flush=True))
+    if not _DRY_RUN.value:
+      print(f'{counts["submitted"]} submitted, {counts["active"]} already queued or running, '
+            f'{counts["finished"]} finished; see: kernelformer sweep ... --launcher slurm --status')
+    return 1 if counts['error'] else 0
+  if _STATUS.value:
+    raise sweeps.SweepError('--status is for --launcher slurm; a TPU pod\'s points are in its sweep '
+                            'directory: kernelformer report')
+  options = launchers.TpuPodOptions(tpu_name=_TPU_NAME.value, zone=_ZONE.value,
+                                    project=_TPU_PROJECT.value, sweep_dir=_TPU_SWEEP_DIR.value,
+                                    code_dir=_TPU_CODE_DIR.value)
+  commands = launchers.tpu_pod_commands(sweeps.plan(sweep, sweep_dir), sweep_dir, options)
+  import shlex  # pylint: disable=g-import-not-at-top
+  for cmd in commands:
+    print(shlex.join(cmd))
+  if not _SUBMIT.value:
+    print(f'# {len(commands) - 1} points; add --submit to run these commands in order', flush=True)
+    return 0
+  return launchers.run_commands(commands)
 
 
 PLUGIN_KEY = 'model.attention.plugin'
@@ -82,6 +151,13 @@ def _main(argv):
       sweep = sweeps.expand(sweeps.sweep_from_flags(_CONFIG.value, _GRID.value, _SET.value,
                                                     name=os.path.basename(_SWEEP_DIR.value.rstrip('/'))))
     sweep_dir = _SWEEP_DIR.value
+    if _LAUNCHER.value != 'local':
+      code = _cluster(sweep, sweep_dir)
+      if code:
+        sys.exit(code)
+      return
+    if _STATUS.value or _SUBMIT.value:
+      raise sweeps.SweepError('--status and --submit need --launcher slurm or tpu-pod')
     if _DRY_RUN.value or _EMIT.value:
       runs = sweeps.plan(sweep, sweep_dir)
       if _DRY_RUN.value:
