@@ -9,19 +9,27 @@ config also uses batch 64, gradient clipping 1.0 and a 1 x 32-dim model:
 
 Presets (``--config configs/pathfinder.py:<preset>``); each one's source is in ``SOURCES`` and in the table of
 docs/reproduce.md ("Presets"):
-  lra            google-research/long-range-arena at commit ad0ff01 (the files' last version we found),
-                 lra_benchmarks/image/configs/pathfinder32/transformer_base.py over
-                 base_pathfinder32_config.py: 1 layer, 4 heads, emb 128, qkv 64, mlp 128, dropout 0.2,
-                 attention dropout 0.1, mean pooling, sinusoidal positions (learn_pos_emb False), lr 1e-3
+  lra            google-research/long-range-arena at HEAD (cd31e5c):
+                 lra_benchmarks/image/configs/pathfinder32/transformer_base.py as last changed by commit
+                 ee6649e (2021-08-29, "Add the missing config in the public config for transformer on
+                 image tasks"): 4 layers (line 24), 4 heads, emb 32, dropout 0.2, qkv 16, mlp 32
+                 (lines 25-29), over base_pathfinder32_config.py @ ad0ff01 (its last version): attention
+                 dropout 0.1, mean pooling, sinusoidal positions (learn_pos_emb False), lr 1e-3
                  'constant * linear_warmup * cosine_decay' with one epoch (160000 // 512 = 312 steps) of
-                 warm-up, no weight decay, batch 512, 200 epochs = 312 x 200 = 62,400 steps. Reproduces
-                 the LRA paper's table 1 Pathfinder column with softmax. (LRA's kernel entries at a2e5057
-                 disagree with each other: performer_base.py 4 layers / 8 heads / 32 / 16 / 32,
-                 linear_transformer_base.py 1 layer / 2 heads / 128 / 64 / 128; a maintainer's note in
-                 LRA issue #37 says these Pathfinder configs are out of sync with the paper's runs.)
-                 Default.
+                 warm-up, no weight decay, batch 512, 200 epochs = 312 x 200 = 62,400 steps, evaluation
+                 every epoch. Meant to reproduce the LRA paper's table 1 Pathfinder column with softmax
+                 (but see lra_pre_ee6649e). Default.
+  lra_pre_ee6649e  The same files before ee6649e (transformer_base.py @ ad0ff01: 1 layer, 4 heads, emb
+                 128, qkv 64, mlp 128, dropout 0.2), kept because the LRA maintainers have not said which
+                 one is behind the paper: in LRA issue #37 (2021-11-16, after ee6649e) a maintainer
+                 writes that the repository's Pathfinder configs are "not synced with the internal
+                 config that we have for getting the results in the paper" and gives a 1-layer,
+                 128 / 64 / 128 model (8 heads, for the Performer) as the one that gets the reported
+                 score, where the 4 x 32 model of the performer config did not converge. (LRA's kernel
+                 entries at a2e5057 disagree with each other too: performer_base.py 4 layers / 8 heads /
+                 32 / 16 / 32, linear_transformer_base.py 1 layer / 2 heads / 128 / 64 / 128.)
   kernel_learning  The kernel-learning paper did not run Pathfinder (its footnote 1: no model beat
-                 chance). This preset is the lra one with that paper's GMM-RKS at M = 128 (its Image
+                 chance). This preset is the lra one (4 x 32 since ee6649e) with that paper's GMM-RKS at M = 128 (its Image
                  value), for running its kernels here; it reproduces no table.
   skyformer      Skyformer section 5 shared setting: 2 layers, 64 dims, 128 hidden, 2 heads, mean
                  pooling, learned positions, 128 features, batch 128, lr 2e-4 linear decay with 312
@@ -32,18 +40,21 @@ docs/reproduce.md ("Presets"):
                  per step on a CPU). Needs the release's pathfinder32/curv_baseline.
   tiny           seconds; used by the smoke tests on lra_tasks.fixtures.write_pathfinder_fixture.
 Expected runtime: quick ~6 CPU-minutes of steps plus reading 200k PNGs (~5 min on 2 cores); lra /
-skyformer hours on one GPU (not measured here).
+lra_pre_ee6649e / skyformer hours on one GPU (not measured here).
 Splits: the valid images of the chosen set, permuted with data.split_seed, 80/10/10 (as LRA's sizes).
 """
 from __future__ import annotations
 
 from configs import common
 
-PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
-LRA_COMMIT = 'ad0ff01a5b3492ade621553a1caae383b347e0c1'
+PRESETS = ('lra', 'lra_pre_ee6649e', 'kernel_learning', 'skyformer', 'quick', 'tiny')
+LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'
+LRA_PREVIOUS_COMMIT = 'ad0ff01a5b3492ade621553a1caae383b347e0c1'
 SOURCES = {
     'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/pathfinder32/transformer_base.py over '
-           'base_pathfinder32_config.py',
+           f'base_pathfinder32_config.py @ {LRA_PREVIOUS_COMMIT[:7]}',
+    'lra_pre_ee6649e': f'LRA repo @ {LRA_PREVIOUS_COMMIT[:7]}: pathfinder32/transformer_base.py before '
+                       f'{LRA_COMMIT[:7]} (kept: LRA issue #37)',
     'kernel_learning': 'the lra preset with Learning the Transformer Kernel\'s GMM-RKS, M = 128 '
                        '(its table 5 Image value; the paper ran no Pathfinder)',
     'skyformer': 'Skyformer section 5 "Implementation Details"; warm-up and positions from its code',
@@ -63,13 +74,13 @@ def pathfinder_data(c):
 def get_config(preset: str = 'lra'):
   c = common.base_config()
   pathfinder_data(c)
-  # LRA pathfinder32/transformer_base.py over base_pathfinder32_config.py @ ad0ff01: 1 x 128, 4 heads,
-  # qkv 64, mlp 128, dropout 0.2 / 0.1, mean, lr 1e-3 cosine, 312 warm-up, 62,400 steps, batch 512.
-  c.model.emb_dim = 128
-  c.model.qkv_dim = 64
-  c.model.mlp_dim = 128
+  # LRA pathfinder32/transformer_base.py @ ee6649e over base_pathfinder32_config.py @ ad0ff01: 4 x 32,
+  # 4 heads, qkv 16, mlp 32, dropout 0.2 / 0.1, mean, lr 1e-3 cosine, 312 warm-up, 62,400 steps, batch 512.
+  c.model.emb_dim = 32
+  c.model.qkv_dim = 16
+  c.model.mlp_dim = 32
   c.model.num_heads = 4
-  c.model.num_layers = 1
+  c.model.num_layers = 4
   c.model.dropout_rate = 0.2
   c.model.attention.attention_dropout = 0.1
   c.model.pooling = 'mean'
@@ -78,6 +89,7 @@ def get_config(preset: str = 'lra'):
   c.optim.schedule = 'cosine'
   c.optim.warmup_steps = 312        # one epoch of 160000 / 512
   c.optim.weight_decay = 0.0
+  c.optim.decay_mask = 'all'        # LRA's flax optim.Adam (image/train.py lines 71-72); no decay here anyway
   c.batch_size = 512
   c.num_train_steps = (160000 // 512) * 200   # LRA: (TRAIN_EXAMPLES // batch) * 200 epochs = 62,400
   c.eval_every = 312                # every epoch, as LRA
@@ -85,6 +97,13 @@ def get_config(preset: str = 'lra'):
 
   if preset == 'lra':
     pass
+  elif preset == 'lra_pre_ee6649e':
+    # transformer_base.py @ ad0ff01: num_layers 1, emb_dim 128, qkv_dim = emb_dim // 2,
+    # mlp_dim = qkv_dim * 2 (4 heads and dropout 0.2 as after ee6649e).
+    c.model.emb_dim = 128
+    c.model.qkv_dim = 64
+    c.model.mlp_dim = 128
+    c.model.num_layers = 1
   elif preset == 'kernel_learning':
     common.kernel_learning_setting(c, num_features=128)   # the paper's Image M (no Pathfinder column)
   elif preset == 'skyformer':

@@ -74,6 +74,8 @@ def get_config(preset: str = 'lra'):
   c.optim.schedule = 'rsqrt'
   c.optim.warmup_steps = 8000
   c.optim.weight_decay = 0.1
+  # LRA's flax optim.Adam decays every parameter (text_classification/train.py lines 74-75 @ cd31e5c).
+  c.optim.decay_mask = 'all'
   c.batch_size = 32
   c.num_train_steps = 20000
   c.eval_every = 500

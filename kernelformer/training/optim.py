@@ -1,5 +1,7 @@
-"""AdamW with the learning-rate schedules of the LRA papers (optax)."""
+"""AdamW with the learning-rate schedules of the LRA papers (optax) and a choice of decayed parameters."""
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,22 +39,58 @@ def make_schedule(optim, num_train_steps: int) -> optax.Schedule:
   raise ValueError(f'unknown optim.schedule {optim.schedule!r}; valid: {", ".join(SCHEDULES)}')
 
 
-# Parameter names that are never decayed: Dense/DenseGeneral and LayerNorm offsets ('bias', which
+# The choices of ``optim.decay_mask`` (configs/common.py), i.e. which parameters AdamW decays.
+DECAY_MASKS = ('matrices', 'all')
+# Configs written before the field existed decayed by the 'matrices' rule.
+DEFAULT_DECAY_MASK = 'matrices'
+
+# Parameter names that 'matrices' never decays: Dense/DenseGeneral and LayerNorm offsets ('bias', which
 # for the per-head q/k/v projections and vmapped samplers is 2-D), LayerNorm gains ('scale') and the
 # CLS token (one vector, stored as [1, 1, emb]).
 _NO_DECAY = frozenset({'bias', 'scale', 'cls'})
+# The module name under which a random-feature attention keeps a learned sampler's parameters
+# (``attention/random_features.py``: ``build_learned(..., name='sampler')``): GMM ``means``/``factors``,
+# learnable FastFood ``row_len``/``g``/``b``, the generator's dense layers and batch norms.
+SAMPLER_SCOPE = 'sampler'
 
 
-def _decay_mask(params):
-  """AdamW's decay mask: True for weight matrices and embeddings, False for the names in _NO_DECAY.
+def _names(path) -> list[str]:
+  return [str(getattr(k, 'key', getattr(k, 'name', k))) for k in path]
 
-  Standard AdamW practice (no decay on biases, LayerNorm parameters and vectors). Decided by the
-  parameter's name, not its rank: per-head biases are 2-D and the CLS token is 3-D.
+
+def decay_mask(params, mode: str = DEFAULT_DECAY_MASK):
+  """AdamW's decay mask for ``params``: a tree of bools, True where the parameter is decayed.
+
+  * ``'all'``: every parameter, as LRA's optimizer: flax ``optim.Adam(weight_decay=...)``
+    (google-research/long-range-arena lra_benchmarks/listops/train.py lines 72-80 @ cd31e5c, the same in
+    the other tasks' train.py) runs ``apply_param_gradient`` on every leaf of the model, and that does
+    ``new_param -= learning_rate * weight_decay * param`` (google/flax flax/optim/adam.py @ 03590a4), and the kernel-learning paper's code
+    (cs1160701/OnLearningTheKernel listops/train.py lines 173-179 @ a8e3d3b:
+    ``optim.AdamW(model.parameters(), ..., weight_decay=1e-1)``, which includes biases, LayerNorm, the
+    CLS token and the learned samplers' parameters).
+  * ``'matrices'``: weight matrices and embeddings only (standard AdamW practice), chosen by the
+    parameter's name, not its rank: never ``bias``, ``scale`` (LayerNorm) or the CLS token (per-head
+    biases are 2-D and the CLS token 3-D), and nothing under a learned sampler (``sampler/...``). A
+    sampler's parameters define the kernel's spectral distribution -- GMM means and factors (factors
+    start at the identity), FastFood row lengths, Gaussian and sign diagonals, and the generator that
+    outputs W -- so decaying them towards 0 shrinks the frequencies, i.e. widens the kernel's
+    bandwidth, instead of regularising a map.
   """
+  if mode not in DECAY_MASKS:
+    raise ValueError(f'unknown optim.decay_mask {mode!r}; valid: {", ".join(DECAY_MASKS)}')
+
   def decays(path, p):
-    name = getattr(path[-1], 'key', path[-1]) if path else ''
-    return p.ndim > 1 and str(name) not in _NO_DECAY
+    if mode == 'all':
+      return True
+    names = _names(path)
+    name = names[-1] if names else ''
+    return p.ndim > 1 and name not in _NO_DECAY and SAMPLER_SCOPE not in names[:-1]
   return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def decay_mode(optim) -> str:
+  """``optim.decay_mask``, or 'matrices' for a config written before the field existed."""
+  return str(optim.get('decay_mask', DEFAULT_DECAY_MASK)) if hasattr(optim, 'get') else DEFAULT_DECAY_MASK
 
 
 def make_optimizer(optim, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -61,7 +99,8 @@ def make_optimizer(optim, num_train_steps: int) -> tuple[optax.GradientTransform
   if optim.grad_clip_norm and optim.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(float(optim.grad_clip_norm)))
   parts.append(optax.adamw(schedule, b1=float(optim.b1), b2=float(optim.b2), eps=float(optim.eps),
-                           weight_decay=float(optim.weight_decay), mask=_decay_mask))
+                           weight_decay=float(optim.weight_decay),
+                           mask=functools.partial(decay_mask, mode=decay_mode(optim))))
   # Gradient accumulation is done inside the train step (a scan over micro-batches of one global
   # batch), so steps, schedules and checkpoints always count optimizer updates.
   return optax.chain(*parts), schedule

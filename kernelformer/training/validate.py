@@ -240,6 +240,8 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
   _check_choice(config, o + 'schedule', optim.SCHEDULES)
   _check_int(config, o + 'warmup_steps', 0)
   _check_float(config, o + 'weight_decay', low=0.0, low_open=False)
+  if 'decay_mask' in config.optim:   # configs written before the field existed mean 'matrices'
+    _check_choice(config, o + 'decay_mask', optim.DECAY_MASKS)
   _check_float(config, o + 'b1', low=0.0, low_open=False, high=1.0)
   _check_float(config, o + 'b2', low=0.0, low_open=False, high=1.0)
   _check_float(config, o + 'eps', low=0.0, low_open=True)
