@@ -177,3 +177,90 @@ def test_two_steps_match_hand_written_adamw(clip):
     unclipped = _adamw_reference(params, grads_seq, lrs, b1=0.8, b2=0.9, eps=1e-2, wd=0.1)
     assert max(float(np.max(np.abs(x - y)))
                for x, y in zip(jax.tree.leaves(unclipped), jax.tree.leaves(want))) > 1e-4
+
+
+# ------------------------------------------------------------------------------------------------------
+# optim.decay_mask: which leaves AdamW decays, by parameter name, under 'matrices' and 'all'.
+
+
+def _attention_params(kind):
+  """A real random-feature attention's parameters (a learned sampler under ``sampler/``), nonzero."""
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  module = registry.build({'kind': kind, 'num_features': 4, 'num_mixture_components': 2})
+  x = jnp.ones((1, 3, 2, 4))
+  params = module.init({'params': jax.random.key(0), 'features': jax.random.key(1)}, x, x, x)['params']
+  keys = iter(jax.random.split(jax.random.key(3), 100))
+  return jax.tree.map(lambda p: p + jax.random.normal(next(keys), p.shape), params)
+
+
+def _decayed_names(params, mode, wd=0.1):
+  """The paths AdamW decays, found from its update with zero gradients (-lr * wd * p where decayed)."""
+  tx, schedule = optim_lib.make_optimizer(
+      _optim('constant', warmup_steps=1, weight_decay=wd, learning_rate=1e-2, decay_mask=mode), TOTAL)
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  state = tx.init(params)
+  _, state = tx.update(zeros, state, params)
+  updates, _ = tx.update(zeros, state, params)
+  lr = float(schedule(1))
+  decayed = set()
+  for (path, u), p in zip(jax.tree_util.tree_flatten_with_path(updates)[0], jax.tree.leaves(params)):
+    if np.any(np.asarray(u) != 0):
+      np.testing.assert_allclose(u, -lr * wd * p, rtol=1e-5, atol=1e-12, err_msg=_path(path))
+      decayed.add(_path(path))
+  return decayed
+
+
+# Every learned sampler's parameters, by name (features/learned.py).
+SAMPLER_LEAVES = {
+    'gmm-rks': {'sampler/means', 'sampler/factors'},
+    'gmm-prf': {'sampler/means', 'sampler/factors'},
+    'fastfood-prf': {'sampler/row_len', 'sampler/g', 'sampler/b'},
+    'fastfood-rks': {'sampler/row_len', 'sampler/g', 'sampler/b'},
+}
+
+
+@pytest.mark.parametrize('kind', sorted(SAMPLER_LEAVES))
+def test_learned_sampler_leaves_by_name_under_each_mask(kind):
+  """'matrices': no GMM means/factors, no FastFood row_len/g/b; 'all' (the paper's AdamW): every one."""
+  params = _attention_params(kind)
+  names = {_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert names == SAMPLER_LEAVES[kind]
+  assert _decayed_names(params, 'matrices') == set()
+  assert _decayed_names(params, 'all') == SAMPLER_LEAVES[kind]
+
+
+def test_generative_sampler_is_decayed_only_under_all():
+  params = _attention_params('generative-prf')
+  names = {_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert {'sampler/dense_0/kernel', 'sampler/dense_4/bias', 'sampler/norm_0/scale'} <= names
+  assert _decayed_names(params, 'matrices') == set()
+  assert _decayed_names(params, 'all') == names
+
+
+def test_all_decays_every_model_leaf_and_matrices_only_weights():
+  """'all' (LRA's flax optim.Adam): biases, LayerNorm and the CLS token too; 'matrices': by name."""
+  params = _model_params()
+  names = {_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]}
+  assert _decayed_names(params, 'all') == names
+  matrices = _decayed_names(params, 'matrices')
+  assert matrices == {n for n in names if _should_decay(n)}
+  assert 'encoder/cls' not in matrices and any(n.endswith('/bias') for n in names - matrices)
+
+
+def test_missing_decay_mask_means_matrices_and_unknown_value_is_an_error():
+  o = common.base_config().optim
+  assert o.decay_mask == 'matrices'
+  assert optim_lib.decay_mode({'weight_decay': 0.1}) == 'matrices'   # a config written before the field
+  with pytest.raises(ValueError, match='valid: matrices, all'):
+    optim_lib.decay_mask({'w': jnp.ones((2, 2))}, 'biases')
+
+
+def test_validate_refuses_an_unknown_decay_mask_in_one_line():
+  from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
+  c = common.base_config()
+  c.data.task = 'listops'
+  c.optim.decay_mask = 'weights'
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_config(c)
+  msg = str(e.value)
+  assert '\n' not in msg and 'config.optim.decay_mask=' in msg and "'matrices', 'all'" in msg
