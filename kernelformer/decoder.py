@@ -72,6 +72,8 @@ def causal_problem(kind: str) -> Optional[str]:
   name = spec.name
   if issubclass(spec.module, rf_lib.RandomFeatureAttention):
     comp = spec.fixed.get('component')
+    if comp in components_lib.NON_CAUSAL:
+      return f'attention kind {name!r} has no causal form: {components_lib.NON_CAUSAL[comp]}'
     if comp in SEQUENCE_STATISTIC_COMPONENTS:
       return (f'attention kind {name!r} has no causal form: its {comp} parameters are means over '
               'the whole sequence (Spectraformer eqs. 35-36), so earlier positions would see later '

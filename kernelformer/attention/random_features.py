@@ -30,7 +30,10 @@ Names (registered at import, lowercase; ``registry.get`` is case-insensitive):
 * learnable FastFood ``<component>-fastfoodl`` (Spectraformer Table 2), where the kernel-learning
   paper's names are canonical: ``fastfood-rks`` (= rks-fastfoodl) and ``fastfood-prf`` (= posrf-fastfoodl);
 * ``gmm-rks``, ``gmm-prf``, ``generative-rks``, ``generative-prf`` (kernel-learning paper Table 2);
-* the deterministic maps ``linear-elu`` (aliases linear, elu) and ``relu`` (alias linear-relu).
+* the deterministic maps ``linear-elu`` (aliases linear, elu) and ``relu`` (alias linear-relu);
+* the Performers of the LRA repository: ``performer-relu-det`` (Text, Retrieval, Image, Pathfinder:
+  ``make_fast_generalized_attention``'s defaults) and ``performer-lra-listops`` (ListOps: softmax FAVOR+
+  with 2 orthogonal features redrawn every step, LRA's own stabilizer; ``components.posrf_lra``).
 """
 from __future__ import annotations
 
@@ -186,6 +189,9 @@ class RandomFeatureAttention(nn.Module):
     if self.component not in components_lib.COMPONENTS:
       raise ValueError(f'unknown component {self.component!r}; valid: '
                        f'{", ".join(sorted(components_lib.COMPONENTS))}')
+    if causal and self.component in components_lib.NON_CAUSAL:
+      raise ValueError(f'component {self.component!r} has no causal form: '
+                       f'{components_lib.NON_CAUSAL[self.component]}')
     head_dim, num_heads = q.shape[-1], q.shape[-2]
     # Features in float32 whatever the input dtype (exp in bf16 loses everything).
     qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
@@ -397,6 +403,18 @@ def _register_all() -> None:
             paper=f'{grelu_paper}, features_type=deterministic (LRA repository default Performer)',
             approximates='its own kernel (relu(q)+eps).(relu(k)+eps), no d^-1/4 scale',
             complexity=_CPLX_ELU, aliases=('lra-performer',))
+
+  # LRA's ListOps Performer: listops/configs/performer_base.py @ 093bfc6 sets attention_fn_cls="softmax"
+  # (make_fast_softmax_attention) with nb_features=2 and ortho_scaling=0.0, every other argument its
+  # default (ortho_features=True, redraw_features=True, nonnegative_features=True, stabilizer 1e-6).
+  _register('performer-lra-listops', 'posrf_lra', 'orf',
+            paper=('LRA (Tay et al. 2021) ListOps Performer: google-research/long-range-arena '
+                   'listops/configs/performer_base.py @ 093bfc6 (make_fast_softmax_attention, '
+                   'nb_features=2, ortho_scaling=0.0); features: performer_attention.py '
+                   'nonnegative_softmax_kernel_feature_creator; W: ORF rows with Gaussian-row norms'),
+            approximates="softmax exp(q.k/sqrt(d)) by FAVOR+ with M = 2, LRA's shifts and a +1e-6 floor",
+            complexity=_CPLX_RF, aliases=('lra-listops-performer', 'lra-performer-listops'),
+            extra_fixed={'num_features': 2, 'redraw_every': 1, 'share_heads': True})
 
 
 _register_all()

@@ -257,6 +257,54 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
 
 
+# ``make_fast_softmax_attention``'s ``numerical_stabilizer`` default (LRA performer_attention.py line 203),
+# which ``nonnegative_softmax_kernel_feature_creator`` adds to every feature after the exp.
+LRA_FAVOR_EPSILON = 1e-6
+
+
+def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+              stabilize: bool = True) -> tuple[Array, Array]:
+  """LRA's FAVOR+ features: ``(exp(omega_r.x - |x|^2/2 - m) + 1e-6) / sqrt(M)``, as LRA computes them.
+
+  google-research/long-range-arena ``lra_benchmarks/models/performer/performer_attention.py``
+  (unchanged since a2e5057; HEAD cd31e5c), ``nonnegative_softmax_kernel_feature_creator`` (lines 50-108),
+  which ``make_fast_softmax_attention`` (lines 200-259) uses with ``nonnegative_features=True`` and
+  ``numerical_stabilizer=1e-6``: ``data_dash = omega_r . x'``, ``diag = |x'|^2 / 2`` with
+  ``x' = d^-1/4 x`` (the attention module's input scale here), ``ratio = 1 / sqrt(M)`` (the Monte Carlo
+  row weights here), and
+
+  * queries: ``ratio * (exp(data_dash - diag - max_r data_dash) + eps)`` -- the max over the M features
+    of the same query (line 99-101);
+  * keys: ``ratio * (exp(data_dash - diag - max_{j,r} data_dash) + eps)`` -- one max over every key and
+    feature of the sequence (lines 103-106).
+
+  The maxima are of ``omega_r . x'`` alone (without ``-diag``) and, as in LRA, are not under
+  ``stop_gradient``. Because ``eps`` is added after the shift it does not cancel in the normalization:
+  the features are FAVOR+ (``posrf``) up to those shifts plus a floor of ``eps / sqrt(M)``. Differences
+  from LRA, both deliberate: padded keys (``mask`` False) are left out of the key maximum and get zero
+  features (LRA's ``FastAttentionviaLowRankDecomposition`` ignores the padding mask, so its padded
+  positions are attended to), and ``stabilize=False`` drops both maxima (the exact features plus eps).
+  The normalizer's guard is the linear-attention core's (``feature_eps``), not LRA's ``R + 2e-6`` where
+  ``|R| <= 1e-6`` (line 695): rows with so small a normalizer differ. The key maximum depends on every key, so the map has no causal form (``NON_CAUSAL``).
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = _compute_dtype(q)
+  q, k = q.astype(dt), k.astype(dt)
+  mask = _key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  if stabilize:
+    shift_q = jnp.max(pq, axis=-1, keepdims=True)
+    pk_valid = pk if mask is None else jnp.where(mask[..., None], pk, -jnp.inf)
+    shift_k = jnp.max(pk_valid, axis=(-2, -1), keepdims=True)
+    shift_k = jnp.where(jnp.isfinite(shift_k), shift_k, 0.0)     # every key padded: features are 0
+  else:
+    shift_q = shift_k = 0.0
+  sq, sk = _side_scales(proj, 1, dt)
+  phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + LRA_FAVOR_EPSILON) * sq
+  phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + LRA_FAVOR_EPSILON) * sk
+  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+
+
 def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
                stabilize: bool = True, causal_chunk: Optional[int] = None
                ) -> tuple[Array, ...]:
@@ -486,6 +534,7 @@ COMPONENTS: dict[str, ComponentFn] = {
     'relu': relu,
     'grelu': grelu,
     'grelu_det': grelu_det,
+    'posrf_lra': posrf_lra,
 }
 
 TARGET_KERNEL: dict[str, str] = {
@@ -499,6 +548,7 @@ TARGET_KERNEL: dict[str, str] = {
     'relu': 'none',
     'grelu': 'none',
     'grelu_det': 'none',
+    'posrf_lra': 'softmax',
 }
 
 # ----------------------------------------------------------------------------------------------
@@ -552,10 +602,16 @@ CAUSAL_SHIFTED = frozenset({'trigrf', 'posrf', 'hyperbolic', 'oprf', 'saderf'})
 
 # Number of parts l in Spectraformer eq. 11 (features per projection row); 0: no projection (M' = d).
 _PARTS = {'trigrf': 2, 'rks': 2, 'posrf': 1, 'hyperbolic': 2, 'oprf': 1, 'saderf': 1,
-          'elu': 0, 'relu': 0, 'grelu': 1, 'grelu_det': 0}
+          'elu': 0, 'relu': 0, 'grelu': 1, 'grelu_det': 0, 'posrf_lra': 1}
 
 # Maps whose features are positive by construction (the normalizer is then positive too).
-POSITIVE = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf', 'elu', 'grelu', 'grelu_det'})
+POSITIVE = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf', 'elu', 'grelu', 'grelu_det', 'posrf_lra'})
+
+# Components with no causal form, and why (one line): a decoder refuses them, so does ``causal=True``.
+NON_CAUSAL = {
+    'posrf_lra': "LRA's key features are shifted by one maximum over all keys and the +1e-6 added after "
+                 'the shift does not cancel, so later keys change earlier rows',
+}
 
 
 def uses_projection(name: str) -> bool:

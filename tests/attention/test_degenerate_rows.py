@@ -11,7 +11,9 @@ visible). What c_i is (docs/kernels.md, "Degenerate rows"):
   trigrf-fastfoodl) -- and the deterministic maps relu and linear-elu: ``c_i = D_i / safe(D_i) in
   [0, 1]``: v_0 whenever the normalizer ``|D_i| >= feature_eps``, shrunk towards 0 where it is smaller
   (relu: D_i = 0 when relu(q_i) and relu(k_0) share no positive coordinate; linear-elu: its unshifted
-  features exp(x) underflow at norm ~100, D_i = 0 in float32 although positive in exact arithmetic);
+  features exp(x) underflow at norm ~100, D_i = 0 in float32 although positive in exact arithmetic;
+  performer-lra-listops: LRA's shifts leave out |x|^2/2, so at norm 10+ every feature is its 1e-6 floor
+  and D_i ~ 1e-12 is below the guard);
 * gaussian: ``c_i = exp(-|q_i - k_0|^2 / (2 sqrt(d)))`` (not normalized, Skyformer eq. 3);
 * skyformer: its Nyström estimate of that weight, |c_i| <= 1;
 * linformer: ``c_i = sum_c softmax_c(q_i.(E_c0 k_0)/sqrt(d)) F_c0`` (the only visible column of E, F).
@@ -43,7 +45,7 @@ def _kind(name):
   if name in ('skyformer', 'linformer'):
     return name
   component = spec.fixed.get('component')
-  if component == 'elu':                                  # positive, but not stabilized (see docstring)
+  if component in ('elu', 'posrf_lra'):                  # positive, but not stabilized (see docstring)
     return 'bounded'
   if component is None or component in C.POSITIVE:       # softmax, nystromformer, positive maps
     return 'exact'
