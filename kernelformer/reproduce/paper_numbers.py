@@ -12,12 +12,23 @@
 * ``skyformer``: Chen et al. 2021, "Skyformer: Remodel Self-Attention with Gaussian Kernel and Nystrom
   Method" (NeurIPS 2021), table 1, page 8 (section 5). Text, ListOps, Retrieval, Pathfinder, Image.
 
-Columns: ``paper, table, page, where, model, kind, task, accuracy``. ``page`` is given where the stored
+Columns: ``paper, table, page, where, model, kind, source_kernel, task, accuracy``. ``page`` is given where the stored
 copy of the paper marks pages (Skyformer); the other two stored copies are unpaginated, so ``where``
 gives the section and the line of the table in ``/work/shared/papers/<paper>.txt``, the copy the numbers
 were transcribed from (the table rows were parsed from it and each row's printed average re-checked).
 ``kind`` is this repository's registry name for the model, empty where the repository does not
 implement it (Informer, Reformer, BigBird, ...): such rows are shown as paper-only rows.
+``source_kernel`` is the registry name of the kernel that produced the printed number (what the report
+prints beside it). Where a paper copies another's numbers it is the kernel of the run copied: the
+kernel-learning paper's baselines are "due to Tay et al. (2021b)", i.e. LRA's runs, so its Performer row is
+LRA's Performer -- ``performer-relu-det`` for Text, Retrieval and Image (LRA's ``performer_base.py`` keep
+``make_fast_generalized_attention``'s defaults: relu(x) + 1e-3, no projection) and
+``performer-lra-listops`` for ListOps (``listops/configs/performer_base.py`` @ 093bfc6: softmax FAVOR+,
+2 features) -- not FAVOR+ (``posrf-orf``), which stays the kernel of Skyformer's and Spectraformer's
+Performer rows (their own FAVOR+ runs). Caveat: the kernel-learning paper's ListOps column is not LRA's
+published one (LRA README @ cd31e5c: Performer 18.01, Linear Trans. 16.13, Sparse Trans. 17.07; the paper
+prints 36.00, 17.15, 35.78), so where its ListOps baselines come from is not stated; the ListOps
+Performer is attributed to the only ListOps Performer LRA's repository defines.
 """
 from __future__ import annotations
 
@@ -44,6 +55,7 @@ class PaperNumber:
   where: str
   model: str          # as printed
   kind: str           # registry name, '' if not implemented here
+  source_kernel: str  # registry name of the kernel the printed number came from ('' if not implemented)
   task: str
   accuracy: float     # percent
 

@@ -331,6 +331,16 @@ def _row_average(report: Report, label: str) -> tuple[Optional[float], Optional[
   return avg(ours), avg(theirs)
 
 
+def _paper_text(cell: 'Cell', label: str) -> str:
+  """The paper's number, with ``[kernel]`` where the kernel behind it is not the row's name."""
+  if not cell.paper:
+    return MISSING
+  text = f'{cell.paper.accuracy:.2f}'
+  if cell.paper.source_kernel and cell.paper.source_kernel != label:
+    text += f' [{cell.paper.source_kernel}]'
+  return text
+
+
 def markdown(report: Report, sweep_dir: str = '') -> str:
   lines = [f'# Sweep `{report.name}`: test accuracy (%)', '']
   if report.warnings:
@@ -343,7 +353,9 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
             'with the best validation accuracy.', '']
   if report.paper:
     lines += [f'"paper": the number printed in {paper_numbers.PAPERS[report.paper]} '
-              '(kernelformer/reproduce/paper_numbers.csv).', '']
+              '(kernelformer/reproduce/paper_numbers.csv), with [the kernel it came from] where that is '
+              'not the row\'s name; every one is listed under "Which kernel each paper number came '
+              'from".', '']
   multi = len(report.tasks) > 1
   head = ['kernel']
   for t in report.tasks:
@@ -357,13 +369,27 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
       c = report.cells[(label, t)]
       row.append(c.text())
       if report.paper:
-        row.append(f'{c.paper.accuracy:.2f}' if c.paper else MISSING)
+        row.append(_paper_text(c, label))
     if multi:
       ours, theirs = _row_average(report, label)
       row.append(_fmt(ours, '.2f'))
       if report.paper:
         row.append(_fmt(theirs, '.2f'))
     lines.append('| ' + ' | '.join(row) + ' |')
+
+  if report.paper:
+    lines += ['', '## Which kernel each paper number came from', '',
+              'The kernel behind each printed number (`source_kernel` in paper_numbers.csv), beside the '
+              'kernel this sweep ran for that cell.', '']
+    head = ['row', 'task', 'paper model', 'paper kernel', 'ran here', 'where']
+    lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for label in report.labels:
+      for t in report.tasks:
+        c = report.cells[(label, t)]
+        if c.paper:
+          lines.append('| ' + ' | '.join([
+              f'`{label}`', t, c.paper.model, f'`{c.paper.source_kernel}`', f'`{c.kind}`',
+              f'{c.paper.cite()}; {c.paper.where}']) + ' |')
 
   lines += ['', '## Training speed and compiled memory', '',
             'Mean over finished runs: training steps/s (excluding the compiling first step) and XLA\'s '
@@ -404,8 +430,8 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
 
 
 CELL_FIELDS = ('kernel', 'kind', 'task', 'finished', 'planned', 'failed', 'accuracy_mean',
-               'accuracy_std', 'accuracies', 'paper_accuracy', 'paper_table', 'steps_per_sec',
-               'compiled_memory_bytes')
+               'accuracy_std', 'accuracies', 'paper_accuracy', 'paper_kernel', 'paper_table',
+               'steps_per_sec', 'compiled_memory_bytes')
 RUN_FIELDS = ('workdir', 'kernel', 'kind', 'task', 'seed', 'test_accuracy', 'best_val_accuracy',
               'best_step', 'steps_per_sec', 'compiled_memory_bytes', 'num_devices', 'backend', 'status',
               'error')
@@ -426,7 +452,7 @@ def write_csv(report: Report, path: str) -> None:
         w.writerow([label, c.kind, t, c.finished, len(c.runs), c.failed, _blank(c.mean),
                     _blank(c.std), ' '.join(f'{a:.4f}' for a in c.accuracies),
                     _blank(c.paper.accuracy if c.paper else None),
-                    c.paper.cite() if c.paper else '', _blank(c.steps_per_sec),
+                    c.paper.source_kernel if c.paper else '', c.paper.cite() if c.paper else '', _blank(c.steps_per_sec),
                     _blank(None if c.memory_bytes is None else int(c.memory_bytes))])
   runs_path = os.path.splitext(path)[0] + '_runs.csv'
   with open(runs_path, 'w', encoding='utf-8', newline='') as f:

@@ -124,6 +124,21 @@ def test_paper_numbers_are_consistent_with_the_registry():
   assert paper_numbers.lookup('kernel_learning', 'fastfood-prf', 'retrieval').accuracy == 67.90
   assert paper_numbers.lookup('spectraformer', 'posrf-mm', 'listops').accuracy == 38.05
   assert paper_numbers.lookup('spectraformer', 'softmax', 'image') is None
+  # Which kernel each printed number came from: a registered name wherever the model is implemented.
+  for n in numbers:
+    assert bool(n.source_kernel) == bool(n.kind), n
+    assert not n.source_kernel or n.source_kernel in kinds, n
+  # The kernel-learning paper's Performer numbers are LRA's runs: LRA's Performer, not FAVOR+ ...
+  kl = {n.task: n for n in paper_numbers.for_paper('kernel_learning') if n.model == 'Performer'}
+  assert {t: (n.kind, n.source_kernel, n.accuracy) for t, n in kl.items()} == {
+      'listops': ('performer-lra-listops', 'performer-lra-listops', 36.00),
+      'text': ('performer-relu-det', 'performer-relu-det', 65.40),
+      'retrieval': ('performer-relu-det', 'performer-relu-det', 53.82),
+      'image': ('performer-relu-det', 'performer-relu-det', 42.77)}
+  # ... while the papers that ran FAVOR+ keep posrf-orf.
+  sky = [n for n in paper_numbers.for_paper('skyformer') if n.model == 'Performer']
+  assert len(sky) == 5 and {n.source_kernel for n in sky} == {'posrf-orf'}
+  assert paper_numbers.lookup('spectraformer', 'posrf-orf', 'text').source_kernel == 'posrf-orf'
   # Each paper's Table rows: the sweep of that name covers every implemented kind it printed.
   from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
   for paper in paper_numbers.PAPERS:
@@ -186,3 +201,36 @@ def test_runs_differing_in_more_than_the_seed_are_never_averaged(tmp_path):
                         env={**os.environ, 'MPLBACKEND': 'Agg'}, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert 'warning:' in proc.stderr and proc.stdout.count('| `posrf-orf [num_train_steps=') >= 3
+
+
+def test_report_prints_the_kernel_each_paper_number_came_from(tmp_path):
+  """A kernel-learning sweep's 'performer (LRA)' row: LRA's two Performers, each printed with its number."""
+  root = tmp_path / 'kl'
+  kinds = {'listops': 'performer-lra-listops', 'text': 'performer-relu-det'}
+  runs = []
+  for task, kind in kinds.items():
+    workdir = f'{task}-kernel_learning/kind={kind}__seed=0'
+    runs.append({'workdir': workdir, 'label': 'performer (LRA)', 'kind': kind, 'task': task, 'seed': 0})
+    runs.append({'workdir': f'{task}-kernel_learning/kind=softmax__seed=0', 'label': 'softmax',
+                 'kind': 'softmax', 'task': task, 'seed': 0})
+    os.makedirs(root / workdir)
+    (root / workdir / 'results.json').write_text(json.dumps(
+        {'task': task, 'attention': kind, 'test_accuracy': 0.3, 'config': {'seed': 0}}))
+  (root / 'sweep.json').write_text(json.dumps({'name': 'kl', 'paper': 'kernel_learning', 'runs': runs}))
+  rep = report_lib.build(str(root))
+  md = report_lib.markdown(rep)
+  row = [l for l in md.splitlines() if l.startswith('| `performer (LRA)`')][0].split(' | ')
+  assert row[2] == '36.00 [performer-lra-listops]' and row[4] == '65.40 [performer-relu-det]'
+  soft = [l for l in md.split('## Which kernel')[0].splitlines() if l.startswith('| `softmax`')][0]
+  assert '36.38 |' in soft and '[' not in soft           # the row's own kernel: no annotation
+  section = md.split('## Which kernel each paper number came from')[1].split('\n## ')[0]
+  assert ('| `performer (LRA)` | listops | Performer | `performer-lra-listops` | '
+          '`performer-lra-listops` |') in section
+  assert '| `performer (LRA)` | text | Performer | `performer-relu-det` | `performer-relu-det` |' in section
+  assert '| `softmax` | text | Softmax Trans. | `softmax` | `softmax` |' in section
+  out = tmp_path / 'cells.csv'
+  report_lib.write_csv(rep, str(out))
+  with open(out, encoding='utf-8') as f:
+    cells = {(c['kernel'], c['task']): c for c in csv.DictReader(f)}
+  assert cells['performer (LRA)', 'listops']['paper_kernel'] == 'performer-lra-listops'
+  assert cells['performer (LRA)', 'text']['paper_kernel'] == 'performer-relu-det'

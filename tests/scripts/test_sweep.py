@@ -76,19 +76,21 @@ def test_misspelled_override_stops_before_training(tmp_path):
     sweeps.plan(sweep, str(tmp_path))
 
 
-@pytest.mark.parametrize('name,tasks,kinds,seeds', [
-    ('spectraformer', {'listops', 'text', 'retrieval'}, 22, 3),
-    ('kernel_learning', {'listops', 'text', 'retrieval', 'image'}, 10, 3),
-    ('skyformer', {'text', 'listops', 'retrieval', 'pathfinder', 'image'}, 6, 3),
-    ('mini', {'listops'}, 3, 2),
+@pytest.mark.parametrize('name,tasks,kinds,rows,seeds', [
+    ('spectraformer', {'listops', 'text', 'retrieval'}, 22, 22, 3),
+    # 10 rows; the Performer row runs performer-lra-listops on ListOps, performer-relu-det elsewhere.
+    ('kernel_learning', {'listops', 'text', 'retrieval', 'image'}, 11, 10, 3),
+    ('skyformer', {'text', 'listops', 'retrieval', 'pathfinder', 'image'}, 6, 6, 3),
+    ('mini', {'listops'}, 3, 3, 2),
 ])
-def test_named_sweeps_expand_against_registry_and_configs(tmp_path, name, tasks, kinds, seeds):
+def test_named_sweeps_expand_against_registry_and_configs(tmp_path, name, tasks, kinds, rows, seeds):
   sweep = sweeps.load_sweep(name)  # validates kinds against the registry
   runs = sweeps.plan(sweep, str(tmp_path))  # loads every task config and applies every override
   assert not [r.error for r in runs if r.error]
   assert {r.task for r in runs} == tasks
   assert len({r.kind for r in runs}) == kinds
-  assert len(runs) == len(tasks) * kinds * seeds
+  assert len({r.point.label or r.kind for r in runs}) == rows
+  assert len(runs) == len(tasks) * rows * seeds
   assert all(r.kind in registry.list_kernels() for r in runs)
   if name != 'mini':
     assert sweep.paper == name
@@ -100,6 +102,25 @@ def test_kernel_learning_uses_table5_samples(tmp_path):
   assert m[('listops', 'gmm-rks')] == 256 and m[('retrieval', 'gmm-rks')] == 64
   assert m[('image', 'fastfood-prf')] == 8 and m[('text', 'generative-rks')] == 256
   assert m[('text', 'softmax')] is None  # baselines keep the preset's options
+
+
+def test_kernel_learning_dry_run_lists_lra_performers(tmp_path):
+  """Where table 2 quotes LRA's Performer, the sweep runs LRA's: relu(x)+1e-3 and, on ListOps, LRA's FAVOR+."""
+  proc = _cli('--sweep', 'kernel_learning', '--sweep_dir', str(tmp_path / 'kl'), '--dry_run', cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  out = proc.stdout
+  for task in ('text', 'retrieval', 'image'):
+    for seed in (0, 1, 2):
+      assert f'{task}-kernel_learning/kind=performer-relu-det__seed={seed}' in out, task
+    assert f'{task}-kernel_learning/kind=performer-lra-listops' not in out
+  for seed in (0, 1, 2):
+    assert f'listops-kernel_learning/kind=performer-lra-listops__seed={seed}' in out
+  assert 'listops-kernel_learning/kind=performer-relu-det' not in out
+  assert 'kind=posrf-orf' not in out                  # FAVOR+ is not LRA's Performer
+  assert '120 runs' in out
+  labels = {p.label for p in sweeps.load_sweep('kernel_learning').points
+            if p.get(sweeps.KIND_KEY).startswith('performer')}
+  assert labels == {'performer (LRA)'}
 
 
 def _fake_trainer(fail_on=()):
