@@ -45,6 +45,23 @@ def _preset_lines(path: str) -> list[str]:
   return lines
 
 
+def _source_line(spec: str) -> str:
+  """``# source: ...`` from the config file's ``SOURCES`` for the preset of ``spec`` (FILE.py[:PRESET])."""
+  path, _, preset = spec.partition(':')
+  try:
+    module_spec = importlib.util.spec_from_file_location('_kernelformer_config_sources', path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+  except Exception:  # pylint: disable=broad-except  # the config itself loaded; a source line is extra
+    return ''
+  sources = getattr(module, 'SOURCES', None)
+  presets = tuple(getattr(module, 'PRESETS', ()))
+  preset = preset or (presets[0] if presets else '')
+  if not isinstance(sources, dict) or preset not in sources:
+    return ''
+  return f'# source: {sources[preset]}'
+
+
 def _main(argv):
   rest = argv[1:]
   if rest:
@@ -58,6 +75,9 @@ def _main(argv):
   spec = config_flags.get_config_filename(flags.FLAGS['config'])
   print(f'# {spec}' + (f' (attention kind {config.model.attention.kind!r} is {canonical!r})'
                        if canonical != config.model.attention.kind else ''))
+  source = _source_line(spec)
+  if source:
+    print(source)
   import yaml  # pylint: disable=g-import-not-at-top
   print(yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False), end='')
 

@@ -163,3 +163,19 @@ def test_script_check_fails_on_a_stale_doc(tmp_path):
   assert run().returncode == 0
   assert run('--check').returncode == 0
   assert presets.committed(doc.read_text(encoding='utf-8')) == presets.render()
+
+
+@pytest.mark.parametrize('spec,layers,mlp,commit', [('listops:lra', 4, 1024, '8d3dc39'),
+                                                    ('listops:lra_paper', 6, 2048, 'ad0ff01'),
+                                                    ('pathfinder:lra', 4, 32, 'ee6649e'),
+                                                    ('image:lra', 1, 128, 'ee6649e')])
+def test_kernelformer_config_shows_the_model_and_cites_the_commit(spec, layers, mlp, commit):
+  import yaml  # pylint: disable=g-import-not-at-top
+  env = {**os.environ, 'PYTHONPATH': os.path.abspath(ROOT)}
+  proc = subprocess.run([sys.executable, '-m', 'kernelformer', 'config', spec], capture_output=True,
+                        text=True, env=env, cwd=os.path.abspath(ROOT), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  lines = proc.stdout.splitlines()
+  assert lines[1].startswith('# source: ') and commit in lines[1]
+  model = yaml.safe_load(proc.stdout)['model']
+  assert (model['num_layers'], model['mlp_dim']) == (layers, mlp)
