@@ -75,15 +75,22 @@ def digest(fields: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
+# Fields added to the configs after runs were recorded whose absence means one value (the behaviour of
+# every earlier run): a resume whose config sets another value is a difference, not a new field.
+ADDED_FIELDS: dict[str, Any] = {
+    'optim.decay_mask': 'matrices',   # kernelformer/training/optim.py DEFAULT_DECAY_MASK
+}
+
+
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   """``['model.attention.kind: posrf-orf -> softmax', ...]`` for every field that differs.
 
   Fields the recorded run did not have (added to the configs since) are not differences: that run
-  could not have set them.
+  could not have set them -- except those in ``ADDED_FIELDS``, whose absence means a known value.
   """
   out = []
-  for k in sorted(old):
-    a, b = old.get(k, '<absent>'), new.get(k, '<absent>')
+  for k in sorted(set(old) | (set(ADDED_FIELDS) & set(new))):
+    a, b = old.get(k, ADDED_FIELDS.get(k, '<absent>')), new.get(k, '<absent>')
     if a != b:
       out.append(f'{k}: {a} -> {b}')
   return out

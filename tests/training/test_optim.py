@@ -264,3 +264,14 @@ def test_validate_refuses_an_unknown_decay_mask_in_one_line():
     validate.validate_config(c)
   msg = str(e.value)
   assert '\n' not in msg and 'config.optim.decay_mask=' in msg and "'matrices', 'all'" in msg
+
+
+def test_a_run_recorded_before_decay_mask_resumes_only_with_matrices():
+  """Runs recorded before the field decayed by 'matrices': resuming them with 'all' is a config change."""
+  from kernelformer.training import fingerprint  # pylint: disable=g-import-not-at-top
+  c = common.base_config()
+  new = fingerprint.config_fields(c)
+  old = {k: v for k, v in new.items() if k != 'optim.decay_mask'}
+  assert fingerprint.differences(old, new) == []
+  c.optim.decay_mask = 'all'
+  assert fingerprint.differences(old, fingerprint.config_fields(c)) == ['optim.decay_mask: matrices -> all']
