@@ -119,6 +119,10 @@ def _naive_products(name, q, k, w):
     return np.exp(nq + nk) * np.cos(diff)
   if name == 'posrf':
     return np.exp(summ - nq - nk)
+  if name == 'posrf_lra':
+    # LRA's feature creator unstabilized: each side's FAVOR+ feature plus its 1e-6 floor.
+    eps = C.LRA_FAVOR_EPSILON
+    return (np.exp(pq[:, None, :] - nq) + eps) * (np.exp(pk[None, :, :] - nk) + eps)
   if name == 'hyperbolic':
     return 0.5 * (np.exp(summ) + np.exp(-summ)) * np.exp(-nq - nk)
   if name == 'saderf':
