@@ -5,6 +5,7 @@
 #                                                          #   ListOps (skyformer preset) generated meanwhile
 #   bash scripts/gpu_day.sh listops OUT_DIR SECONDS KIND.. # part 2: ListOps at the Skyformer preset, each
 #                                                          #   KIND trained for SECONDS, then tested
+#   bash scripts/gpu_day.sh all OUT_DIR BUDGET_SCALE SECONDS KIND..   # both in one call (one machine start)
 #
 # Part 2 trains the preset unchanged (50k-step schedule, evaluation every 500 steps), stops it with
 # SIGINT after SECONDS (the trainer saves a checkpoint), then re-runs it with num_train_steps set to the
@@ -30,6 +31,11 @@ data=${KF_GPU_DATA:-$PWD/.gpudata}
 cfg=${KF_GPU_CONFIG:-configs/listops.py:skyformer}
 
 case "$mode" in
+all)
+  scale=${3:?BUDGET_SCALE}; secs=${4:?SECONDS}; shift 4
+  bash "$0" check "$out" "$scale"
+  bash "$0" listops "$out" "$secs" "$@"
+  ;;
 check)
   scale=${3:-0.4}
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -40,34 +46,36 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
 print(jax.devices())
 EOF
   (python3 -m kernelformer prepare-data --config "$cfg" --data_dir "$data" \
-     > "$out/prepare.log" 2>&1; echo "prepare rc $?" >> "$out/prepare.log") &
+     > /tmp/prepare.log 2>&1; echo "prepare rc $?" >> /tmp/prepare.log) &
   prep=$!
   timeout 420 python3 scripts/gpu_check.py --out_dir "$out" --budget_scale "$scale" 2>&1 \
     | tee "$out/gpu_check.log" | tail -n 60
   echo "gpu_check rc ${PIPESTATUS[0]}"
   cp kernelformer/pallas/validated.json "$out/validated.json" 2>/dev/null
   if python3 -m kernelformer benchmark --help 2>/dev/null | grep -q '\bloop\b'; then
-    timeout 120 python3 -m kernelformer benchmark loop --out_dir "$out" 2>&1 | tail -n 30
+    timeout ${KF_LOOP_TIMEOUT:-90} python3 -m kernelformer benchmark loop ${KF_LOOP_ARGS:-} 2>&1 | tail -n 30
   fi
   wait $prep
-  tail -n 3 "$out/prepare.log"
+  tail -n 3 /tmp/prepare.log
   ;;
 listops)
   secs=${3:?SECONDS}; shift 3
   for kind in "$@"; do
-    wd=/tmp/gpu_runs/$kind
+    wd=/tmp/gpu_runs/$kind; mkdir -p /tmp/gpu_runs
     rm -rf "$wd"
     common=(--config "$cfg" --workdir "$wd" --config.data.data_dir="$data"
             --config.model.attention.kind="$kind" --config.progress=False)
-    timeout -s INT "$secs" python3 -m kernelformer train "${common[@]}" > "$out/train-$kind.log" 2>&1
+    timeout -s INT "$secs" python3 -m kernelformer train "${common[@]}" > "/tmp/gpu_runs/$kind.log" 2>&1
+    sleep 2
     step=$(ls "$wd/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
     echo "$kind: stopped at step ${step:-none}"
-    [ -n "$step" ] || { tail -n 20 "$out/train-$kind.log"; continue; }
+    [ -n "$step" ] || { tail -n 20 "/tmp/gpu_runs/$kind.log"; continue; }
     timeout 120 python3 -m kernelformer train "${common[@]}" --config.num_train_steps="$step" \
-      --config.allow_config_change=True >> "$out/train-$kind.log" 2>&1
-    tail -n 2 "$out/train-$kind.log"
+      --config.allow_config_change=True >> "/tmp/gpu_runs/$kind.log" 2>&1
+    grep -vE '^W[0-9]{4} ' "/tmp/gpu_runs/$kind.log" | tail -n 4
     cp "$wd/results.json" "$out/results-$kind.json" 2>/dev/null
-    grep -E '"split": "(val|test)"' "$wd/metrics.jsonl" | tail -n 20 > "$out/val-$kind.jsonl"
+    echo "$kind validation/test events:"
+    grep -E '"split": "(val|test)"' "$wd/metrics.jsonl" | tail -n 20
   done
   ;;
 *) echo "unknown mode $mode"; exit 2 ;;
