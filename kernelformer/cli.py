@@ -59,6 +59,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'error: unknown command {name!r}.' + (f' Did you mean {close[0]}?' if close else '')
           + f' Valid: {", ".join(COMMANDS)}.', file=sys.stderr)
     return 2
+  if name == 'train':
+    # Ctrl-C from here on (while jax loads, the data is prepared, the step compiles, ...) ends the
+    # process with one line (kernelformer.training.signals); the training loop takes it over.
+    from kernelformer.training import signals  # pylint: disable=g-import-not-at-top
+    with signals.guarded():
+      return run_command(name, args)
   return run_command(name, args)
 
 

@@ -181,8 +181,10 @@ def parse_flags_one_line(argv: list, flag_values=None) -> list:
 
 
 def main_with_clean_errors(main: Callable) -> None:
+  from kernelformer.training import signals  # pylint: disable=g-import-not-at-top
   try:
-    app.run(main, flags_parser=parse_flags_one_line)
+    with signals.guarded():  # a signal outside the training loop: one line, exit 130/143
+      app.run(main, flags_parser=parse_flags_one_line)
   except SystemExit:
     raise
   except BaseException as e:  # pylint: disable=broad-except

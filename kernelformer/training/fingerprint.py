@@ -15,8 +15,9 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-import jax
-import numpy as np
+# numpy and jax are imported where they are used: the config fingerprint (and the workdir and signal
+# modules that use it) must load in a moment, before a training process imports jax (a Ctrl-C while
+# jax loads is handled by kernelformer.training.signals).
 
 # Config fields that do not change what a run computes (its parameters, metrics and test result), with
 # why. Everything else (task, data, model, attention, optimizer, schedule, seed, batch sizes, steps,
@@ -64,7 +65,7 @@ def config_fields(config: Any) -> dict[str, Any]:
 def _jsonable(v: Any) -> Any:
   if isinstance(v, (tuple, list)):
     return [_jsonable(x) for x in v]
-  if isinstance(v, (np.integer, np.floating, np.bool_)):
+  if type(v).__module__ == 'numpy' and getattr(v, 'shape', None) == ():   # numpy scalars
     return v.item()
   if v is None or isinstance(v, (bool, int, float, str)):
     return v
@@ -97,18 +98,23 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def _leaves_with_paths(tree: Any):
+  import jax  # pylint: disable=g-import-not-at-top
   return jax.tree_util.tree_flatten_with_path(tree)[0]
 
 
 def tree_structure(tree: Any) -> str:
   """A hash of the paths, shapes and dtypes of ``tree``'s leaves (arrays or ShapeDtypeStructs)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   h = hashlib.sha256()
   for path, x in _leaves_with_paths(tree):
     h.update(f'{jax.tree_util.keystr(path)}:{tuple(x.shape)}:{np.dtype(x.dtype).name};'.encode())
   return h.hexdigest()
 
 
-def _host_array(x: Any) -> np.ndarray:
+def _host_array(x: Any):
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   # A replicated array's first addressable shard is the whole array, on every process.
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
     x = x.addressable_data(0)
@@ -117,6 +123,8 @@ def _host_array(x: Any) -> np.ndarray:
 
 def tree_digest(tree: Any) -> str:
   """SHA-256 of ``tree``'s leaves' paths, shapes, dtypes and bytes (the state must be replicated)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
   h = hashlib.sha256()
   for path, x in _leaves_with_paths(tree):
     a = np.ascontiguousarray(_host_array(x))

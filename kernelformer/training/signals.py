@@ -1,11 +1,18 @@
 """Stopping a run cleanly: SIGINT/SIGTERM as a flag the loop polls, and a watchdog for hung steps.
 
-``StopSignals`` replaces the SIGINT and SIGTERM handlers while the training loop runs. The first signal
-only sets a flag: the loop finishes the step in flight (whose input state was donated to it, so no
-earlier state exists to save), saves a checkpoint of the state it returned, and stops with exit code
-130 (SIGINT) or 143 (SIGTERM, how schedulers preempt). A second signal while nothing is being written
-stops at once without saving (the last checkpoint stays); during a checkpoint write every signal is
-deferred until the write is complete, so an interrupt never leaves a half-written checkpoint behind.
+Signals are read by a thread (``signal.set_wakeup_fd``), not by Python handlers in the main thread: a
+handler runs only between bytecodes of the main thread, so one raising an exception lands wherever that
+thread is (inside an XLA compilation, where unwinding has ended in a segmentation fault) or waits for a
+compilation to return. The thread acts at once, whatever the main thread is doing:
+
+* ``guarded()`` (the ``kernelformer train`` process, from before jax is imported): a signal ends the
+  process at once with one line saying what is on disk (``workdir.hard_exit``, exit 130/143).
+* ``StopSignals`` (the training loop, from the first step's compilation to the test): the first signal
+  only sets a flag: the loop finishes the step in flight (whose input state was donated to it, so no
+  earlier state exists to save), saves a checkpoint of the state it returned, and stops with exit code
+  130 (SIGINT) or 143 (SIGTERM, how schedulers preempt). A second signal ends the process at once
+  without saving, naming the last checkpoint on disk; during a checkpoint write it is deferred until
+  the write is complete (an interrupt never leaves a half-written checkpoint), then acted on.
 
 ``Watchdog`` is a daemon thread: when no progress (a train step, an evaluation batch) is reported
 within the armed time limit, it prints one line naming the step and what it was doing and ends the
@@ -25,54 +32,163 @@ from kernelformer.training import workdir as workdir_lib
 
 _NAMES = {signal.SIGINT: 'SIGINT', signal.SIGTERM: 'SIGTERM'}
 EXIT_CODES = {signal.SIGINT: workdir_lib.EXIT_SIGINT, signal.SIGTERM: workdir_lib.EXIT_SIGTERM}
+_STOP_READER = 0   # a byte that is no signal number: tells the reader thread to end
+
+
+class _Reader:
+  """The process's SIGINT/SIGTERM, read from a wakeup pipe by a daemon thread and dispatched to the
+  innermost ``StopSignals`` (or, with none, ended at once)."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.depth = 0
+    self.stack: list['StopSignals'] = []
+    self._saved = None
+
+  def install(self) -> bool:
+    """Takes over SIGINT/SIGTERM (main thread only; nested calls count). Whether it is in place."""
+    if threading.current_thread() is not threading.main_thread():
+      return False
+    if self.depth == 0:
+      r, w = os.pipe()
+      os.set_blocking(w, False)
+      previous = {s: signal.signal(s, _ignore) for s in _NAMES}
+      previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+      thread = threading.Thread(target=self._read, args=(r,), name='kernelformer-signals', daemon=True)
+      thread.start()
+      self._saved = (previous, previous_fd, r, w, thread)
+    self.depth += 1
+    return True
+
+  def uninstall(self) -> None:
+    self.depth -= 1
+    if self.depth:
+      return
+    previous, previous_fd, r, w, thread = self._saved
+    self._saved = None
+    signal.set_wakeup_fd(previous_fd)
+    for s, h in previous.items():
+      signal.signal(s, h)
+    os.write(w, bytes([_STOP_READER]))
+    thread.join(5)
+    os.close(w)
+    os.close(r)
+
+  def _read(self, r: int) -> None:
+    while True:
+      try:
+        data = os.read(r, 64)
+      except OSError:
+        return
+      for b in data:
+        if b == _STOP_READER:
+          return
+        if b in _NAMES:
+          self._dispatch(signal.Signals(b))
+
+  def _dispatch(self, signum: int) -> None:
+    with self.lock:
+      target = self.stack[-1] if self.stack else None
+    if target is not None:
+      target._on_signal(signum)  # pylint: disable=protected-access
+      return
+    workdir = workdir_lib.active_workdir()
+    if workdir is None:
+      line = (f'{_NAMES[signum]}: interrupted before training: nothing was written; run the same '
+              f'command to start or resume')
+    else:
+      line = (f'{_NAMES[signum]}: stopped at once, nothing new saved; {workdir_lib.on_disk(workdir)}; '
+              f'run the same command to resume')
+    workdir_lib.hard_exit(line, EXIT_CODES[signum])
+
+
+def _ignore(signum, frame) -> None:
+  del signum, frame  # the reader thread acts on it (the wakeup pipe has the signal number)
+
+
+_READER = _Reader()
+
+
+@contextlib.contextmanager
+def guarded():
+  """SIGINT/SIGTERM end the process at once with one line (``StopSignals`` blocks inside take over)."""
+  installed = _READER.install()
+  try:
+    yield
+  finally:
+    if installed:
+      _READER.uninstall()
 
 
 class StopSignals:
-  """Context manager: SIGINT/SIGTERM set ``self.signum`` instead of killing the process.
+  """Context manager: the first SIGINT/SIGTERM sets ``self.signum``; a second ends the process.
 
-  Installs handlers only in the main thread (Python's rule); elsewhere it is a flag nobody sets.
+  Installs nothing outside the main thread (Python's rule); there it is a flag nobody sets.
+  ``workdir`` (default: the run whose lock this process holds) is where the message looks for the last
+  checkpoint.
   """
 
-  def __init__(self):
+  def __init__(self, workdir: Optional[str] = None):
     self.signum: Optional[int] = None
-    self._previous: dict = {}
+    self._workdir = workdir
+    self._lock = threading.Lock()
     self._saving = 0
-    self._deferred_second = False
+    self._deferred_second: Optional[int] = None
+    self._installed = False
 
   def __enter__(self) -> 'StopSignals':
-    if threading.current_thread() is threading.main_thread():
-      for s in _NAMES:
-        self._previous[s] = signal.signal(s, self._handle)
+    self._installed = _READER.install()
+    if self._installed:
+      with _READER.lock:
+        _READER.stack.append(self)
     return self
 
   def __exit__(self, *exc) -> bool:
-    for s, h in self._previous.items():
-      signal.signal(s, h)
-    self._previous = {}
+    if self._installed:
+      with _READER.lock:
+        _READER.stack.remove(self)
+      _READER.uninstall()
+      self._installed = False
     return False
 
-  def _handle(self, signum, frame) -> None:
-    del frame
-    if self.signum is None:
-      self.signum = signum
+  def _on_signal(self, signum: int) -> None:
+    """From the reader thread."""
+    with self._lock:
+      first = self.signum is None
+      if first:
+        self.signum = signum
+      elif self._saving:
+        self._deferred_second = signum
+    if first:
       workdir_lib.say(f'{_NAMES[signum]}: stopping after this step and saving a checkpoint '
                       f'(press Ctrl-C again to stop without saving)')
-      return
-    if self._saving:
-      self._deferred_second = True   # acted on once the checkpoint write is complete
-      return
-    raise workdir_lib.RunError(
-        f'{_NAMES[signum]} again: stopped without saving; the last checkpoint on disk is kept; '
-        f'run the same command to resume from it', EXIT_CODES[signum])
+    elif self._deferred_second is not None:
+      workdir_lib.say(f'{_NAMES[signum]} again: stopping as soon as the checkpoint being written is '
+                      f'complete')
+    else:
+      self._stop_now(signum, '')
+
+  def _stop_now(self, signum: int, what: str) -> None:
+    workdir = self._workdir or workdir_lib.active_workdir()
+    workdir_lib.hard_exit(
+        f'{_NAMES[signum]} again: stopped at once{what}, nothing more saved; '
+        f'{workdir_lib.on_disk(workdir)}; run the same command to resume', EXIT_CODES[signum])
 
   @contextlib.contextmanager
   def deferred(self):
-    """Within this block signals are only recorded: a checkpoint write is never cut short."""
-    self._saving += 1
+    """Within this block a second signal waits: a checkpoint write is never cut short."""
+    with self._lock:
+      self._saving += 1
+    ok = False
     try:
       yield
+      ok = True
     finally:
-      self._saving -= 1
+      with self._lock:
+        self._saving -= 1
+        act = self._deferred_second if (ok and not self._saving) else None
+      if act is not None:
+        self._stop_now(act, ' after completing the checkpoint being written')
 
   @property
   def requested(self) -> bool:

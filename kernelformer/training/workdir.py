@@ -50,6 +50,67 @@ def say(line: str) -> None:
   print(line, file=sys.stderr, flush=True)
 
 
+# ----------------------------------------------------------------------------------------------
+# Ending the process at once (a second Ctrl-C, kernelformer.training.signals).
+
+_ACTIVE = {'workdir': None, 'locks': []}   # the run's workdir once known; the locks this process holds
+
+
+def active_workdir() -> Optional[str]:
+  """The workdir of the run in this process (set when its lock is taken), or None before that."""
+  return _ACTIVE['workdir']
+
+
+def set_active_workdir(workdir: Optional[str]) -> None:
+  _ACTIVE['workdir'] = None if workdir is None else os.path.abspath(workdir)
+
+
+def latest_checkpoint(workdir: Optional[str]) -> Optional[int]:
+  """The newest complete checkpoint step in ``workdir/checkpoints`` (orbax renames a checkpoint to its
+  bare step number only once it is complete), or None."""
+  if workdir is None:
+    return None
+  try:
+    steps = [int(n) for n in os.listdir(os.path.join(workdir, 'checkpoints')) if n.isdigit()]
+  except OSError:
+    return None
+  return max(steps) if steps else None
+
+
+def on_disk(workdir: Optional[str]) -> str:
+  """What a resumed run would start from, as a phrase for a one-line message."""
+  step = latest_checkpoint(workdir)
+  if workdir is None:
+    return 'nothing was written'
+  if step is None:
+    return f'no checkpoint in {workdir} yet'
+  return f'the last checkpoint on disk is step {step} ({os.path.join(workdir, "checkpoints", str(step))})'
+
+
+def hard_exit(line: str, code: int) -> None:
+  """Prints ``line``, releases this process's workdir locks and ends the process now (``os._exit``).
+
+  For a second Ctrl-C: unwinding the stack (finally blocks, interpreter shutdown) can run for minutes
+  inside an XLA compilation and has ended in a segmentation fault; nothing is half-written when this is
+  called (a checkpoint write defers it until the write is complete).
+  """
+  try:
+    say(line)
+  except Exception:  # pylint: disable=broad-except  (exiting anyway)
+    pass
+  for lock in list(_ACTIVE['locks']):
+    try:
+      lock.release()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  os._exit(code)  # pylint: disable=protected-access
+
+
 def atomic_write_json(path: str, obj: Any) -> None:
   tmp = f'{path}.tmp-{os.getpid()}'
   with open(tmp, 'w', encoding='utf-8') as f:
@@ -87,6 +148,8 @@ class WorkdirLock:
         try:
           os.link(tmp, self.path)
           self._held = True
+          _ACTIVE['locks'].append(self)
+          set_active_workdir(os.path.dirname(self.path))
           return
         except FileExistsError:
           pass
@@ -119,6 +182,8 @@ class WorkdirLock:
     if not self._held:
       return
     self._held = False
+    if self in _ACTIVE['locks']:
+      _ACTIVE['locks'].remove(self)
     holder = self._read()
     if holder is not None and holder.get('pid') == os.getpid():
       os.remove(self.path)
