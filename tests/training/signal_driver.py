@@ -4,8 +4,8 @@
       [--config.FIELD=VALUE ...]
 
 Runs ``trainer.train_and_evaluate`` under ``cli.main_with_clean_errors`` (so exit codes and the last
-stderr line are the CLI's) and prints ``step N`` on stdout after every step, so a test can time a
-signal. ``--step_sleep`` sleeps in a hook after each step (slows the run, changes no number).
+stderr line are the CLI's) and prints ``step N`` on stdout after every step (and ``compiling`` when the train step's
+compilation starts), so a test can time a signal. ``--step_sleep`` sleeps in a hook after each step (slows the run, changes no number).
 ``--hang_at`` makes the train step itself block (a host callback inside the compiled step that sleeps
 for an hour) when it runs step ``hang_at``: a hung XLA call, for the watchdog test.
 """
@@ -35,6 +35,14 @@ def main() -> None:
   def run(_):
     import jax  # pylint: disable=g-import-not-at-top
     jax.config.update('jax_default_matmul_precision', 'highest')
+    # 'compiling' on stdout when the train step's ahead-of-time compilation starts (the trainer's only
+    # Lowered.compile call), so a test can signal during it.
+    compile_ = jax.stages.Lowered.compile
+
+    def announced_compile(self, *a, **k):
+      print('compiling', flush=True)
+      return compile_(self, *a, **k)
+    jax.stages.Lowered.compile = announced_compile
     from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
     from tests.training import helpers  # pylint: disable=g-import-not-at-top
     values = {}

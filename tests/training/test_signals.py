@@ -181,3 +181,72 @@ def test_watchdog_stops_a_hung_step(tmp_path):
   assert numbered(workdir / 'checkpoints') == []            # checkpoint_every=8: nothing new was saved
   assert not (workdir / 'lock').exists()                     # released on the way out
   assert elapsed < 120
+
+
+# ----------------------------------------------------------------------------------------------
+# A second Ctrl-C at every moment (issue 23, item 5): at once, one line, no segfault, and the line
+# names only a checkpoint that exists.
+
+
+def wait_for(predicate, proc, timeout=180):
+  deadline = time.time() + timeout
+  while not predicate() and proc.p.poll() is None and time.time() < deadline:
+    time.sleep(0.005)
+  assert proc.p.poll() is None, (proc.p.returncode, proc.p.stderr.read()[-2000:])
+
+
+def test_second_sigint_while_jax_imports_exits_at_once(tmp_path):
+  workdir = tmp_path / 'run'
+  p = subprocess.Popen([sys.executable, '-m', 'kernelformer', 'train', '--config', 'listops:tiny',
+                        f'--workdir={workdir}', f'--config.data.data_dir={tmp_path / "data"}'],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                       env={**os.environ, 'PYTHONPATH': ROOT})
+  time.sleep(1.0)   # past the entry point's first imports, before jax has loaded
+  assert p.poll() is None
+  for _ in range(2):
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+  _, err = p.communicate(timeout=60)
+  assert p.returncode == 130, (p.returncode, err[-2000:])
+  assert 'Traceback' not in err and len(err.strip().splitlines()) == 1, err
+  assert 'interrupted before training: nothing was written' in err
+  assert not workdir.exists()
+
+
+def test_second_sigint_while_compiling_exits_at_once_naming_no_checkpoint(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = Proc(workdir, tmp_path / 'data')
+  wait_for(lambda: 'compiling\n' in proc.out, proc)
+  proc.p.send_signal(signal.SIGINT)
+  time.sleep(0.1)
+  t0 = time.time()
+  proc.p.send_signal(signal.SIGINT)
+  rc = proc.wait(timeout=120)
+  elapsed = time.time() - t0
+  line = last_line(proc.stderr)
+  assert rc == 130, (rc, proc.stderr[-3000:])
+  assert 'Traceback' not in proc.stderr and 'Fatal Python error' not in proc.stderr, proc.stderr[-3000:]
+  assert 'SIGINT again: stopped at once' in line and f'no checkpoint in {workdir} yet' in line, line
+  assert proc.steps == [] and numbered(workdir / 'checkpoints') == []
+  assert not (workdir / 'lock').exists()
+  assert elapsed < 5, elapsed     # not after the compilation, not after interpreter shutdown
+
+
+def test_second_sigint_during_a_checkpoint_write_stops_once_it_is_complete(tmp_path):
+  workdir = tmp_path / 'run'
+  proc = Proc(workdir, tmp_path / 'data', env={'KERNELFORMER_TEST_SLOW_SAVE_S': '1.5'})
+  ckpt = workdir / 'checkpoints'
+  wait_for(lambda: numbered(ckpt), proc)   # checkpoints/8 renamed into place; the write not yet over
+  proc.p.send_signal(signal.SIGINT)
+  time.sleep(0.1)
+  proc.p.send_signal(signal.SIGINT)
+  rc = proc.wait(timeout=120)
+  line = last_line(proc.stderr)
+  assert rc == 130, (rc, proc.stderr[-3000:])
+  assert 'Traceback' not in proc.stderr
+  assert 'SIGINT again: stopped at once after completing the checkpoint being written' in line, line
+  assert f'the last checkpoint on disk is step 8 ({ckpt / "8"})' in line, line
+  assert 9 not in proc.steps                        # stopped right after the write, before step 9
+  assert numbered(ckpt) == [8] and os.listdir(ckpt) == ['8']
+  assert len(restore_state(str(ckpt / '8'))) > 0    # complete: it restores
+  assert not (workdir / 'lock').exists()
