@@ -21,6 +21,8 @@ Safety:
 """
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import re
 import shutil
@@ -30,7 +32,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from kernelformer.training import fingerprint as fp
-from kernelformer.training.workdir import RunError, say
+from kernelformer.training.workdir import RunError, captured_stderr, say
 
 _TMP = re.compile(r'.*\.orbax-checkpoint-tmp.*|.*\.replaced-\d+$')
 
@@ -39,8 +41,15 @@ def _register_array_handler() -> None:
   # Replica-parallel saving slices every replicated array across devices with one small jit per
   # parameter shape (70+ compilations for a tiny model, seconds per run); our state is replicated and
   # modest, so one replica writing whole arrays is faster.
-  ocp.type_handlers.register_type_handler(
-      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  # Replacing orbax's default handler is intended: its "overriding jax.Array" warning is not printed.
+  absl_logger = logging.getLogger('absl')
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  finally:
+    absl_logger.setLevel(level)
 
 
 _register_array_handler()
@@ -93,20 +102,33 @@ class Checkpoints:
         os.rename(path, aside)
       _sync('checkpoint-aside')
       self._reload()
-    try:
-      self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
-      if os.environ.get(_SLOW_SAVE_ENV):
-        import time  # pylint: disable=g-import-not-at-top
-        time.sleep(float(os.environ[_SLOW_SAVE_ENV]))
-      self._manager.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore/OS errors alike)
-      self._after_failed_save(path, aside)
+    # orbax, tensorstore and asyncio print their own tracebacks when a write fails (100+ lines for a
+    # full disk): held back, and kept in a log file named by the one-line error.
+    with captured_stderr() as captured:
+      try:
+        self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
+        if os.environ.get(_SLOW_SAVE_ENV):
+          import time  # pylint: disable=g-import-not-at-top
+          time.sleep(float(os.environ[_SLOW_SAVE_ENV]))
+        self._manager.wait_until_finished()
+        error = None
+      except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore/OS errors alike)
+        error = e
+        captured.keep()
+        self._after_failed_save(path, aside)
+    if error is not None:
+      e = error
       kept = ', '.join(map(str, self.all_steps())) or 'none'
       reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-      raise RunError(f'could not write checkpoint {path} ({type(e).__name__}: {reason[:200]}); '
+      code = re.search(r"os_error_code='(\d+)'", str(e))   # tensorstore names the OS error last
+      if code or (isinstance(e, OSError) and e.errno):
+        n = int(code.group(1)) if code else e.errno
+        reason = os.strerror(n) + (' (a file-size limit: ulimit -f)' if n == errno.EFBIG else '')
+      log = f"; orbax's log: {captured.path}" if captured.path else ''
+      raise RunError(f'could not write checkpoint {path} ({reason[:200]}); '
                      f'checkpoints kept: {kept}; free disk space or fix the directory, then run the '
-                     f'same command to resume') from None
+                     f'same command to resume{log}') from None
     if aside is not None and jax.process_index() == 0:
       shutil.rmtree(aside, ignore_errors=True)
 

@@ -12,8 +12,15 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from kernelformer.training import workdir as workdir_lib
+
 
 class MetricsWriter:
+  """Appends events to ``metrics.jsonl`` and TensorBoard, and writes ``config.json`` / ``results.json``.
+
+  A failed write (full disk, a file-size limit, I/O error) raises ``workdir.RunError`` with one line
+  naming the file; results.json and config.json are replaced atomically, so the earlier one stays.
+  """
 
   def __init__(self, workdir: str, enabled: bool = True):
     self.workdir = workdir
@@ -22,8 +29,13 @@ class MetricsWriter:
     self._jsonl = None
     if enabled:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
-      self._jsonl = open(os.path.join(workdir, 'metrics.jsonl'), 'a', encoding='utf-8')
+      path = os.path.join(workdir, 'metrics.jsonl')
+      try:
+        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+        self._jsonl = open(path, 'a', encoding='utf-8')
+      except OSError as e:
+        raise workdir_lib.write_error(path if self._tb else os.path.join(workdir, 'tensorboard'), e,
+                                      workdir) from None
 
   def write(self, split: str, step: int, values: dict[str, Any]) -> None:
     if not self.enabled:
@@ -31,28 +43,29 @@ class MetricsWriter:
     for k, v in values.items():
       if isinstance(v, (int, float, np.floating, np.integer)):
         self._tb.add_scalar(f'{split}/{k}', float(v), step)
-    self._jsonl.write(json.dumps({'split': split, 'step': int(step), 'time': time.time(),
-                                  **{k: _plain(v) for k, v in values.items()}}) + '\n')
-    self._jsonl.flush()
+    line = json.dumps({'split': split, 'step': int(step), 'time': time.time(),
+                       **{k: _plain(v) for k, v in values.items()}}) + '\n'
+    try:
+      self._jsonl.write(line)
+      self._jsonl.flush()
+    except OSError as e:
+      raise workdir_lib.write_error(self._jsonl.name, e, self.workdir) from None
 
   def write_config(self, config) -> None:
     if self.enabled:
-      with open(os.path.join(self.workdir, 'config.json'), 'w', encoding='utf-8') as f:
-        json.dump(config.to_dict(), f, indent=2, default=str)
+      workdir_lib.atomic_write_json(os.path.join(self.workdir, 'config.json'), config.to_dict())
 
   def write_results(self, results: dict) -> None:
-    if not self.enabled:
-      return
-    path = os.path.join(self.workdir, 'results.json')
-    tmp = path + '.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      json.dump(results, f, indent=2, default=str)
-    os.replace(tmp, path)  # a results.json that exists is complete (sweeps rely on it)
+    if self.enabled:  # a results.json that exists is complete (sweeps rely on it)
+      workdir_lib.atomic_write_json(os.path.join(self.workdir, 'results.json'), results)
 
   def close(self) -> None:
     if self.enabled:
       self._tb.close()
-      self._jsonl.close()
+      try:
+        self._jsonl.close()
+      except OSError:
+        pass  # every event was flushed when written; a failed one has raised already
 
 
 def _plain(v):

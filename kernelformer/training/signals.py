@@ -54,6 +54,10 @@ class _Reader:
       os.set_blocking(w, False)
       previous = {s: signal.signal(s, _ignore) for s in _NAMES}
       previous_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+      if hasattr(signal, 'SIGXFSZ'):
+        # Past a file-size limit (ulimit -f) a write fails with EFBIG, reported in one line, instead of
+        # the signal ending the process (Python ignores it at start-up; embedders may not).
+        previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
       thread = threading.Thread(target=self._read, args=(r,), name='kernelformer-signals', daemon=True)
       thread.start()
       self._saved = (previous, previous_fd, r, w, thread)

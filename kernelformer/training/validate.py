@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import lra_tasks
 from kernelformer import registry
 from kernelformer.training import sharding
+from kernelformer.training import workdir as workdir_lib
 
 
 class ConfigError(ValueError):
@@ -269,6 +270,11 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
   # The task's own data fields (pure checks: nothing is read or created).
   task_obj = lra_tasks.get(task)
   task_obj.info(config.data)
+  for split in ('train', 'val', 'test'):   # generated tasks: a split of 0 examples cannot train/test
+    if f'num_{split}' in config.data:
+      v = _get(config, f'data.num_{split}')
+      if not _is_int(v) or v < 1:
+        _fail(f'data.num_{split}', v, f'an integer >= 1 (the {split} split would be empty)')
   if task == 'listops':
     from lra_tasks import listops  # pylint: disable=g-import-not-at-top
     listops.GeneratorParams.from_data(config.data).validate()
@@ -289,7 +295,9 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
 # Workdir.
 
 _MIB = 1 << 20
-MIN_FREE_BYTES = 64 * _MIB   # floor: metrics, config, orbax metadata and a small model's checkpoints
+MIN_FREE_BYTES = 1 * _MIB         # config.json, run.json, results.json, the lock, orbax's directories
+CHECKPOINT_OVERHEAD = 256 << 10   # per checkpoint: orbax metadata (~30 KiB), OCDBT manifests, meta
+EVENT_BYTES = 1 << 10             # per logged event: a metrics.jsonl line and its TensorBoard scalars
 
 
 def estimate_param_count(config: Any) -> int:
@@ -307,11 +315,19 @@ def estimate_param_count(config: Any) -> int:
 
 
 def checkpoint_bytes_needed(config: Any) -> int:
-  """Free space a run needs: params + two Adam moments in float32, for the latest checkpoints being
-  written next to the kept ones and the best checkpoint, plus a fixed floor."""
-  one = 3 * 4 * estimate_param_count(config)
+  """Free space a run needs, proportional to what it writes.
+
+  One checkpoint is the parameters and the two Adam moments in float32 plus orbax's per-checkpoint
+  files (``CHECKPOINT_OVERHEAD``). At most ``keep_checkpoints + 1`` latest checkpoints exist at once
+  (the oldest is deleted after a new one is complete) and two of ``best/``; metrics and TensorBoard
+  take ``EVENT_BYTES`` per logged event; ``MIN_FREE_BYTES`` covers the small JSON files. (The tiny
+  ListOps run writes 0.45 MB and is asked for 2.6 MiB.)
+  """
+  one = 3 * 4 * estimate_param_count(config) + CHECKPOINT_OVERHEAD
   keep = int(getattr(config, 'keep_checkpoints', 2) or 2)
-  return (keep + 2) * one + MIN_FREE_BYTES
+  steps = max(int(getattr(config, 'num_train_steps', 0) or 0), 0)
+  events = 2 + sum(steps // max(int(getattr(config, k, 1) or 1), 1) for k in ('log_every', 'eval_every'))
+  return (keep + 3) * one + events * EVENT_BYTES + MIN_FREE_BYTES
 
 
 def _nearest_existing(path: str) -> str:
@@ -358,6 +374,12 @@ def validate_workdir(workdir: str, config: Any = None) -> None:
         raise WorkdirError(f'{d} is not a directory: the workdir holds something else; pass another '
                            '--workdir')
       targets.append((d, d))
+  if os.path.isdir(path):
+    # The run's own files are read back (resume, re-run): each a regular file of bounded size.
+    try:
+      workdir_lib.check_run_files(path)
+    except workdir_lib.RunError as e:
+      raise WorkdirError(str(e)) from None
   for d, what in targets:
     err = _probe_write(d)
     if err is not None:
@@ -367,8 +389,8 @@ def validate_workdir(workdir: str, config: Any = None) -> None:
     free = shutil.disk_usage(existing).free
     if free < need:
       raise WorkdirError(
-          f'not enough free disk space for workdir {path}: {free / _MIB:.0f} MiB free, a run of '
-          f'this config needs about {need / _MIB:.0f} MiB for its checkpoints; free space or pass '
+          f'not enough free disk space for workdir {path}: {free / _MIB:.1f} MiB free, a run of '
+          f'this config needs about {need / _MIB:.1f} MiB for its checkpoints; free space or pass '
           'a --workdir on another disk')
 
 

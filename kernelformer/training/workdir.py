@@ -16,12 +16,17 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Any, Optional
 
 from kernelformer.training import fingerprint as fp
@@ -111,13 +116,147 @@ def hard_exit(line: str, code: int) -> None:
   os._exit(code)  # pylint: disable=protected-access
 
 
+class _Captured:
+  path: Optional[str] = None      # the log file, when ``keep()`` was called and it held anything
+
+  def __init__(self):
+    self._keep = False
+
+  def keep(self) -> None:
+    self._keep = True
+
+
+@contextlib.contextmanager
+def captured_stderr():
+  """Holds back what is written to file descriptor 2 (Python, C++ and library logs alike) in this block.
+
+  Afterwards it is written to stderr as it was, unless ``keep()`` was called (a failure reported in one
+  line): then it stays in a temporary file whose path is ``.path``.
+  """
+  captured = _Captured()
+  try:
+    sys.stderr.flush()
+    fd, name = tempfile.mkstemp(prefix='kernelformer-', suffix='.log')
+    saved = os.dup(2)
+  except (OSError, ValueError):   # no stderr, or no room for the file: leave stderr as it is
+    yield captured
+    return
+  os.dup2(fd, 2)
+  os.close(fd)
+  try:
+    yield captured
+  finally:
+    if captured._keep:  # pylint: disable=protected-access
+      # After a failed write, background threads (tensorstore's) still report on the writes they had
+      # in flight: wait until they are quiet (0.5 s without output, at most 5 s).
+      last, quiet_since, deadline = -1, time.monotonic(), time.monotonic() + 5.0
+      while time.monotonic() < deadline:
+        size = os.path.getsize(name)
+        if size != last:
+          last, quiet_since = size, time.monotonic()
+        elif time.monotonic() - quiet_since >= 0.5:
+          break
+        time.sleep(0.05)
+    try:
+      sys.stderr.flush()
+    except (OSError, ValueError):
+      pass
+    os.dup2(saved, 2)
+    os.close(saved)
+    try:
+      size = os.path.getsize(name)
+      if captured._keep and size:  # pylint: disable=protected-access
+        captured.path = name
+      else:
+        if size:
+          with open(name, 'rb') as f:
+            os.write(2, f.read())
+        os.remove(name)
+    except OSError:
+      pass
+
+
+# ----------------------------------------------------------------------------------------------
+# The run's own files: read with bounds, written atomically, each failure one line.
+
+MAX_METRICS_BYTES = 1 << 30       # metrics.jsonl: a million events is ~300 MB
+MAX_METRICS_LINE = 1 << 20        # one event is ~300 bytes; a longer line is damage and is dropped
+MAX_RECORD_BYTES = 64 << 20       # run.json, config.json, results.json, the lock
+RUN_FILES = {'metrics.jsonl': MAX_METRICS_BYTES, 'results.json': MAX_RECORD_BYTES,
+             'run.json': MAX_RECORD_BYTES, 'config.json': MAX_RECORD_BYTES,
+             'lock': MAX_RECORD_BYTES}
+
+
+def check_file(path: str, limit: int) -> None:
+  """RunError unless ``path`` is absent or a regular file (links followed) of at most ``limit`` bytes:
+  a link to /dev/zero or /dev/full, a FIFO or a runaway file would make a reader hang or fill memory."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    if os.path.islink(path):
+      raise RunError(f'{path} is a link to a missing file; remove it, or use a new --workdir') from None
+    return
+  except OSError as e:
+    raise RunError(f'{path} cannot be read ({e.strerror or e}); fix it, or use a new --workdir') from None
+  if not stat.S_ISREG(st.st_mode):
+    kind = ('a character device' if stat.S_ISCHR(st.st_mode) else 'a block device'
+            if stat.S_ISBLK(st.st_mode) else 'a FIFO' if stat.S_ISFIFO(st.st_mode) else 'a directory'
+            if stat.S_ISDIR(st.st_mode) else 'not a file')
+    target = f' (a link to {os.path.realpath(path)})' if os.path.islink(path) else ''
+    raise RunError(f'{path} is {kind}{target}, not a regular file; move it aside (the run writes '
+                   f'{os.path.basename(path)} itself), or use a new --workdir')
+  if st.st_size > limit:
+    raise RunError(f'{path} is {st.st_size / (1 << 20):.0f} MiB, more than any run writes (at most '
+                   f'{limit >> 20} MiB); move it aside, or use a new --workdir')
+
+
+def check_run_files(workdir: str) -> None:
+  """``check_file`` for each file of ``RUN_FILES`` in ``workdir`` (before a run reads or appends)."""
+  for name, limit in RUN_FILES.items():
+    check_file(os.path.join(workdir, name), limit)
+
+
+def read_bounded(path: str, limit: int = MAX_RECORD_BYTES) -> bytes:
+  """The bytes of a small file of the run, after ``check_file``; at most ``limit`` bytes are read."""
+  check_file(path, limit)
+  with open(path, 'rb') as f:
+    data = f.read(limit + 1)
+  if len(data) > limit:
+    raise RunError(f'{path} grew past {limit >> 20} MiB while being read; move it aside, or use a '
+                   f'new --workdir')
+  return data
+
+
+def write_error(path: str, error: OSError, workdir: Optional[str] = None) -> RunError:
+  """The one line for a failed write of a run file (full disk, file-size limit, I/O error)."""
+  why = error.strerror or type(error).__name__
+  if error.errno == errno.EFBIG:
+    why += ' (a file-size limit: ulimit -f)'
+  where = f'; {on_disk(workdir)}' if workdir else ''
+  return RunError(f'could not write {path} ({why}){where}; free disk space or fix the directory, then '
+                  f'run the same command to resume')
+
+
+def _remove_quietly(path: str) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass
+
+
 def atomic_write_json(path: str, obj: Any) -> None:
+  """Writes ``obj`` to a temporary file, then renames it over ``path``; RunError (one line) on failure,
+  with ``path`` as it was."""
   tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(obj, f, indent=2, default=str)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, 'w', encoding='utf-8') as f:
+      json.dump(obj, f, indent=2, default=str)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    _remove_quietly(tmp)
+    raise write_error(path, e, os.path.dirname(path)) from None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,8 +280,12 @@ class WorkdirLock:
     host = socket.gethostname()
     info = {'pid': os.getpid(), 'host': host, 'started': now_iso()}
     tmp = f'{self.path}.{os.getpid()}.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      json.dump(info, f)
+    try:
+      with open(tmp, 'w', encoding='utf-8') as f:
+        json.dump(info, f)
+    except OSError as e:
+      _remove_quietly(tmp)
+      raise write_error(self.path, e) from None
     try:
       for attempt in range(2):
         try:
@@ -168,14 +311,13 @@ class WorkdirLock:
         raise RunError(f'workdir {os.path.dirname(self.path)} is in use by {who}; wait for that run '
                        f'to end, use another --workdir, or delete {self.path} if that process is gone')
     finally:
-      os.remove(tmp)
+      _remove_quietly(tmp)
 
   def _read(self) -> Optional[dict]:
     try:
-      with open(self.path, encoding='utf-8') as f:
-        holder = json.load(f)
+      holder = json.loads(read_bounded(self.path, 1 << 20))
       return holder if isinstance(holder, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RunError):
       return None
 
   def release(self) -> None:
@@ -199,20 +341,27 @@ class RunRecord:
 
   def load(self) -> Optional[dict]:
     """The record, or one made from an older workdir's config.json; None for a new workdir."""
-    if os.path.exists(self.path):
+    if os.path.lexists(self.path):
       try:
-        with open(self.path, encoding='utf-8') as f:
-          self.data = json.load(f)
-        self.data['fields']  # pylint: disable=pointless-statement
+        self.data = json.loads(read_bounded(self.path))
+        if not isinstance(self.data, dict):
+          raise TypeError(f'an object was expected, found {type(self.data).__name__}')
+        if not isinstance(self.data.get('fields'), dict):
+          raise TypeError(f"'fields' must be an object, found "
+                          f"{type(self.data.get('fields')).__name__}")
+        if not isinstance(self.data.get('fingerprint'), str):
+          raise TypeError("'fingerprint' must be a string")
+        if not isinstance(self.data.get('changes', []), list):
+          raise TypeError("'changes' must be a list")
       except (ValueError, KeyError, TypeError) as e:
-        raise RunError(f'{self.path} is damaged ({type(e).__name__}); restore it, or use a new '
-                       f'--workdir') from None
+        self.data = None
+        raise RunError(f'{self.path} is damaged ({type(e).__name__}: {_one_line(e)}); restore it, or '
+                       f'use a new --workdir') from None
       return self.data
     legacy = os.path.join(self.workdir, 'config.json')
-    if os.path.exists(legacy):
+    if os.path.lexists(legacy):
       try:
-        with open(legacy, encoding='utf-8') as f:
-          fields = fp.config_fields(json.load(f))
+        fields = fp.config_fields(json.loads(read_bounded(legacy)))
       except (ValueError, TypeError, AttributeError):
         return None
       self.data = {'fingerprint': fp.digest(fields), 'fields': fields, 'created': None,
@@ -265,19 +414,37 @@ class RunRecord:
     return [] if self.data is None else list(self.data.get('changes', []))
 
 
+def _one_line(e: BaseException) -> str:
+  return ' '.join(str(e).split())[:200]
+
+
 def read_results(workdir: str) -> Optional[dict]:
   path = os.path.join(workdir, 'results.json')
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
     return None
   try:
-    with open(path, encoding='utf-8') as f:
-      results = json.load(f)
+    results = json.loads(read_bounded(path))
     if not isinstance(results, dict):
       raise ValueError('not an object')
     return results
   except (ValueError, UnicodeDecodeError) as e:
-    raise RunError(f'{path} is damaged ({e}); move it aside and re-run to re-test the final '
+    raise RunError(f'{path} is damaged ({_one_line(e)}); move it aside and re-run to re-test the final '
                    f'checkpoint') from None
+
+
+def _metrics_lines(f, dropped: list):
+  """The lines of an open metrics file, each at most ``MAX_METRICS_LINE`` bytes (longer ones are
+  skipped without being held in memory and counted in ``dropped[0]``)."""
+  while True:
+    line = f.readline(MAX_METRICS_LINE + 1)
+    if not line:
+      return
+    if len(line) > MAX_METRICS_LINE:
+      dropped[0] += 1
+      while line and not line.endswith(b'\n'):
+        line = f.readline(MAX_METRICS_LINE)
+      continue
+    yield line
 
 
 def truncate_metrics(workdir: str, step: int, drop_test: bool = True) -> int:
@@ -285,28 +452,41 @@ def truncate_metrics(workdir: str, step: int, drop_test: bool = True) -> int:
 
   A resumed run continues after ``step`` and logs those events again. Test events belong to the end
   of a run; the segment that ends this run writes its own. Torn last lines (a killed write) go too.
+  The file is read line by line with a bound on each line and on its size (``check_file``), so a
+  damaged or runaway file costs neither memory nor time; it is rewritten only when something goes.
   """
   path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
     return 0
-  kept, dropped = [], 0
-  with open(path, encoding='utf-8', errors='replace') as f:
-    for line in f:
-      try:
-        event = json.loads(line)
-        keep = int(event['step']) <= step and not (drop_test and event.get('split') == 'test')
-      except (ValueError, KeyError, TypeError):
-        keep = False
-      if keep:
-        kept.append(line if line.endswith('\n') else line + '\n')
-      else:
-        dropped += 1
-  if dropped:
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      f.writelines(kept)
+  check_file(path, MAX_METRICS_BYTES)
+
+  def keep(line: bytes) -> bool:
+    try:
+      event = json.loads(line)
+      return int(event['step']) <= step and not (drop_test and event.get('split') == 'test')
+    except (ValueError, KeyError, TypeError):
+      return False
+
+  dropped = [0]
+  with open(path, 'rb') as f:
+    for line in _metrics_lines(f, dropped):
+      if not keep(line):
+        dropped[0] += 1
+  if not dropped[0]:
+    return 0
+  tmp = f'{path}.tmp-{os.getpid()}'
+  try:
+    with open(path, 'rb') as f, open(tmp, 'wb') as out:
+      for line in _metrics_lines(f, [0]):
+        if keep(line):
+          out.write(line if line.endswith(b'\n') else line + b'\n')
+      out.flush()
+      os.fsync(out.fileno())
     os.replace(tmp, path)
-  return dropped
+  except OSError as e:
+    _remove_quietly(tmp)
+    raise write_error(path, e, workdir) from None
+  return dropped[0]
 
 
 def code_version() -> dict:
