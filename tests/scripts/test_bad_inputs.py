@@ -129,6 +129,32 @@ def _disk_full(free_bytes):
   return setup
 
 
+def _disk_short_by(missing_bytes):
+  """Free space ``missing_bytes`` short of what validation demands of the tiny config."""
+  def setup(ctx):
+    from configs import listops  # pylint: disable=g-import-not-at-top
+    c = listops.get_config('tiny')
+    with c.unlocked():
+      c.data.data_dir = ctx.data_dir
+    return _disk_full(validate.checkpoint_bytes_needed(c) - missing_bytes)(ctx)
+  return setup
+
+
+def _linked_in_workdir(name: str, target: str):
+  def setup(ctx):
+    os.symlink(target, os.path.join(ctx.workdir, name))
+    return []
+  return setup
+
+
+def _sparse_in_workdir(name: str, size: int):
+  def setup(ctx):
+    with open(os.path.join(ctx.workdir, name), 'wb') as f:
+      f.truncate(size)   # sparse: no disk used
+    return []
+  return setup
+
+
 def _data_dir_is_file(ctx):
   path = os.path.join(ctx.tmp, 'datafile')
   with open(path, 'wb') as f:
@@ -321,6 +347,9 @@ CASES: list[tuple[str, Any, str]] = [
     ('pos_encoding_unknown', '--config.model.pos_encoding=rotary', "config.model.pos_encoding='rotary'"),
     ('dtype_unknown', '--config.model.dtype=float16', "config.model.dtype='float16'"),
     ('max_length_zero', '--config.data.max_length=0', 'config.data.max_length=0'),
+    ('num_train_zero', '--config.data.num_train=0',
+     'config.data.num_train=0 is invalid: must be an integer >= 1 (the train split would be empty)'),
+    ('num_test_zero', '--config.data.num_test=0', 'config.data.num_test=0 is invalid'),
     ('data_dir_empty', '--config.data.data_dir=', 'config.data.data_dir'),
     # --- task, kind, impl and their combinations
     ('task_unknown', '--config.data.task=listopz', "config.data.task='listopz'"),
@@ -369,7 +398,7 @@ CASES: list[tuple[str, Any, str]] = [
     ('workdir_read_only', Fn(_read_only_workdir), 'is not writable'),
     ('workdir_parent_read_only', Fn(_read_only_parent), 'cannot be created'),
     ('disk_full', Fn(_disk_full(1 << 20)), 'not enough free disk space'),
-    ('disk_nearly_full', Fn(_disk_full(validate.MIN_FREE_BYTES - 1)), 'not enough free disk space'),
+    ('disk_nearly_full', Fn(_disk_short_by(1)), 'not enough free disk space'),
     ('workdir_empty', '--workdir=', 'workdir'),
     # --- the workdir's own state (kernelformer/training/workdir.py)
     ('workdir_locked', Fn(_locked_workdir), 'is in use by pid 1'),
@@ -379,6 +408,25 @@ CASES: list[tuple[str, Any, str]] = [
     ('workdir_results_damaged', Fn(_in_workdir('results.json', b'{"final_step": ')),
      'results.json is damaged'),
     ('workdir_results_not_object', Fn(_in_workdir('results.json', b'[1, 2]')), 'results.json is damaged'),
+    ('workdir_run_json_fields_list', Fn(_in_workdir('run.json', b'{"fingerprint": "ab", "fields": []}')),
+     "run.json is damaged (TypeError: 'fields' must be an object, found list)"),
+    ('workdir_run_json_not_object', Fn(_in_workdir('run.json', b'[]')), 'run.json is damaged'),
+    # --- the run's files that misbehave (issue 23, item 6): never read without bound
+    ('workdir_metrics_dev_full', Fn(_linked_in_workdir('metrics.jsonl', '/dev/full')),
+     'metrics.jsonl is a character device (a link to /dev/full), not a regular file'),
+    ('workdir_metrics_dev_zero', Fn(_linked_in_workdir('metrics.jsonl', '/dev/zero')),
+     'metrics.jsonl is a character device (a link to /dev/zero)'),
+    ('workdir_metrics_dangling', Fn(_linked_in_workdir('metrics.jsonl', '/nonexistent/m.jsonl')),
+     'metrics.jsonl is a link to a missing file'),
+    ('workdir_metrics_huge', Fn(_sparse_in_workdir('metrics.jsonl', (1 << 30) + 1)),
+     'metrics.jsonl is 1024 MiB, more than any run writes'),
+    ('workdir_results_dev_zero', Fn(_linked_in_workdir('results.json', '/dev/zero')),
+     'results.json is a character device'),
+    ('workdir_run_json_dev_zero', Fn(_linked_in_workdir('run.json', '/dev/zero')),
+     'run.json is a character device'),
+    ('workdir_config_json_huge', Fn(_sparse_in_workdir('config.json', (64 << 20) + 1)),
+     'config.json is 64 MiB, more than any run writes'),
+    ('workdir_lock_dev_zero', Fn(_linked_in_workdir('lock', '/dev/zero')), 'lock is a character device'),
     ('on_nonfinite_unknown', '--config.on_nonfinite=ignore', "config.on_nonfinite='ignore'"),
     ('watchdog_negative', '--config.watchdog_step_s=-1', 'config.watchdog_step_s=-1'),
     # --- data files
@@ -479,6 +527,15 @@ class Ctx:
 
 
 def _sha(path: str) -> str:
+  if os.path.islink(path):
+    return 'link to ' + os.readlink(path)   # never read through (it may be /dev/zero)
+  if os.path.getsize(path) > (16 << 20):
+    st = os.stat(path)
+    return f'size {st.st_size} mtime {st.st_mtime_ns}'
+  return _sha_bytes(path)
+
+
+def _sha_bytes(path: str) -> str:
   with open(path, 'rb') as f:
     return hashlib.sha256(f.read()).hexdigest()
 
@@ -664,3 +721,25 @@ def test_bad_inputs_real_processes(tmp_path, monkeypatch):
       check(proc.returncode, stderr, expected, before, ctx.snapshot())
     except AssertionError as e:
       raise AssertionError(f'{case_id}: {e}') from None
+
+
+def test_free_space_demand_is_proportional_to_the_run(tmp_path, monkeypatch, no_training):
+  """The tiny run (0.45 MB written) is not refused on a disk with 4 MiB free; a larger model or more
+  kept checkpoints demand more (issue 23: a flat 64 MiB was demanded)."""
+  from configs import listops  # pylint: disable=g-import-not-at-top
+  c = listops.get_config('tiny')
+  need = validate.checkpoint_bytes_needed(c)
+  assert need < (4 << 20)
+  with c.unlocked():
+    c.keep_checkpoints = 10
+  assert validate.checkpoint_bytes_needed(c) > need
+  assert validate.checkpoint_bytes_needed(listops.get_config('quick')) > need
+  ctx = Ctx(str(tmp_path), monkeypatch)
+  _disk_full(4 << 20)(ctx)
+  _reset_absl()
+  with pytest.raises(ReachedTraining):
+    try:
+      kernelformer_cli.main(['train', *argv_for(ctx, ())])
+    finally:
+      _reset_absl()
+      flags.FLAGS.mark_as_parsed()
