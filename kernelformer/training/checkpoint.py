@@ -116,6 +116,7 @@ class Checkpoints:
       except Exception as e:  # pylint: disable=broad-except  (orbax/tensorstore/OS errors alike)
         error = e
         captured.keep()
+        captured.wait_quiet()   # the writes still in flight end (and stop printing) before cleaning up
         self._after_failed_save(path, aside)
     if error is not None:
       e = error

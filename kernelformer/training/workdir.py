@@ -121,9 +121,29 @@ class _Captured:
 
   def __init__(self):
     self._keep = False
+    self._name: Optional[str] = None
 
   def keep(self) -> None:
+    """Keep the output in a file (its ``path``) instead of printing it."""
     self._keep = True
+
+  def wait_quiet(self, quiet_s: float = 0.5, limit_s: float = 5.0) -> None:
+    """Waits until nothing was written for ``quiet_s`` (at most ``limit_s``): after a failed write,
+    background threads (tensorstore's) still report on, and write, what they had in flight."""
+    if self._name is None:
+      return
+    last, quiet_since = -1, time.monotonic()
+    deadline = quiet_since + limit_s
+    while time.monotonic() < deadline:
+      try:
+        size = os.path.getsize(self._name)
+      except OSError:
+        return
+      if size != last:
+        last, quiet_since = size, time.monotonic()
+      elif time.monotonic() - quiet_since >= quiet_s:
+        return
+      time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -141,22 +161,12 @@ def captured_stderr():
   except (OSError, ValueError):   # no stderr, or no room for the file: leave stderr as it is
     yield captured
     return
+  captured._name = name  # pylint: disable=protected-access
   os.dup2(fd, 2)
   os.close(fd)
   try:
     yield captured
   finally:
-    if captured._keep:  # pylint: disable=protected-access
-      # After a failed write, background threads (tensorstore's) still report on the writes they had
-      # in flight: wait until they are quiet (0.5 s without output, at most 5 s).
-      last, quiet_since, deadline = -1, time.monotonic(), time.monotonic() + 5.0
-      while time.monotonic() < deadline:
-        size = os.path.getsize(name)
-        if size != last:
-          last, quiet_since = size, time.monotonic()
-        elif time.monotonic() - quiet_since >= 0.5:
-          break
-        time.sleep(0.05)
     try:
       sys.stderr.flush()
     except (OSError, ValueError):
@@ -168,7 +178,7 @@ def captured_stderr():
       if captured._keep and size:  # pylint: disable=protected-access
         captured.path = name
       else:
-        if size:
+        if size and not captured._keep:  # pylint: disable=protected-access
           with open(name, 'rb') as f:
             os.write(2, f.read())
         os.remove(name)
