@@ -12,9 +12,11 @@ accuracy of the best-validation checkpoint, ``steps_per_sec``, ``compiled_memory
 * ``<out>.png``: the LRA-style plot, test accuracy against training speed (steps/s), point area
   proportional to compiled memory, one panel per task.
 
-Runs are grouped by their config fingerprint: the whole ``results.json`` config (the kernel by its
-canonical name, aliases resolved) and the preset, except the seed and logging-only fields
-(``FINGERPRINT_IGNORES``). A cell averages only runs of one fingerprint; runs of one row and task that
+Runs are grouped by their config fingerprint: the whole ``results.json`` config, nested fields included
+(the kernel by its canonical name, aliases resolved), and the preset, except the seed and the fields
+that cannot change a run's numbers: ``kernelformer.training.fingerprint.config_fields``, the definition
+the workdir uses to tell a run from another (its ``EXCLUDED`` list: logging, checkpoint frequency, data
+location, attention implementation, ...). A cell averages only runs of one fingerprint; runs of one row and task that
 differ in anything else (steps, options, data, ...) become separate rows named by what differs, and
 ``Report.warnings`` says so (printed by ``kernelformer report`` and at the top of the markdown).
 
@@ -34,13 +36,15 @@ from typing import Any, Optional
 
 from kernelformer.reproduce import paper_numbers
 from kernelformer.reproduce import sweeps
+from kernelformer.training import fingerprint as fp
 
 TASK_ORDER = ('listops', 'text', 'retrieval', 'pathfinder', 'image')
 TASK_TITLES = {'listops': 'ListOps', 'text': 'Text', 'retrieval': 'Retrieval',
                'pathfinder': 'Pathfinder', 'image': 'Image'}
 MISSING = '—'
-# Config fields that cannot change a run's numbers: runs differing only in these (and the seed) average.
-FINGERPRINT_IGNORES = ('seed', 'progress', 'log_every', 'profile_steps')
+# Runs differing only in the seed (and in fingerprint.EXCLUDED, what cannot change a run's numbers)
+# average.
+FINGERPRINT_IGNORES = ('seed',)
 
 
 @dataclasses.dataclass
@@ -60,11 +64,7 @@ class RunRecord:
     config = (self.results or {}).get('config')
     if not isinstance(config, dict):
       return None
-    flat = _flatten(config)
-    for k in FINGERPRINT_IGNORES:  # top-level fields
-      flat.pop(k, None)
-    if 'model.attention.kind' in flat:
-      flat['model.attention.kind'] = canonical_kind(str(flat['model.attention.kind']))
+    flat = fp.config_fields(config, without=FINGERPRINT_IGNORES)
     if self.preset is not None:
       flat['(preset)'] = self.preset
     return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in flat.items()))
@@ -154,25 +154,9 @@ class Report:
   warnings: list[str] = dataclasses.field(default_factory=list)   # runs split by fingerprint
 
 
-def _flatten(d: dict, prefix: str = '') -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f'{prefix}{k}.'))
-    else:
-      out[f'{prefix}{k}'] = v
-  return out
-
-
 def canonical_kind(kind: str) -> str:
   """The registry's name for ``kind`` (aliases resolved); unknown names (a plugin not loaded) as given."""
-  if not kind:
-    return kind
-  from kernelformer import registry  # pylint: disable=g-import-not-at-top
-  try:
-    return registry.canonical_name(kind)
-  except registry.UnknownKernelError:
-    return kind
+  return fp.canonical_kind(kind)
 
 
 def _read_json(path: str) -> Optional[Any]:

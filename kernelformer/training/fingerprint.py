@@ -44,8 +44,26 @@ EXCLUDED: dict[str, str] = {
 }
 
 
-def config_fields(config: Any) -> dict[str, Any]:
-  """Flat ``{'dotted.name': value}`` of ``config`` (a ConfigDict or dict) without ``EXCLUDED`` fields."""
+KIND = 'model.attention.kind'
+
+
+def canonical_kind(kind: Any) -> Any:
+  """The registry's name for an attention ``kind`` (aliases resolved); others (a plugin's kind that is
+  not loaded, a non-string) as given."""
+  if not isinstance(kind, str) or not kind:
+    return kind
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  try:
+    return registry.canonical_name(kind)
+  except registry.UnknownKernelError:
+    return kind
+
+
+def config_fields(config: Any, *, without: tuple[str, ...] = ()) -> dict[str, Any]:
+  """Flat ``{'dotted.name': value}`` of ``config`` (a ConfigDict or dict, nested fields included) without
+  the ``EXCLUDED`` fields (and the dotted names in ``without``), the attention kind by its canonical
+  name. The one definition of "the same run": the workdir's record (``workdir.RunRecord``) and the
+  report's grouping of seeds (``reproduce.report``, ``without=('seed',)``) both use it."""
   d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
   out: dict[str, Any] = {}
 
@@ -55,10 +73,12 @@ def config_fields(config: Any) -> dict[str, Any]:
       v = node[k]
       if isinstance(v, Mapping):
         walk(name + '.', v)
-      elif name not in EXCLUDED:
+      elif name not in EXCLUDED and name not in without:
         out[name] = _jsonable(v)
 
   walk('', d)
+  if KIND in out:
+    out[KIND] = canonical_kind(out[KIND])
   return out
 
 
@@ -89,6 +109,8 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   Fields the recorded run did not have (added to the configs since) are not differences: that run
   could not have set them -- except those in ``ADDED_FIELDS``, whose absence means a known value.
   """
+  if KIND in old:   # records written before kinds were canonicalised may hold an alias
+    old = {**old, KIND: canonical_kind(old[KIND])}
   out = []
   for k in sorted(set(old) | (set(ADDED_FIELDS) & set(new))):
     a, b = old.get(k, ADDED_FIELDS.get(k, '<absent>')), new.get(k, '<absent>')

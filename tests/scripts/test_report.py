@@ -234,3 +234,53 @@ def test_report_prints_the_kernel_each_paper_number_came_from(tmp_path):
     cells = {(c['kernel'], c['task']): c for c in csv.DictReader(f)}
   assert cells['performer (LRA)', 'listops']['paper_kernel'] == 'performer-lra-listops'
   assert cells['performer (LRA)', 'text']['paper_kernel'] == 'performer-relu-det'
+
+
+def test_report_and_workdir_share_one_fingerprint(tmp_path, monkeypatch):
+  """Issue 23 item 9: the report groups seeds with the workdir's definition of "the same run"
+  (kernelformer.training.fingerprint.config_fields): a field it excludes never splits a row, a nested
+  field it keeps always does."""
+  from kernelformer.training import fingerprint as fp  # pylint: disable=g-import-not-at-top
+
+  def rows(name, edit_a, edit_b):
+    root = tmp_path / name
+    _results_dir(root, 'a', steps=400, seed=0, acc=0.3)
+    _results_dir(root, 'b', steps=400, seed=1, acc=0.5)
+    for run, edit in (('a', edit_a), ('b', edit_b)):
+      path = root / run / 'results.json'
+      r = json.loads(path.read_text())
+      edit(r['config'])
+      path.write_text(json.dumps(r))
+    return report_lib.build(str(root)).labels
+
+  def setter(dotted, value):
+    def edit(config):
+      node = config
+      *parents, leaf = dotted.split('.')
+      for p in parents:
+        node = node.setdefault(p, {})
+      node[leaf] = value
+    return edit
+
+  # Every field the workdir ignores is ignored by the report (one row, two seeds averaged).
+  for field in fp.EXCLUDED:
+    assert rows(f'ex-{field}', setter(field, 1), setter(field, 2)) == ['posrf-orf'], field
+  # Nested fields that change the run split rows, at every depth.
+  for field in ('model.attention.num_features', 'model.num_layers', 'data.max_length'):
+    labels = rows(f'in-{field}', setter(field, 16), setter(field, 32))
+    assert len(labels) == 2 and all(field.rsplit('.', 1)[1] in l for l in labels), (field, labels)
+  # The report calls that one function (not a copy of it).
+  calls = []
+  real = fp.config_fields
+  monkeypatch.setattr(fp, 'config_fields', lambda *a, **k: calls.append(k) or real(*a, **k))
+  rows('spy', setter('log_every', 1), setter('log_every', 2))
+  assert calls and all(k.get('without') == ('seed',) for k in calls)
+
+
+def test_workdir_fingerprint_ignores_aliases_like_the_report(tmp_path):
+  from kernelformer.training import fingerprint as fp  # pylint: disable=g-import-not-at-top
+  a = fp.config_fields({'seed': 0, 'model': {'attention': {'kind': 'performer', 'impl': 'xla'}}})
+  b = fp.config_fields({'seed': 0, 'model': {'attention': {'kind': 'posrf-orf', 'impl': 'pallas'}}})
+  assert a == b and fp.differences(a, b) == []
+  # A record written with the alias (before kinds were canonicalised) is not "another config".
+  assert fp.differences({'model.attention.kind': 'performer', 'seed': 0}, b) == []
