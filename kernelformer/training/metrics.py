@@ -28,22 +28,38 @@ class MetricsWriter:
     self._tb = None
     self._jsonl = None
     if enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      # TensorBoard events are written here, in this thread (tensorboardX's EventsWriter), not by
+      # SummaryWriter's background thread: a write that fails there (a full disk) kills that thread
+      # with a traceback and the next event blocks forever on its full queue.
+      from tensorboardX.event_file_writer import EventsWriter  # pylint: disable=g-import-not-at-top
       path = os.path.join(workdir, 'metrics.jsonl')
+      tb_dir = os.path.join(workdir, 'tensorboard')
       try:
-        self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+        os.makedirs(tb_dir, exist_ok=True)
+        self._tb = EventsWriter(os.path.join(tb_dir, 'events'))
+        self._tb_path = self._tb._file_name  # pylint: disable=protected-access
+      except OSError as e:
+        raise workdir_lib.write_error(tb_dir, e, workdir) from None
+      try:
         self._jsonl = open(path, 'a', encoding='utf-8')
       except OSError as e:
-        raise workdir_lib.write_error(path if self._tb else os.path.join(workdir, 'tensorboard'), e,
-                                      workdir) from None
+        raise workdir_lib.write_error(path, e, workdir) from None
 
   def write(self, split: str, step: int, values: dict[str, Any]) -> None:
     if not self.enabled:
       return
-    for k, v in values.items():
-      if isinstance(v, (int, float, np.floating, np.integer)):
-        self._tb.add_scalar(f'{split}/{k}', float(v), step)
-    line = json.dumps({'split': split, 'step': int(step), 'time': time.time(),
+    from tensorboardX import summary as tb_summary  # pylint: disable=g-import-not-at-top
+    from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+    now = time.time()
+    try:
+      for k, v in values.items():
+        if isinstance(v, (int, float, np.floating, np.integer)):
+          self._tb.write_event(event_pb2.Event(wall_time=now, step=int(step),
+                                               summary=tb_summary.scalar(f'{split}/{k}', float(v))))
+      self._tb.flush()
+    except OSError as e:
+      raise workdir_lib.write_error(self._tb_path, e, self.workdir) from None
+    line = json.dumps({'split': split, 'step': int(step), 'time': now,
                        **{k: _plain(v) for k, v in values.items()}}) + '\n'
     try:
       self._jsonl.write(line)
@@ -61,11 +77,11 @@ class MetricsWriter:
 
   def close(self) -> None:
     if self.enabled:
-      self._tb.close()
-      try:
-        self._jsonl.close()
-      except OSError:
-        pass  # every event was flushed when written; a failed one has raised already
+      for f in (self._tb, self._jsonl):
+        try:
+          f.close()
+        except OSError:
+          pass  # every event was flushed when written; a failed one has raised already
 
 
 def _plain(v):

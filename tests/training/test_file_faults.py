@@ -134,3 +134,19 @@ def test_checkpoint_module_prints_no_override_warning():
                      timeout=120)
   assert p.returncode == 0, p.stderr
   assert 'overriding' not in p.stderr and 'type_handler_registry' not in p.stderr, p.stderr
+
+
+def test_tensorboard_events_on_a_full_disk(tmp_path):
+  """Events are written in the caller's thread: a full disk is one line, not a dead background thread
+  (whose full queue would then block the run)."""
+  writer = metrics_lib.MetricsWriter(str(tmp_path))
+  writer.write('train', 1, {'loss': 1.0})
+  events = [n for n in os.listdir(tmp_path / 'tensorboard') if n.startswith('events.out.tfevents.')]
+  assert len(events) == 1 and os.path.getsize(tmp_path / 'tensorboard' / events[0]) > 0
+  # The disk fills: the event file's writes now fail.
+  path = tmp_path / 'tensorboard' / events[0]
+  writer._tb._py_recordio_writer._writer = open(FULL, 'wb')  # pylint: disable=protected-access
+  with pytest.raises(workdir_lib.RunError) as e:
+    writer.write('train', 2, {'loss': 1.0})
+  assert f'could not write {path} (No space left on device)' in one_line(e)
+  writer.close()
