@@ -62,7 +62,7 @@ _ACTIVE = {'workdir': None, 'locks': []}   # the run's workdir once known; the l
 
 
 def active_workdir() -> Optional[str]:
-  """The workdir of the run in this process (set when its lock is taken), or None before that."""
+  """The workdir of the run in this process (set when its ``WorkdirLock`` is made), or None before."""
   return _ACTIVE['workdir']
 
 
@@ -285,6 +285,7 @@ class WorkdirLock:
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, 'lock')
     self._held = False
+    set_active_workdir(workdir)   # every process of the run (only the lead takes the lock)
 
   def acquire(self) -> None:
     host = socket.gethostname()
@@ -302,7 +303,6 @@ class WorkdirLock:
           os.link(tmp, self.path)
           self._held = True
           _ACTIVE['locks'].append(self)
-          set_active_workdir(os.path.dirname(self.path))
           return
         except FileExistsError:
           pass

@@ -2,13 +2,12 @@
 the earlier file as it was; reads are bounded; a file-size limit and orbax's own output end in one line.
 
 Full disks are links to /dev/full (every write fails with ENOSPC); file-size limits are RLIMIT_FSIZE
-set in a child process (EFBIG: Python ignores SIGXFSZ, and so does the training process).
+set before a child process starts (EFBIG: Python ignores SIGXFSZ, and so does the training process).
 """
 from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -102,10 +101,13 @@ def test_results_on_a_full_disk_at_the_end_of_a_run_then_the_same_command_finish
   assert json.loads((workdir / 'results.json').read_text())['test_accuracy'] == results['test_accuracy']
 
 
-def _fsize_limit(limit):
-  def preexec():
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-  return preexec
+def _with_fsize_limit(limit, argv):
+  """``argv`` (a python command) run under RLIMIT_FSIZE ``limit``: set in a small python that then execs
+  it (no preexec_fn: forking this multithreaded jax process could deadlock)."""
+  setter = ('import os, resource, sys; '
+            f'resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); '
+            'os.execv(sys.executable, [sys.executable, *sys.argv[1:]])')
+  return [sys.executable, '-c', setter, *argv]
 
 
 def test_file_size_limit_ends_in_one_line(tmp_path):
@@ -113,11 +115,11 @@ def test_file_size_limit_ends_in_one_line(tmp_path):
   exit 1, and no other output at all (no 'overriding jax.Array' warning at start)."""
   data = tmp_path / 'data'
   helpers.tiny_config(data)
-  p = subprocess.run([sys.executable, '-m', 'kernelformer', 'train', '--config', 'listops:tiny',
-                      f'--workdir={tmp_path / "run"}', f'--config.data.data_dir={data}',
-                      '--config.progress=False'],
-                     preexec_fn=_fsize_limit(20_000), capture_output=True, text=True, cwd=ROOT,
-                     env={**os.environ, 'PYTHONPATH': ROOT}, timeout=300)
+  p = subprocess.run(_with_fsize_limit(20_000, [
+      '-m', 'kernelformer', 'train', '--config', 'listops:tiny', f'--workdir={tmp_path / "run"}',
+      f'--config.data.data_dir={data}', '--config.progress=False']),
+                     capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
+                     timeout=300)
   assert p.returncode == 1, p.stderr[-3000:]
   lines = p.stderr.strip().splitlines()
   assert len(lines) == 1, p.stderr[-5000:]
