@@ -65,6 +65,8 @@ class RunRecord:
     if not isinstance(config, dict):
       return None
     flat = fp.config_fields(config, without=FINGERPRINT_IGNORES)
+    for k, v in fp.ADDED_FIELDS.items():   # a run from before the field existed had its known value
+      flat.setdefault(k, v)
     if self.preset is not None:
       flat['(preset)'] = self.preset
     return tuple(sorted((k, json.dumps(v, sort_keys=True, default=str)) for k, v in flat.items()))

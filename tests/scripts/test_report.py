@@ -269,6 +269,9 @@ def test_report_and_workdir_share_one_fingerprint(tmp_path, monkeypatch):
   for field in ('model.attention.num_features', 'model.num_layers', 'data.max_length'):
     labels = rows(f'in-{field}', setter(field, 16), setter(field, 32))
     assert len(labels) == 2 and all(field.rsplit('.', 1)[1] in l for l in labels), (field, labels)
+  # A run from before a field was added (fp.ADDED_FIELDS) had its known value, as in the workdir.
+  for field, value in fp.ADDED_FIELDS.items():
+    assert rows(f'added-{field}', setter(field, value), lambda c: None) == ['posrf-orf'], field
   # The report calls that one function (not a copy of it).
   calls = []
   real = fp.config_fields
