@@ -141,6 +141,38 @@ ModuleFactory = Callable[..., nn.Module]
 # ----------------------------------------------------------------------------------------------------
 
 
+# Where registered user code lives: ('component' | 'sampler' | 'mechanism', name) -> absolute file path.
+# ``sources(kind)`` combines them, so results.json names the files a run's kernel came from.
+_SOURCES: dict[tuple[str, str], str] = {}
+
+
+def _source_file(obj: Any) -> str:
+  import inspect  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  try:
+    path = inspect.getsourcefile(obj)
+  except TypeError:
+    path = None
+  if not path:
+    path = getattr(sys.modules.get(getattr(obj, '__module__', ''), None), '__file__', None)
+  return os.path.abspath(path) if path else ''
+
+
+def sources(name: str) -> list[str]:
+  """Files of user code (plugins, config files) that registered a part of kernel ``name``: its
+  component, its sampler or the whole mechanism; empty for a built-in."""
+  spec = get(name)
+  keys = [('mechanism', spec.name.lower()), ('component', spec.fixed.get('component', '')),
+          ('sampler', spec.fixed.get('weights', ''))]
+  out = []
+  for key in keys:
+    path = _SOURCES.get(key)
+    if path and path not in out:
+      out.append(path)
+  return out
+
+
 class KernelPluginError(UnknownKernelError):
   """A plugin (``config.model.attention.plugin``) that cannot be found; the message says where we looked."""
 
@@ -161,6 +193,7 @@ def register_component(name: str, fn: Callable | None = None, *, target_kernel: 
     from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
     from kernelformer.features import components  # pylint: disable=g-import-not-at-top
     components.register_component(name, f, target_kernel=target_kernel, parts=parts, positive=positive)
+    _SOURCES[('component', name)] = _source_file(f)
     random_features.register_grid_entries(component=name, paper=paper, approximates=approximates)
     return f
   return decorate if fn is None else decorate(fn)
@@ -177,6 +210,7 @@ def register_sampler(name: str, fn: Callable | None = None, *, paper: str = ''):
     from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
     from kernelformer.features import weights  # pylint: disable=g-import-not-at-top
     weights.register_sampler(name, f)
+    _SOURCES[('sampler', name)] = _source_file(f)
     random_features.register_grid_entries(sampler=name, paper=paper)
     return f
   return decorate if fn is None else decorate(fn)
@@ -193,6 +227,7 @@ def register_mechanism(name: str, module: type[nn.Module] | None = None, **spec_
   def decorate(cls):
     _ensure_loaded()
     register(AttentionSpec(name=name, module=cls, **spec_fields))
+    _SOURCES[('mechanism', name.lower())] = _source_file(cls)
     return cls
   return decorate if module is None else decorate(module)
 

@@ -6,8 +6,8 @@ usage:
 For each kernel (or the NAMEs given; aliases accepted): its aliases, the paper and equation it
 implements, the kernel it computes or estimates, its cost, learnable parameters, whether it accepts
 Luo et al.'s relative-position bias (--config.model.attention.rpe=True), and its options with their
-defaults (set with --config.model.attention.OPTION=VALUE). --plugin imports a module that registers
-kernels of its own first (docs/extending.md), as --config.model.attention.plugin does for train.
+defaults (set with --config.model.attention.OPTION=VALUE). --plugin (a flag of every kernelformer
+command) imports a module that registers kernels of its own first (docs/extending.md).
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from absl import app, flags
 
 from kernelformer.commands import _common
 
-_PLUGIN = flags.DEFINE_string('plugin', '', 'Import this .py file or module (comma-separated) first.')
 _NAMES = flags.DEFINE_bool('names', False, 'Only the canonical names, one per line.')
 _ALIASES = flags.DEFINE_bool('aliases', False, 'With --names: the aliases too, as "alias -> name".')
 
@@ -58,8 +57,7 @@ def describe(spec) -> str:
 
 
 def _main(argv):
-  from kernelformer import plugins, registry  # pylint: disable=g-import-not-at-top
-  plugins.load(_PLUGIN.value)
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
   if _NAMES.value:
     names = registry.list_kernels()
     if _ALIASES.value:

@@ -269,9 +269,11 @@ def point_dirname(point: Point) -> str:
 def _import_file(path: str, module_name: str):
   if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)  # config files import ``configs.common``
+  from kernelformer import plugins  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  with plugins.config_dir_on_path(path):  # a config file may ``import my_kernels`` beside it
+    spec.loader.exec_module(module)
   return module
 
 

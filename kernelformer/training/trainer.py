@@ -473,6 +473,7 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
   results = {
       'task': config.data.task,
       'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
+      'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
       'test_accuracy': test['accuracy'],
       'test_loss': test['loss'],
       'test_examples': test['examples'],
