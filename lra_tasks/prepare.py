@@ -110,7 +110,7 @@ def load_config(spec: str):
 
 def default_config(task: str):
   """The task's default config (its ``lra`` preset): what ``--task`` alone prepares."""
-  return importlib.import_module(f'configs.{task}').get_config()
+  return importlib.import_module(f'kernelformer.configs.{task}').get_config()
 
 
 def make_request(task: str, config, args: Sequence[str] = (), *, data_dir: str | None = None,

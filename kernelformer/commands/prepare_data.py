@@ -1,13 +1,16 @@
 """Get each LRA task's data where its config looks for it, verified; or check what is there.
 
-  python scripts/prepare_data.py --task listops --data_dir data          # seeded generator (LRA sizes)
-  python scripts/prepare_data.py --task text --data_dir data             # TFDS imdb_reviews, array_record
-  python scripts/prepare_data.py --task image --data_dir data            # TFDS cifar10, array_record
-  python scripts/prepare_data.py --task retrieval --data_dir data --source lra_release.gz
-  python scripts/prepare_data.py --task pathfinder --data_dir data --source lra_release.gz \\
-      --resolution 32,128 --difficulty hard                              # Pathfinder and Path-X
-  python scripts/prepare_data.py --task all --data_dir data --source lra_release.gz
-  python scripts/prepare_data.py --task all --data_dir data --check      # exit 0 iff all is there
+  python scripts/prepare_data.py --task listops                 # seeded generator (LRA sizes)
+  python scripts/prepare_data.py --task text                    # TFDS imdb_reviews, array_record
+  python scripts/prepare_data.py --task image                   # TFDS cifar10, array_record
+  python scripts/prepare_data.py --task retrieval --source lra_release.gz
+  python scripts/prepare_data.py --task pathfinder --source lra_release.gz \\
+      --resolution 32,128 --difficulty hard                     # Pathfinder and Path-X
+  python scripts/prepare_data.py --task all --source lra_release.gz
+  python scripts/prepare_data.py --check                        # every task; exit 0 iff all is there
+
+The files go to the data directory every config reads by default: $KERNELFORMER_DATA if set, else
+~/.cache/kernelformer/data ($XDG_CACHE_HOME/kernelformer/data); --data_dir DIR picks another.
 
 ``--source`` is LRA's release archive (``lra_release.gz``, streamed: only the needed members are
 written) or the folder it was extracted to. ``--config FILE.py[:PRESET]`` (repeatable) prepares what
@@ -42,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                  help='listops, text, retrieval, image, pathfinder or all; a comma-separated list works')
   p.add_argument('--config', action='append', default=[], metavar='FILE.py[:PRESET]',
                  help='prepare what this config needs (repeatable); its data.task is the task')
-  p.add_argument('--data_dir', default=None, help="root of every task's files (default: the config's)")
+  p.add_argument('--data_dir', default=None,
+                 help="root of every task's files (default: the config's: $KERNELFORMER_DATA, else "
+                      '~/.cache/kernelformer/data)')
   p.add_argument('--tfds_data_dir', default=None,
                  help='TFDS data dir for text/image (default: the config\'s, else --data_dir)')
   p.add_argument('--source', default=None,
@@ -121,6 +126,9 @@ def main(argv: list[str]) -> int:
   except common.DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  for data_dir in dict.fromkeys(str(s.request.data.data_dir) for s in statuses):
+    print(data_location.describe(data_dir))
   for status in statuses:
     print('\n'.join(prepare.format_status(status)))
   ok = all(s.ok for s in statuses)
@@ -134,7 +142,9 @@ def _enwik8(args) -> int:
   ``--check`` verifies the file against its manifest. See lra_tasks/enwik8.py."""
   from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  data = ml_collections.ConfigDict({'data_dir': args.data_dir or 'data', 'num_bytes': enwik8.NUM_BYTES})
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  data = ml_collections.ConfigDict({'data_dir': args.data_dir or data_location.default_data_dir(),
+                                    'num_bytes': enwik8.NUM_BYTES})
   try:
     if not args.check:
       enwik8.prepare_data(data, zip_path=args.source)

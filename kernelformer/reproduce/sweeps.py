@@ -36,7 +36,8 @@ import traceback
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SWEEPS_DIR = os.path.join(REPO_ROOT, 'configs', 'sweeps')
+# The task configs ship as kernelformer.configs (a checkout's configs/ folder; kernelformer/configs links to it).
+SWEEPS_DIR = os.path.join(REPO_ROOT, 'kernelformer', 'configs', 'sweeps')
 KIND_KEY = 'model.attention.kind'
 SEED_KEY = 'seed'
 POINT_FILE = 'sweep_point.json'
@@ -268,7 +269,7 @@ def point_dirname(point: Point) -> str:
 
 def _import_file(path: str, module_name: str):
   if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # config files import ``configs.common``
+    sys.path.insert(0, REPO_ROOT)  # config files import ``kernelformer.configs.common``
   from kernelformer import plugins  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
@@ -508,6 +509,10 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
     else:
       todo.append(r)
   log(f'sweep {sweep.name}: {len(runs)} runs, {counts["done"]} finished, {len(todo)} to run')
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  for data_dir in sorted({str(point_config(r.point, r.common).data.data_dir) for r in todo
+                          if not r.error}):
+    log(data_location.describe(data_dir))
   if parallel and parallel > 0:
     _run_parallel(todo, sweep_dir, parallel, counts, log)
     return counts

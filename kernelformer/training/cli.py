@@ -84,10 +84,13 @@ def run(get_config: Callable, workdir: str) -> dict:
   maybe_initialize_distributed()
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
   config = get_config()
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+    print(data_location.describe(config.data.data_dir), flush=True)
   results = trainer.train_and_evaluate(config, workdir)
   from kernelformer.training import peers  # pylint: disable=g-import-not-at-top
   peers.stop()  # finished: slower peers must not take this process's exit for a death
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0 and getattr(results, 'status', '') == 'finished':
     print(f"this run is finished (step {results['final_step']}, test accuracy "
           f"{results['test_accuracy']:.4f}); nothing changed; --config.reevaluate=True re-tests it, "

@@ -1,0 +1,75 @@
+"""One rule for where data lives (kernelformer/data_location.py), the same from any directory, and the
+package layout that goes with it: configs inside the package, the code version of a run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from kernelformer import data_location
+from kernelformer.training import workdir as workdir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_default_data_dir_env_then_xdg_then_home(monkeypatch, tmp_path):
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  monkeypatch.delenv('XDG_CACHE_HOME', raising=False)
+  monkeypatch.delenv('KERNELFORMER_DATA', raising=False)
+  assert data_location.default_data_dir() == str(tmp_path / 'home' / '.cache' / 'kernelformer' / 'data')
+  monkeypatch.setenv('XDG_CACHE_HOME', 'relative/cache')   # the XDG rule ignores a relative path
+  assert data_location.default_data_dir() == str(tmp_path / 'home' / '.cache' / 'kernelformer' / 'data')
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+  assert data_location.default_data_dir() == str(tmp_path / 'xdg' / 'kernelformer' / 'data')
+  monkeypatch.setenv('KERNELFORMER_DATA', '~/mydata')
+  assert data_location.default_data_dir() == str(tmp_path / 'home' / 'mydata')
+  assert 'KERNELFORMER_DATA' in data_location.describe(str(tmp_path / 'home' / 'mydata'))
+  assert data_location.describe('elsewhere').endswith('(config.data.data_dir)')
+  # Every packaged task config takes it as its default; an explicit value is just a field.
+  from kernelformer.configs import listops, text
+  assert listops.get_config('tiny').data.data_dir == str(tmp_path / 'home' / 'mydata')
+  assert text.get_config().data.data_dir == str(tmp_path / 'home' / 'mydata')
+
+
+def test_prepare_and_check_from_any_folder_use_the_per_user_cache(tmp_path):
+  """From an unrelated folder, with no KERNELFORMER_DATA: the files go to ~/.cache/kernelformer/data
+  (HOME is a temporary folder here) and nothing is written into the current directory."""
+  home, cwd = tmp_path / 'home', tmp_path / 'cwd'
+  home.mkdir()
+  cwd.mkdir()
+  env = {k: v for k, v in os.environ.items() if k not in ('KERNELFORMER_DATA', 'XDG_CACHE_HOME')}
+  env.update(HOME=str(home), PYTHONPATH=ROOT, JAX_PLATFORMS='cpu')
+  run = lambda *a: subprocess.run([sys.executable, '-m', 'kernelformer', 'prepare-data', *a],
+                                  capture_output=True, text=True, env=env, cwd=str(cwd), timeout=300)
+  proc = run('--config', 'listops:tiny')
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  expected = home / '.cache' / 'kernelformer' / 'data'
+  written = {f for _, _, files in os.walk(expected / 'listops') for f in files}
+  assert {'basic_train.tsv', 'basic_val.tsv', 'basic_test.tsv', 'MANIFEST.json'} <= written, written
+  assert os.listdir(cwd) == []
+  proc = run('--check', '--config', 'listops:tiny')
+  assert proc.returncode == 0, proc.stdout[-2000:]
+  assert proc.stdout.splitlines()[0] == f'data: {expected} (the per-user default; set $KERNELFORMER_DATA ' \
+      'or --config.data.data_dir to move it)'
+  assert os.listdir(cwd) == []
+
+
+def test_code_version_has_the_package_version_and_a_checkout_commit(monkeypatch, tmp_path):
+  v = workdir_lib.code_version()
+  assert v['package_version'] and len(v.get('git_commit', '')) == 40   # this checkout
+  # An installed copy (no .git beside the package) records only the package version.
+  fake = tmp_path / 'site-packages' / 'kernelformer' / 'training' / 'workdir.py'
+  monkeypatch.setattr(workdir_lib, '__file__', str(fake))
+  assert set(workdir_lib.code_version()) == {'package_version'}
+
+
+def test_no_top_level_configs_package_is_installed():
+  """pyproject ships the configs as kernelformer.configs (a link to configs/), not as ``configs``."""
+  with open(os.path.join(ROOT, 'pyproject.toml'), encoding='utf-8') as f:
+    text = f.read()
+  include = [l for l in text.splitlines() if l.startswith('include = ')]
+  assert include == ['include = ["kernelformer*", "lra_tasks*"]']
+  assert os.path.realpath(os.path.join(ROOT, 'kernelformer', 'configs')) == \
+      os.path.realpath(os.path.join(ROOT, 'configs'))
+  from kernelformer.configs import common   # the configs import each other this way
+  assert os.path.realpath(common.__file__) == os.path.realpath(os.path.join(ROOT, 'configs', 'common.py'))
