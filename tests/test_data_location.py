@@ -73,3 +73,20 @@ def test_no_top_level_configs_package_is_installed():
       os.path.realpath(os.path.join(ROOT, 'configs'))
   from kernelformer.configs import common   # the configs import each other this way
   assert os.path.realpath(common.__file__) == os.path.realpath(os.path.join(ROOT, 'configs', 'common.py'))
+
+
+def test_check_without_a_task_checks_every_task(tmp_path):
+  """``prepare-data --check`` alone: every task, ListOps (generated from its seed) "will be generated on
+  first use" rather than missing; the others missing, so it exits 1."""
+  env = {**os.environ, 'KERNELFORMER_DATA': str(tmp_path), 'PYTHONPATH': ROOT, 'JAX_PLATFORMS': 'cpu'}
+  proc = subprocess.run([sys.executable, '-m', 'kernelformer', 'prepare-data', '--check'],
+                        capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=300)
+  heads = [l for l in proc.stdout.splitlines() if l.startswith(('[', 'data: '))]
+  assert proc.returncode == 1 and heads == [
+      f'data: {tmp_path} ($KERNELFORMER_DATA)',
+      f'[listops] will be generated on first use (seeded generator) into {tmp_path}/listops',
+      '[text max_length=1000] MISSING', '[retrieval max_length=4000] MISSING', '[image] MISSING',
+      '[pathfinder 32x32 hard (pathfinder32/curv_contour_length_14)] MISSING', '[enwik8] MISSING',
+  ], proc.stdout + proc.stderr
+  assert proc.stdout.splitlines()[-1] == '5 of 6 not ready (see above)'
+  assert os.listdir(tmp_path) == []   # a check writes nothing

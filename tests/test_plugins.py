@@ -168,7 +168,7 @@ def test_doc_commands_train_sweep_and_report_a_plugin_kernel(tmp_path):
 
 CONFIG_FILE = '''
 import my_kernels  # noqa: F401  (beside this file: no PYTHONPATH needed)
-from configs import listops
+from kernelformer.configs import listops
 
 
 def get_config(preset='tiny'):

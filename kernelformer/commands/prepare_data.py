@@ -83,6 +83,8 @@ def build_requests(args: argparse.Namespace) -> list[prepare.Request]:
     raise common.DataError(f'unknown task(s) {", ".join(unknown)}; valid: '
                            f'{", ".join(prepare.TASKS)}, all')
   configs = [(spec, prepare.load_config(spec)) for spec in args.config]
+  if not tasks and not configs and args.check:
+    tasks = list(prepare.TASKS)   # --check alone: every task's default config
   if not tasks and not configs:
     raise common.DataError('say what to prepare: --task (or --config FILE.py[:PRESET])')
   covered = {c.data.task for _, c in configs}
@@ -131,13 +133,15 @@ def main(argv: list[str]) -> int:
     print(data_location.describe(data_dir))
   for status in statuses:
     print('\n'.join(prepare.format_status(status)))
-  ok = all(s.ok for s in statuses)
-  print('all present' if ok else
-        f'{sum(not s.ok for s in statuses)} of {len(statuses)} not ready (see above)')
+  oks = [s.ok for s in statuses]
+  if args.check and not args.task and not args.config:   # every task: the byte-level LM's too
+    oks.append(_enwik8(args, summary=False) == 0)
+  ok = all(oks)
+  print('all present' if ok else f'{oks.count(False)} of {len(oks)} not ready (see above)')
   return 0 if ok else 1
 
 
-def _enwik8(args) -> int:
+def _enwik8(args, summary: bool = True) -> int:
   """``--task enwik8``: download enwik8.zip once (or ``--source`` a local zip), extract, manifest;
   ``--check`` verifies the file against its manifest. See lra_tasks/enwik8.py."""
   from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
@@ -152,9 +156,11 @@ def _enwik8(args) -> int:
   except (common.DataError, OSError) as e:
     print(f'error: enwik8: {e}', file=sys.stderr)
     return 1
+  print(f'[enwik8] {"MISSING" if problems else "OK"}')
   for line in problems:
-    print(f'enwik8: {line}')
-  print('all present' if not problems else 'enwik8 not ready (see above)')
+    print(f'  {line}')
+  if summary:
+    print('all present' if not problems else 'enwik8 not ready (see above)')
   return 0 if not problems else 1
 
 
