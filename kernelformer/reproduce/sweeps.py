@@ -185,10 +185,8 @@ def expand(sweep: Sweep) -> Sweep:
       canonical[k] = registry.get(k).name
     except registry.UnknownKernelError:
       unknown.append(k)
-  listed = registry.list_kernels()
   if unknown:
-    raise SweepError(f'sweep {sweep.name!r}: unknown attention kind(s) {", ".join(unknown)}. '
-                     f'Valid kinds: {", ".join(listed)}.')
+    raise SweepError(f'sweep {sweep.name!r}: {registry.unknown_message(unknown)}')
 
   def fix(overrides: Overrides) -> Overrides:
     return tuple((k, canonical[str(v)] if k == KIND_KEY and v is not None else v) for k, v in overrides)
