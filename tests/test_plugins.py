@@ -140,6 +140,9 @@ def test_doc_commands_train_sweep_and_report_a_plugin_kernel(tmp_path):
   proc = subprocess.run(['bash', '-e', '-o', 'pipefail', '-c', doc_commands()], capture_output=True,
                         text=True, env=e, cwd=str(tmp_path), timeout=900)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  # No warning on the normal path (absl's W..., Python's warnings, orbax's handler override).
+  noise = [l for l in re.split(r'[\r\n]', proc.stderr) if re.match(r'\s*(W\d{4} |WARNING|warning|\S+Warning)', l)]
+  assert not noise, noise
   listed = proc.stdout.split('\n| ')[0].split()
   assert {'myprf-orf', 'myprf-antithetic', 'posrf-antithetic', 'grelu-antithetic',
           'myprf-fastfoodl'} <= set(listed), listed

@@ -39,8 +39,17 @@ def _register_array_handler() -> None:
   # Replica-parallel saving slices every replicated array across devices with one small jit per
   # parameter shape (70+ compilations for a tiny model, seconds per run); our state is replicated and
   # modest, so one replica writing whole arrays is faster.
-  ocp.type_handlers.register_type_handler(
-      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  # The override is deliberate: orbax's public register_type_handler has no ignore_warnings, so its
+  # one "Type handler registry type ... overriding jax.Array" line is dropped here, at its only source.
+  import logging  # pylint: disable=g-import-not-at-top
+  quiet = lambda record: not str(record.msg).startswith('Type handler registry type')
+  logger = logging.getLogger('absl')
+  logger.addFilter(quiet)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  finally:
+    logger.removeFilter(quiet)
 
 
 _register_array_handler()
