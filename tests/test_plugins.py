@@ -153,6 +153,9 @@ def test_doc_commands_train_sweep_and_report_a_plugin_kernel(tmp_path):
   digest = hashlib.sha256(open(plugin, 'rb').read()).hexdigest()
   assert r['plugins'] == [{'file': plugin, 'sha256': digest}]
   assert r['config']['model']['attention']['plugin'] == plugin
+  # The train command's progress bar (the first one drawn) ends at the final line's steps/s.
+  bars = [l for l in re.split(r'[\r\n]', proc.stderr) if re.search(r' (\d+)/\1 \[.* steps/s', l)]
+  assert bars and f"{r['steps_per_sec']:.1f} steps/s" in bars[0], (bars[:1], r['steps_per_sec'])
   # sweep: a built-in, the plugin's component and the plugin's sampler with a built-in component.
   results = {}
   for root, _, files in os.walk(tmp_path / 'runs' / 'sweeps' / 'mine'):
