@@ -57,9 +57,17 @@ def test_prepare_and_check_from_any_folder_use_the_per_user_cache(tmp_path):
 def test_code_version_has_the_package_version_and_a_checkout_commit(monkeypatch, tmp_path):
   v = workdir_lib.code_version()
   assert v['package_version'] and len(v.get('git_commit', '')) == 40   # this checkout
-  # An installed copy (no .git beside the package) records only the package version.
-  fake = tmp_path / 'site-packages' / 'kernelformer' / 'training' / 'workdir.py'
-  monkeypatch.setattr(workdir_lib, '__file__', str(fake))
+  # An installed copy records only the package version, even in a virtualenv inside some other git
+  # repository (whose commit says nothing about the installed code).
+  project = tmp_path / 'project'
+  site = project / '.venv' / 'lib' / 'site-packages'
+  (site / 'kernelformer' / 'training').mkdir(parents=True)
+  git = {**os.environ, 'GIT_AUTHOR_NAME': 't', 'GIT_AUTHOR_EMAIL': 't@t', 'GIT_COMMITTER_NAME': 't',
+         'GIT_COMMITTER_EMAIL': 't@t'}
+  subprocess.run(['git', 'init', '-q', str(project)], check=True, env=git)
+  subprocess.run(['git', '-C', str(project), 'commit', '-q', '--allow-empty', '-m', 'x'], check=True,
+                 env=git)
+  monkeypatch.setattr(workdir_lib, '__file__', str(site / 'kernelformer' / 'training' / 'workdir.py'))
   assert set(workdir_lib.code_version()) == {'package_version'}
 
 
