@@ -127,7 +127,7 @@ def test_every_preset_names_its_source_in_the_docstring(task):
 
 def test_a_changed_preset_makes_the_table_stale(monkeypatch):
   """The pin works: a one-field change in a config is a table difference."""
-  module = importlib.import_module('configs.pathfinder')
+  module = presets.task_module('pathfinder')   # the module the table reads (kernelformer.configs)
   original = module.get_config
 
   def changed(preset='lra'):
