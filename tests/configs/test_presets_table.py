@@ -1,7 +1,6 @@
 """Every preset is pinned: to the generated table in docs/reproduce.md, and the LRA ones to upstream values."""
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
