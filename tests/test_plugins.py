@@ -46,8 +46,11 @@ plugins.load(sys.argv[1]); plugins.load(sys.argv[1])   # idempotent: a second lo
 names = set(registry.list_kernels())
 assert {'myprf-orf', 'myprf-antithetic', 'posrf-antithetic', 'trigrf-antithetic'} <= names
 from kernelformer.features import components, weights
-# Every projection component (built-in, grelu, the plugin's) with every sampler (fixed, the plugin's).
-for c in [c for c in components.COMPONENTS if components.uses_projection(c)]:
+# Every grid component (built-in, grelu, the plugin's) with every sampler (fixed, the plugin's); the
+# grid's components are those with an i.i.d. kernel (not e.g. posrf_lra, one paper's fixed setting).
+grid = [c for c in components.COMPONENTS if components.uses_projection(c) and f'{c}-iid' in names]
+assert {'trigrf', 'rks', 'posrf', 'hyperbolic', 'oprf', 'saderf', 'grelu', 'myprf'} <= set(grid), grid
+for c in grid:
   for s in weights.SAMPLERS:
     registry.get(f'{c}-{s}')
 registry.get('myprf-fastfoodl')   # learnable FastFood, as every built-in grid component has
