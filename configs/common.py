@@ -9,6 +9,8 @@ import dataclasses
 import ml_collections
 from ml_collections import config_dict
 
+from kernelformer import data_location
+
 
 def attention_config(kind: str = 'softmax') -> ml_collections.ConfigDict:
   """``config.model.attention``: the kind plus every option any registered mechanism reads.
@@ -44,7 +46,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.task = ''                      # lra_tasks name
-  c.data.data_dir = 'data'              # root of every task's files (see docs/data.md, "Getting the data")
+  c.data.data_dir = data_location.default_data_dir()  # $KERNELFORMER_DATA, else ~/.cache/kernelformer/data (docs/data.md)
   c.data.max_length = 1000              # tokens per example (per document for Retrieval)
 
   c.model = ml_collections.ConfigDict()

@@ -20,7 +20,7 @@ test split's non-overlapping windows, each byte predicted from its window only).
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('luo', 'quick', 'tiny')
 

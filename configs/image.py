@@ -39,7 +39,7 @@ Validation is 10% of CIFAR-10's train split (seeded; LRA took train[90%:]).
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'

@@ -33,7 +33,7 @@ from there.
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('lra', 'lra_paper', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = '8d3dc39bdc57d59ba806451d6c9ab2625c4b3103'

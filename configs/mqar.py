@@ -14,7 +14,7 @@ Pick the kernel with ``--config.model.attention.kind`` (causal kinds only: see d
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('quick', 'tiny')
 

@@ -45,7 +45,7 @@ Splits: the valid images of the chosen set, permuted with data.split_seed, 80/10
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('lra', 'lra_pre_ee6649e', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'

@@ -29,7 +29,7 @@ Splits: train = new_aan_pairs.train.tsv, val = .eval.tsv, test = .test.tsv.
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = '4954d9fbf071e154a56e3e651a4e3be55dd2178e'

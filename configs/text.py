@@ -35,7 +35,7 @@ Validation is 10% of IMDb's train split (seeded); LRA validated on the test spli
 """
 from __future__ import annotations
 
-from configs import common
+from kernelformer.configs import common
 
 PRESETS = ('lra', 'lra_paper', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = '4954d9fbf071e154a56e3e651a4e3be55dd2178e'

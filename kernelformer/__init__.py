@@ -2,7 +2,8 @@
 
 The package's names load on first use (PEP 562): ``import kernelformer`` costs nothing until
 ``kernelformer.registry`` / ``build_attention`` / ``list_kernels`` is touched, so the ``kernelformer``
-command can take over Ctrl-C before jax and flax load (``kernelformer.training.signals``).
+command can take over Ctrl-C before jax and flax load (``kernelformer.training.signals``), and the
+command line and the config files (``kernelformer.configs``) start without importing JAX.
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ fields, kernels, named sweeps, papers) and exits 0. The subcommands live in ``ke
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -22,13 +23,28 @@ def usage() -> str:
   lines = ['usage: kernelformer COMMAND [flags]   (kernelformer COMMAND --help for its flags)', '',
            'commands:']
   lines += [f'  {name:<14s}{summary}' for name, (_, summary) in COMMANDS.items()]
-  lines += ['', 'Kernels from your own module: --config.model.attention.plugin=FILE.py (docs/extending.md).']
+  lines += ['', 'Kernels from your own module: --plugin FILE.py|module on any command, or',
+            '--config.model.attention.plugin=FILE.py (docs/extending.md).']
   return '\n'.join(lines)
 
 
 def run_command(name: str, args: Sequence[str]) -> int:
   """Runs subcommand ``name``; user errors end in one line on stderr and a non-zero code."""
+  from kernelformer import plugins  # pylint: disable=g-import-not-at-top
   from kernelformer.commands import _common  # pylint: disable=g-import-not-at-top
+  args, plugin = plugins.split_plugin_flag(args)
+  if plugin:
+    plugins.export(plugin)  # subprocesses (sweep --parallel) load it too
+  try:
+    if os.environ.get(plugins.ENV_VAR):
+      # Before the command (and its --help) looks up any kernel name.
+      plugins.load(os.environ[plugins.ENV_VAR])
+  except Exception as e:  # pylint: disable=broad-except
+    from kernelformer import registry  # pylint: disable=g-import-not-at-top
+    if not isinstance(e, registry.KernelPluginError):
+      raise
+    print(f'error: {e}', file=sys.stderr)
+    return 2
   module = importlib.import_module(f'kernelformer.commands.{COMMANDS[name][0]}')
   try:
     return int(module.run(list(args)) or 0)
@@ -39,7 +55,6 @@ def run_command(name: str, args: Sequence[str]) -> int:
     return 2
   except BrokenPipeError:
     # The reader went away (kernelformer kernels | head): not an error; keep Python's exit flush quiet.
-    import os  # pylint: disable=g-import-not-at-top
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
   except KeyboardInterrupt:

@@ -94,19 +94,83 @@ class UnknownKernelError(ValueError):
   pass
 
 
+SEE_ALL = 'see `kernelformer kernels` for every kind'
+
+
+def nearest(name: str, n: int = 3) -> list[str]:
+  """The ``n`` registered names or aliases nearest to ``name`` (difflib's ratio), best first."""
+  _ensure_loaded()
+  return difflib.get_close_matches(str(name).lower(), list(_REGISTRY) + list(_ALIASES), n=n, cutoff=0.0)
+
+
+def unknown_message(names: list[str] | tuple[str, ...]) -> str:
+  """One line for unknown kinds: each with its three nearest names, and where to see them all."""
+  show = lambda m: f'{m} (= {_ALIASES[m]})' if m in _ALIASES else m
+  parts = [f'{n!r} (nearest: {", ".join(map(show, nearest(n)))})' for n in names]
+  return f'unknown attention kind {"; ".join(parts)}; {SEE_ALL}'
+
+
 def get(name: str) -> AttentionSpec:
   """The spec for ``name`` (case-insensitive, aliases allowed); a one-line error otherwise."""
   _ensure_loaded()
-  key = name.lower()
+  key = str(name).lower()
   key = _ALIASES.get(key, key)
   if key not in _REGISTRY:
-    valid = list_kernels()
-    close = difflib.get_close_matches(key, valid + list(_ALIASES), n=3)
-    hint = f' Did you mean {", ".join(close)}?' if close else ''
-    raise UnknownKernelError(
-        f'unknown attention kind {name!r}.{hint} Valid kinds: {", ".join(valid)} '
-        f'(aliases: {", ".join(sorted(_ALIASES))}).')
+    raise UnknownKernelError(unknown_message([name]))
   return _REGISTRY[key]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Families, for ``kernelformer kernels``: the common kernels first, then each family in turn.
+
+FAMILIES = {
+    'baselines': 'baselines: exact attention',
+    'random-features': 'random features <component>-<sampler> (Spectraformer eq. 11), by component',
+    'learnable': 'learnable random features (the spectral measure is trained)',
+    'deterministic': 'deterministic feature maps (no random W)',
+    'beyond-rf': 'beyond random features: low rank, Nystrom, and registered mechanisms',
+}
+_BASELINES = ('softmax', 'gaussian')
+_LEARNED_WEIGHTS = ('fastfoodl', 'gmm', 'generative')
+# Order within the families: the widely used first (FAVOR+ is posrf-orf, FAVOR++ oprf-orf, FAVOR# saderf-orf).
+_COMPONENT_ORDER = ('posrf', 'oprf', 'saderf', 'trigrf', 'rks', 'hyperbolic', 'grelu')
+_SAMPLER_ORDER = ('orf', 'iid', 'sorf', 'qmc', 'mm', 'sgq', 'fastfood')
+_FIRST = ('softmax', 'gaussian', 'fastfood-prf', 'fastfood-rks', 'gmm-prf', 'gmm-rks', 'generative-prf',
+          'generative-rks', 'linear-elu', 'performer-relu-det', 'relu', 'skyformer', 'nystromformer',
+          'linformer')
+
+
+def family(spec: AttentionSpec) -> str:
+  """One of ``FAMILIES`` for ``spec``."""
+  weights = spec.fixed.get('weights')
+  if spec.name in _BASELINES:
+    return 'baselines'
+  if 'component' not in spec.fixed:
+    return 'beyond-rf'
+  if weights == 'none':
+    return 'deterministic'
+  if weights in _LEARNED_WEIGHTS:
+    return 'learnable'
+  return 'random-features'
+
+
+def component_of(spec: AttentionSpec) -> str:
+  """The feature-map component of a random-feature kernel ('' for the others)."""
+  return str(spec.fixed.get('component', '')) if family(spec) == 'random-features' else ''
+
+
+def _order_key(spec: AttentionSpec) -> tuple:
+  comp, weights = spec.fixed.get('component', ''), spec.fixed.get('weights', '')
+  rank = lambda seq, x: seq.index(x) if x in seq else len(seq)
+  return (list(FAMILIES).index(family(spec)), rank(_COMPONENT_ORDER, comp), comp,
+          rank(_FIRST, spec.name), len(spec.fixed) > 2, rank(_SAMPLER_ORDER, weights), spec.name)
+
+
+def grouped_specs() -> list[AttentionSpec]:
+  """Every spec in ``kernels`` order: by family, random features by component (the common component
+  first, ORF first within one), user-registered ones after the built-ins of their group."""
+  _ensure_loaded()
+  return sorted(_REGISTRY.values(), key=_order_key)
 
 
 def build(options: Mapping[str, Any] | Any, **overrides) -> nn.Module:
@@ -141,6 +205,38 @@ ModuleFactory = Callable[..., nn.Module]
 # ----------------------------------------------------------------------------------------------------
 
 
+# Where registered user code lives: ('component' | 'sampler' | 'mechanism', name) -> absolute file path.
+# ``sources(kind)`` combines them, so results.json names the files a run's kernel came from.
+_SOURCES: dict[tuple[str, str], str] = {}
+
+
+def _source_file(obj: Any) -> str:
+  import inspect  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  try:
+    path = inspect.getsourcefile(obj)
+  except TypeError:
+    path = None
+  if not path:
+    path = getattr(sys.modules.get(getattr(obj, '__module__', ''), None), '__file__', None)
+  return os.path.abspath(path) if path else ''
+
+
+def sources(name: str) -> list[str]:
+  """Files of user code (plugins, config files) that registered a part of kernel ``name``: its
+  component, its sampler or the whole mechanism; empty for a built-in."""
+  spec = get(name)
+  keys = [('mechanism', spec.name.lower()), ('component', spec.fixed.get('component', '')),
+          ('sampler', spec.fixed.get('weights', ''))]
+  out = []
+  for key in keys:
+    path = _SOURCES.get(key)
+    if path and path not in out:
+      out.append(path)
+  return out
+
+
 class KernelPluginError(UnknownKernelError):
   """A plugin (``config.model.attention.plugin``) that cannot be found; the message says where we looked."""
 
@@ -161,6 +257,7 @@ def register_component(name: str, fn: Callable | None = None, *, target_kernel: 
     from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
     from kernelformer.features import components  # pylint: disable=g-import-not-at-top
     components.register_component(name, f, target_kernel=target_kernel, parts=parts, positive=positive)
+    _SOURCES[('component', name)] = _source_file(f)
     random_features.register_grid_entries(component=name, paper=paper, approximates=approximates)
     return f
   return decorate if fn is None else decorate(fn)
@@ -177,6 +274,7 @@ def register_sampler(name: str, fn: Callable | None = None, *, paper: str = ''):
     from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
     from kernelformer.features import weights  # pylint: disable=g-import-not-at-top
     weights.register_sampler(name, f)
+    _SOURCES[('sampler', name)] = _source_file(f)
     random_features.register_grid_entries(sampler=name, paper=paper)
     return f
   return decorate if fn is None else decorate(fn)
@@ -193,6 +291,7 @@ def register_mechanism(name: str, module: type[nn.Module] | None = None, **spec_
   def decorate(cls):
     _ensure_loaded()
     register(AttentionSpec(name=name, module=cls, **spec_fields))
+    _SOURCES[('mechanism', name.lower())] = _source_file(cls)
     return cls
   return decorate if module is None else decorate(module)
 

@@ -74,8 +74,10 @@ class Request:
 
   def command(self) -> str:
     """The one command that prepares this request's data."""
-    parts = ['python scripts/prepare_data.py', f'--task {self.task}', *self.args,
-             f'--data_dir {self.data.data_dir}']
+    from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+    parts = ['python scripts/prepare_data.py', f'--task {self.task}', *self.args]
+    if os.path.abspath(os.path.expanduser(str(self.data.data_dir))) != data_location.default_data_dir():
+      parts.append(f'--data_dir {self.data.data_dir}')
     if self.task in ('text', 'image') and self.data.tfds_data_dir:
       parts.append(f'--tfds_data_dir {self.data.tfds_data_dir}')
     if self.needs_release():
@@ -110,7 +112,7 @@ def load_config(spec: str):
 
 def default_config(task: str):
   """The task's default config (its ``lra`` preset): what ``--task`` alone prepares."""
-  return importlib.import_module(f'configs.{task}').get_config()
+  return importlib.import_module(f'kernelformer.configs.{task}').get_config()
 
 
 def make_request(task: str, config, args: Sequence[str] = (), *, data_dir: str | None = None,
@@ -390,6 +392,8 @@ class Status:
   present: list[str]
   problems: list[str]     # differences from the manifest
   notes: list[str]
+  # Generated data (ListOps from its seed) that is absent: the loader makes it on first use.
+  on_first_use: str = ''
 
   @property
   def ok(self) -> bool:
@@ -426,6 +430,12 @@ def _present(request: Request) -> list[str]:
 def check_request(request: Request, checksums: bool = True) -> Status:
   status = Status(request, missing=list(_task(request).check(request.data)),
                   present=_present(request), problems=[], notes=[])
+  if (status.missing and request.task == 'listops' and not request.listops_release
+      and bool(request.data.get('generate', False)) and not status.present):
+    # Nothing there and a seeded generator: the first run (or prepare) writes the three splits.
+    status.missing = []
+    status.on_first_use = listops.split_dir(request.data)
+    return status
   if not status.missing and request.task == 'pathfinder':
     # The task's check() looks for the metadata only; an interrupted copy can lack images it names.
     try:
@@ -469,6 +479,9 @@ def check(requests: Sequence[Request], checksums: bool = True) -> list[Status]:
 
 
 def format_status(status: Status) -> list[str]:
+  if status.on_first_use:
+    return [f'[{status.request.label}] will be generated on first use (seeded generator) into '
+            f'{status.on_first_use}', f'  to generate it now: {status.request.command()}']
   state = 'OK' if status.ok else ('MISSING' if status.missing else 'DIFFERS FROM MANIFEST')
   lines = [f'[{status.request.label}] {state}']
   lines += [f'  present: {p}' for p in status.present]

@@ -12,6 +12,15 @@ os.environ.setdefault('XLA_FLAGS', ' '.join([
 ]))
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
+# A test that leaves config.data.data_dir at its default writes into a throw-away folder, never into
+# the user's ~/.cache/kernelformer/data (kernelformer/data_location.py); subprocesses inherit it.
+if 'KERNELFORMER_DATA' not in os.environ:
+  import atexit  # noqa: E402
+  import shutil  # noqa: E402
+  import tempfile  # noqa: E402
+  os.environ['KERNELFORMER_DATA'] = tempfile.mkdtemp(prefix='kernelformer-test-data-')
+  atexit.register(shutil.rmtree, os.environ['KERNELFORMER_DATA'], True)
+
 import jax  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')

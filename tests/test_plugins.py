@@ -6,6 +6,7 @@ Everything that registers runs in a subprocess, so this test process's registry 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -15,12 +16,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_plugin(tmp_path) -> str:
+def write_plugin(folder) -> str:
   """The ``python`` block of docs/extending.md, as the user's own file outside the repository."""
   with open(os.path.join(ROOT, 'docs', 'extending.md'), encoding='utf-8') as f:
     doc = f.read()
   code = re.search(r'```python\n(.*?)```', doc, re.S).group(1)
-  path = tmp_path / 'my_kernels.py'
+  path = folder / 'my_kernels.py'
   path.write_text(code)
   return str(path)
 
@@ -44,7 +45,15 @@ from kernelformer import plugins, registry
 plugins.load(sys.argv[1]); plugins.load(sys.argv[1])   # idempotent: a second load registers nothing
 names = set(registry.list_kernels())
 assert {'myprf-orf', 'myprf-antithetic', 'posrf-antithetic', 'trigrf-antithetic'} <= names
-from kernelformer.features import weights
+from kernelformer.features import components, weights
+# Every grid component (built-in, grelu, the plugin's) with every sampler (fixed, the plugin's); the
+# grid's components are those with an i.i.d. kernel (not e.g. posrf_lra, one paper's fixed setting).
+grid = [c for c in components.COMPONENTS if components.uses_projection(c) and f'{c}-iid' in names]
+assert {'trigrf', 'rks', 'posrf', 'hyperbolic', 'oprf', 'saderf', 'grelu', 'myprf'} <= set(grid), grid
+for c in grid:
+  for s in weights.SAMPLERS:
+    registry.get(f'{c}-{s}')
+registry.get('myprf-fastfoodl')   # learnable FastFood, as every built-in grid component has
 w = weights.SAMPLERS['antithetic'](jax.random.PRNGKey(0), 6, 4).matrix
 np.testing.assert_array_equal(np.asarray(w[3:]), -np.asarray(w[:3]))
 # The plugin's myprf is FAVOR+'s map with other (cancelling) shifts: same W, same attention output.
@@ -69,41 +78,132 @@ def test_plugin_kernels_register_and_match_the_builtin(tmp_path):
   assert proc.returncode == 0 and proc.stdout.startswith('ok'), proc.stderr[-3000:]
 
 
-def test_plugin_kernel_listed_trained_swept_and_reported(tmp_path):
+def doc_commands() -> str:
+  """The ``bash`` block of docs/extending.md, verbatim."""
+  with open(os.path.join(ROOT, 'docs', 'extending.md'), encoding='utf-8') as f:
+    return re.search(r'```bash\n(.*?)```', f.read(), re.S).group(1)
+
+
+COMPONENT_ONLY = '''
+import jax.numpy as jnp
+from kernelformer import registry
+from kernelformer.features.projection import project
+
+
+@registry.register_component('absrf', target_kernel='none', parts=1)
+def absrf(q, k, proj, *, mask=None, stabilize=True):
+  fk = jnp.abs(project(k, proj))
+  if mask is not None:
+    fk = jnp.where(mask[..., None], fk, 0.0)
+  return jnp.abs(project(q, proj)), fk
+'''
+
+SAMPLER_ONLY = '''
+import jax
+from kernelformer import registry
+from kernelformer.features.projection import Projection
+
+
+@registry.register_sampler('halfnormal')
+def halfnormal(key, num_features, dim):
+  return Projection(matrix=jax.random.normal(key, (num_features, dim)))
+'''
+
+REVERSE = r'''
+import sys
+from kernelformer import plugins, registry
+plugins.load(sys.argv[1]); plugins.load(sys.argv[2])   # the component first, then the sampler
+assert registry.get('absrf-halfnormal').fixed == {'component': 'absrf', 'weights': 'halfnormal'}
+assert registry.sources('absrf-halfnormal') == [sys.argv[1], sys.argv[2]], registry.sources('absrf-halfnormal')
+assert registry.sources('absrf-orf') == [sys.argv[1]] and registry.sources('grelu-halfnormal') == [sys.argv[2]]
+assert registry.sources('posrf-orf') == []
+print('ok')
+'''
+
+
+def test_component_then_sampler_make_their_pair(tmp_path):
+  comp, samp = tmp_path / 'comp.py', tmp_path / 'samp.py'
+  comp.write_text(COMPONENT_ONLY)
+  samp.write_text(SAMPLER_ONLY)
+  proc = subprocess.run([sys.executable, '-c', REVERSE, str(comp), str(samp)], capture_output=True,
+                        text=True, env=env(), cwd=str(tmp_path), timeout=300)
+  assert proc.returncode == 0 and proc.stdout.startswith('ok'), proc.stderr[-3000:]
+
+
+def test_doc_commands_train_sweep_and_report_a_plugin_kernel(tmp_path):
+  """docs/extending.md's commands, run as written from a folder outside the repository, with a
+  ``kernelformer`` on PATH that runs this checkout: the plugin kind trains and shows in the report."""
   plugin = write_plugin(tmp_path)
-  data = str(tmp_path / 'data')
-  # Listed by `kernelformer kernels`, with the paper the plugin gave.
-  proc = kf(tmp_path, 'kernels', '--plugin', plugin, 'myprf-antithetic', 'posrf-antithetic')
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  assert 'myprf-antithetic' in proc.stdout and 'Performer FAVOR+, Lemma 1' in proc.stdout
-  assert 'antithetic pairs' in proc.stdout and 'num_features=128' in proc.stdout
-  # Swept beside a built-in (from outside the repository, packaged config name), then reported.
-  sweep_dir = str(tmp_path / 'sweep')
-  proc = kf(tmp_path, 'sweep', '--config', 'listops:tiny', '--set', f'model.attention.plugin={plugin}',
-            '--set', f'data.data_dir={data}', '--set', 'progress=False',
-            '--grid', 'model.attention.kind=softmax,myprf-antithetic', '--sweep_dir', sweep_dir)
+  bin_dir = tmp_path / 'bin'
+  bin_dir.mkdir()
+  (bin_dir / 'kernelformer').write_text(f'#!/bin/sh\nexec {sys.executable} -m kernelformer "$@"\n')
+  (bin_dir / 'kernelformer').chmod(0o755)
+  e = {**env(), 'PATH': f'{bin_dir}{os.pathsep}{os.environ.get("PATH", "")}',
+       'KERNELFORMER_DATA': str(tmp_path / 'data')}
+  proc = subprocess.run(['bash', '-e', '-o', 'pipefail', '-c', doc_commands()], capture_output=True,
+                        text=True, env=e, cwd=str(tmp_path), timeout=900)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  # No warning on the normal path (absl's W..., Python's warnings, orbax's handler override).
+  noise = [l for l in re.split(r'[\r\n]', proc.stderr) if re.match(r'\s*(W\d{4} |WARNING|warning|\S+Warning)', l)]
+  assert not noise, noise
+  listed = proc.stdout.split('\n| ')[0].split()
+  assert {'myprf-orf', 'myprf-antithetic', 'posrf-antithetic', 'grelu-antithetic',
+          'myprf-fastfoodl'} <= set(listed), listed
+  # train: the plugin kind, with the plugin file and its digest in results.json.
+  with open(tmp_path / 'runs' / 'myprf' / 'results.json', encoding='utf-8') as f:
+    r = json.load(f)
+  assert r['attention'] == 'myprf-orf' and 0.0 <= r['test_accuracy'] <= 1.0
+  digest = hashlib.sha256(open(plugin, 'rb').read()).hexdigest()
+  assert r['plugins'] == [{'file': plugin, 'sha256': digest}]
+  assert r['config']['model']['attention']['plugin'] == plugin
+  # The train command's progress bar (the first one drawn) ends at the final line's steps/s.
+  bars = [l for l in re.split(r'[\r\n]', proc.stderr) if re.search(r' (\d+)/\1 \[.* steps/s', l)]
+  assert bars and f"{r['steps_per_sec']:.1f} steps/s" in bars[0], (bars[:1], r['steps_per_sec'])
+  # sweep: a built-in, the plugin's component and the plugin's sampler with a built-in component.
   results = {}
-  for root, _, files in os.walk(sweep_dir):
+  for root, _, files in os.walk(tmp_path / 'runs' / 'sweeps' / 'mine'):
     if 'results.json' in files:
       with open(os.path.join(root, 'results.json'), encoding='utf-8') as f:
-        r = json.load(f)
-      results[r['attention']] = r
-  assert set(results) == {'softmax', 'myprf-antithetic'}
-  assert results['myprf-antithetic']['config']['model']['attention']['plugin'] == plugin
-  assert 0.0 <= results['myprf-antithetic']['test_accuracy'] <= 1.0
-  # `train` from outside the repository: an alias is stored by its canonical name in results.json.
-  proc = kf(tmp_path, 'train', '--config', 'configs/listops.py:tiny', '--workdir', 'alias_run',
-            f'--config.data.data_dir={data}', '--config.progress=False', '--config.num_train_steps=2',
-            '--config.eval_every=2', '--config.model.attention.kind=performer',
-            f'--config.model.attention.plugin={plugin}')
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  with open(tmp_path / 'alias_run' / 'results.json', encoding='utf-8') as f:
-    assert json.load(f)['attention'] == 'posrf-orf'
-  proc = kf(tmp_path, 'report', sweep_dir, '--paper', 'none')
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  row = [l for l in proc.stdout.splitlines() if l.startswith('| `myprf-antithetic`')]
-  assert row and re.search(r'\| \d+\.\d\d \(1/1\) \|', row[0]), proc.stdout
+        rr = json.load(f)
+      results[rr['attention']] = rr
+  assert set(results) == {'posrf-orf', 'myprf-orf', 'posrf-antithetic'}
+  assert results['posrf-orf']['plugins'] == results['myprf-orf']['plugins'] == \
+      [{'file': plugin, 'sha256': digest}]  # named by model.attention.plugin
+  # report: a row per kind.
+  for kind in results:
+    row = [l for l in proc.stdout.splitlines() if l.startswith(f'| `{kind}`')]
+    assert row and re.search(r'\| \d+\.\d\d \(1/1\) \|', row[0]), proc.stdout[-3000:]
+
+
+CONFIG_FILE = '''
+import my_kernels  # noqa: F401  (beside this file: no PYTHONPATH needed)
+from kernelformer.configs import listops
+
+
+def get_config(preset='tiny'):
+  c = listops.get_config(preset)
+  c.model.attention.kind = 'myprf-antithetic'
+  return c
+'''
+
+
+def test_config_file_import_and_plugin_flag(tmp_path):
+  """A config file that imports the plugin beside it loads from another folder (config, sweep);
+  ``--plugin`` makes a plugin kind valid before the config's kind is checked."""
+  (tmp_path / 'mine').mkdir()
+  plugin = write_plugin(tmp_path / 'mine')
+  (tmp_path / 'mine' / 'myconf.py').write_text(CONFIG_FILE)
+  proc = kf(tmp_path, 'config', 'mine/myconf.py:tiny')
+  assert proc.returncode == 0 and 'kind: myprf-antithetic' in proc.stdout, proc.stderr[-2000:]
+  proc = kf(tmp_path, 'sweep', '--config', 'mine/myconf.py:tiny', '--grid', 'seed=0,1', '--sweep_dir',
+            'sw', '--dry_run')
+  assert proc.returncode == 0 and '2 runs: 0 done, 0 resume, 2 new, 0 error' in proc.stdout, \
+      proc.stdout[-2000:] + proc.stderr[-2000:]
+  proc = kf(tmp_path, 'config', 'listops:tiny', '--plugin', plugin,
+            '--config.model.attention.kind=grelu-antithetic')
+  assert proc.returncode == 0 and 'kind: grelu-antithetic' in proc.stdout, proc.stderr[-2000:]
+  proc = kf(tmp_path, 'config', 'listops:tiny', '--config.model.attention.kind=grelu-antithetic')
+  assert proc.returncode != 0 and "unknown attention kind 'grelu-antithetic'" in proc.stderr
 
 
 def test_missing_plugin_is_one_line(tmp_path):

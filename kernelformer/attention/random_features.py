@@ -341,6 +341,11 @@ def _register(name: str, component: str, weights: str, *, paper: str, approximat
       supports_position_bias=True))
 
 
+_GRELU_INFO = ('Choromanski et al. 2021, generalized attention (official fast_attention.py '
+               'make_fast_generalized_attention, kernel_fn=relu, kernel_epsilon=1e-3)',
+               'its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no d^-1/4 scale')
+
+
 def _register_all() -> None:
   for comp in RF_COMPONENTS:
     comp_paper, target = _COMPONENT_INFO[comp]
@@ -392,13 +397,12 @@ def _register_all() -> None:
   # components.grelu): 'performer-relu' is its ORF form (features_type='ortho'), the other samplers
   # follow the grid's <component>-<sampler> names, 'performer-relu-det' is its W-free default
   # (features_type='deterministic'), the Performer that LRA's Text/Retrieval/Image/Pathfinder configs run.
-  grelu_paper = ('Choromanski et al. 2021, generalized attention (official fast_attention.py '
-                 'make_fast_generalized_attention, kernel_fn=relu, kernel_epsilon=1e-3)')
+  grelu_paper, grelu_kernel = _GRELU_INFO
   for samp in FIXED_SAMPLERS:
     name = 'performer-relu' if samp == 'orf' else f'grelu-{samp}'
     _register(name, 'grelu', samp, paper=f'{grelu_paper}; W: {_SAMPLER_INFO[samp][0]}',
-              approximates='its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no d^-1/4 scale',
-              complexity=_CPLX_RF, aliases=('grelu-orf',) if samp == 'orf' else ())
+              approximates=grelu_kernel, complexity=_CPLX_RF,
+              aliases=('grelu-orf',) if samp == 'orf' else ())
   _register('performer-relu-det', 'grelu_det', 'none',
             paper=f'{grelu_paper}, features_type=deterministic (LRA repository default Performer)',
             approximates='its own kernel (relu(q)+eps).(relu(k)+eps), no d^-1/4 scale',
@@ -422,8 +426,10 @@ _register_all()
 
 # ----------------------------------------------------------------------------------------------
 # Components and samplers registered from outside the package (kernelformer.registry.register_component
-# and register_sampler; docs/extending.md). Each joins the grid: a new component is paired with every
-# fixed sampler, a new sampler with every projection-based component, as ``<component>-<sampler>``.
+# and register_sampler; docs/extending.md). Each joins the grid, whichever comes first: a new component
+# is paired with every fixed sampler, every registered sampler and learnable FastFood (fastfoodl); a new
+# sampler with every projection-based component (the grid's, grelu, registered ones), as
+# ``<component>-<sampler>``.
 # ----------------------------------------------------------------------------------------------
 
 _EXTRA_COMPONENTS: list[str] = []
@@ -459,11 +465,19 @@ def register_grid_entries(*, component: Optional[str] = None, sampler: Optional[
       _register(name, component, samp, paper=f'{comp_paper}; W: {_SAMPLER_INFO[samp][0]}',
                 approximates=target_text, complexity=_CPLX_RF)
       names.append(name)
+    # Learnable FastFood (FastFoodL), as every built-in projection component has it.
+    name = f'{component}-fastfoodl'
+    _register(name, component, 'fastfoodl',
+              paper=f'{_SPECTRA} eq. 17 (FastFoodL), Table 2; component: {comp_paper}',
+              approximates=f'learned kernel (init: {target_text})', complexity=_CPLX_FASTFOOD,
+              learnable='FastFood diagonals S, G, B (fastfood_variant sgb; s: S only; fixed: none)')
+    names.append(name)
     return names
   _SAMPLER_INFO[sampler] = (paper or f'{sampler} (user sampler)', None)
   _EXTRA_SAMPLERS.append(sampler)
-  for comp in (*RF_COMPONENTS, *_EXTRA_COMPONENTS):
-    comp_paper, target_text = _COMPONENT_INFO[comp]
+  # Every projection-based component: the grid's, the generalized ReLU's and the registered ones.
+  for comp in (*RF_COMPONENTS, 'grelu', *_EXTRA_COMPONENTS):
+    comp_paper, target_text = _GRELU_INFO if comp == 'grelu' else _COMPONENT_INFO[comp]
     name = f'{comp}-{sampler}'
     _register(name, comp, sampler, paper=f'{comp_paper}; W: {_SAMPLER_INFO[sampler][0]}',
               approximates=approximates or target_text, complexity=_CPLX_RF)

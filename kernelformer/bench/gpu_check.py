@@ -402,7 +402,7 @@ def crossovers(rows) -> dict[str, Optional[int]]:
 def text_config(variant: str, dry_run: bool):
   """configs/text.py's LRA model with one attention variant: 'pallas', 'xla' (posrf-orf) or 'cudnn'."""
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-  from configs import text  # pylint: disable=g-import-not-at-top
+  from kernelformer.configs import text  # pylint: disable=g-import-not-at-top
   c = text.get_config('tiny' if dry_run else 'lra')
   with c.unlocked():
     c.data.max_length = 63 if dry_run else 4095           # + CLS = 64 / 4096 tokens

@@ -24,7 +24,7 @@ DEFAULT_REMATS = ('none', 'block', 'dots_saveable', 'nothing_saveable')
 def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bool):
   """(compiled train step, its arguments, temp bytes) for one setting."""
   import lra_tasks  # pylint: disable=g-import-not-at-top
-  from configs import text  # pylint: disable=g-import-not-at-top
+  from kernelformer.configs import text  # pylint: disable=g-import-not-at-top
   from kernelformer.training import optim, trainer  # pylint: disable=g-import-not-at-top
   c = text.get_config('lra')
   c.data.max_length = length

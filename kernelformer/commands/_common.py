@@ -1,9 +1,9 @@
 """Shared plumbing of the subcommands: config specs that work outside the repository, help that exits 0.
 
 Config specs. ``FILE.py[:PRESET]`` is looked up first as given (relative to the current directory, so a
-user's own config file wins), then among the packaged task configs (the ``configs`` package installed
-with kernelformer): ``configs/listops.py:quick``, ``listops.py:quick`` and ``listops:quick`` all name the
-packaged ListOps config from any directory.
+user's own config file wins), then among the packaged task configs (``kernelformer.configs``: a
+checkout's ``configs/`` folder, installed inside the package): ``configs/listops.py:quick``,
+``listops.py:quick`` and ``listops:quick`` all name the packaged ListOps config from any directory.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class UserError(Exception):
 
 
 def packaged_configs_dir() -> str:
-  import configs  # pylint: disable=g-import-not-at-top
+  from kernelformer import configs  # pylint: disable=g-import-not-at-top
   return os.path.dirname(os.path.abspath(configs.__file__))
 
 
@@ -134,7 +134,7 @@ def run_absl(module: ModuleType, prog: str, args: Sequence[str], main: Callable,
 
 def presets_of(task: str) -> tuple[str, ...]:
   import importlib  # pylint: disable=g-import-not-at-top
-  module = importlib.import_module(f'configs.{task}')
+  module = importlib.import_module(f'kernelformer.configs.{task}')
   return tuple(getattr(module, 'PRESETS', ()))
 
 

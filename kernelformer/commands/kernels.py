@@ -1,13 +1,18 @@
 """kernelformer kernels: every attention kernel the registry knows, with what a user can set.
 
 usage:
-  kernelformer kernels [NAME ...] [--plugin FILE.py|module] [--names] [--aliases]
+  kernelformer kernels [NAME ...] [--family FAMILY|COMPONENT] [--names] [--aliases] [--plugin FILE.py]
+
+Kernels are grouped by family, the common ones first: baselines (softmax, ...), random features
+<component>-<sampler> by component (posrf-orf is FAVOR+), learnable, deterministic, beyond random
+features. --family keeps one family (baselines, random-features, learnable, deterministic, beyond-rf)
+or one component's random features (posrf, oprf, ...). --names prints only the names, one per line.
 
 For each kernel (or the NAMEs given; aliases accepted): its aliases, the paper and equation it
 implements, the kernel it computes or estimates, its cost, learnable parameters, whether it accepts
 Luo et al.'s relative-position bias (--config.model.attention.rpe=True), and its options with their
-defaults (set with --config.model.attention.OPTION=VALUE). --plugin imports a module that registers
-kernels of its own first (docs/extending.md), as --config.model.attention.plugin does for train.
+defaults (set with --config.model.attention.OPTION=VALUE). --plugin (a flag of every kernelformer
+command) imports a module that registers kernels of its own first (docs/extending.md).
 """
 from __future__ import annotations
 
@@ -18,9 +23,10 @@ from absl import app, flags
 
 from kernelformer.commands import _common
 
-_PLUGIN = flags.DEFINE_string('plugin', '', 'Import this .py file or module (comma-separated) first.')
 _NAMES = flags.DEFINE_bool('names', False, 'Only the canonical names, one per line.')
 _ALIASES = flags.DEFINE_bool('aliases', False, 'With --names: the aliases too, as "alias -> name".')
+_FAMILY = flags.DEFINE_string('family', None, 'Only this family (baselines, random-features, '
+                              'learnable, deterministic, beyond-rf) or component (posrf, oprf, ...).')
 
 
 def options(spec) -> list[tuple[str, str]]:
@@ -57,28 +63,61 @@ def describe(spec) -> str:
   return '\n'.join(lines)
 
 
+def _selected(registry) -> list:
+  """Every spec in family order, or those of ``--family``; a one-line error for an unknown family."""
+  specs = registry.grouped_specs()
+  if _FAMILY.value is None:
+    return specs
+  want = _FAMILY.value.strip().lower()
+  components = list(dict.fromkeys(registry.component_of(s) for s in specs if registry.component_of(s)))
+  if want in registry.FAMILIES:
+    return [s for s in specs if registry.family(s) == want]
+  if want in components:
+    return [s for s in specs if registry.component_of(s) == want]
+  raise _common.UserError(f'--family {_FAMILY.value!r} is neither a family ({", ".join(registry.FAMILIES)}) '
+                          f'nor a component ({", ".join(components)})')
+
+
+def _heading(registry, spec) -> str:
+  fam = registry.family(spec)
+  if fam == 'random-features':
+    return f'== random features, component {registry.component_of(spec)} =='
+  return f'== {registry.FAMILIES[fam]} =='
+
+
 def _main(argv):
-  from kernelformer import plugins, registry  # pylint: disable=g-import-not-at-top
-  plugins.load(_PLUGIN.value)
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    specs = [registry.get(n) for n in argv[1:]]
+  else:
+    specs = _selected(registry)
   if _NAMES.value:
-    names = registry.list_kernels()
+    names = [s.name for s in specs]
     if _ALIASES.value:
-      names += [f'{a} -> {s.name}' for s in registry.specs() for a in s.aliases]
+      names += [f'{a} -> {s.name}' for s in specs for a in s.aliases]
     print('\n'.join(names))
     return
-  specs = [registry.get(n) for n in argv[1:]] if len(argv) > 1 else registry.specs()
-  print('\n\n'.join(describe(s) for s in specs))
-  if len(argv) == 1:
-    print(f'\n{len(specs)} kernels; set one with --config.model.attention.kind=NAME. Random-feature '
-          'kernels are <component>-<sampler>; docs/kernels.md has the table, docs/extending.md how to '
-          'add your own.')
+  if len(argv) > 1:
+    print('\n\n'.join(describe(s) for s in specs))
+    return
+  blocks, heading = [], None
+  for s in specs:
+    h = _heading(registry, s)
+    if h != heading:
+      blocks.append(h)
+      heading = h
+    blocks.append(describe(s))
+  print('\n\n'.join(blocks))
+  print(f'\n{len(specs)} kernels; set one with --config.model.attention.kind=NAME; --names for the names '
+        'only, --family to keep one family. docs/kernels.md has the table, docs/extending.md how to add '
+        'your own.')
 
 
 def _clean(main):
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   try:
     app.run(main)
-  except registry.UnknownKernelError as e:
+  except (registry.UnknownKernelError, _common.UserError) as e:
     print(f'error: {e}', file=sys.stderr)
     sys.exit(2)
 

@@ -1,13 +1,16 @@
 """Get each LRA task's data where its config looks for it, verified; or check what is there.
 
-  python scripts/prepare_data.py --task listops --data_dir data          # seeded generator (LRA sizes)
-  python scripts/prepare_data.py --task text --data_dir data             # TFDS imdb_reviews, array_record
-  python scripts/prepare_data.py --task image --data_dir data            # TFDS cifar10, array_record
-  python scripts/prepare_data.py --task retrieval --data_dir data --source lra_release.gz
-  python scripts/prepare_data.py --task pathfinder --data_dir data --source lra_release.gz \\
-      --resolution 32,128 --difficulty hard                              # Pathfinder and Path-X
-  python scripts/prepare_data.py --task all --data_dir data --source lra_release.gz
-  python scripts/prepare_data.py --task all --data_dir data --check      # exit 0 iff all is there
+  python scripts/prepare_data.py --task listops                 # seeded generator (LRA sizes)
+  python scripts/prepare_data.py --task text                    # TFDS imdb_reviews, array_record
+  python scripts/prepare_data.py --task image                   # TFDS cifar10, array_record
+  python scripts/prepare_data.py --task retrieval --source lra_release.gz
+  python scripts/prepare_data.py --task pathfinder --source lra_release.gz \\
+      --resolution 32,128 --difficulty hard                     # Pathfinder and Path-X
+  python scripts/prepare_data.py --task all --source lra_release.gz
+  python scripts/prepare_data.py --check                        # every task; exit 0 iff all is there
+
+The files go to the data directory every config reads by default: $KERNELFORMER_DATA if set, else
+~/.cache/kernelformer/data ($XDG_CACHE_HOME/kernelformer/data); --data_dir DIR picks another.
 
 ``--source`` is LRA's release archive (``lra_release.gz``, streamed: only the needed members are
 written) or the folder it was extracted to. ``--config FILE.py[:PRESET]`` (repeatable) prepares what
@@ -42,7 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                  help='listops, text, retrieval, image, pathfinder or all; a comma-separated list works')
   p.add_argument('--config', action='append', default=[], metavar='FILE.py[:PRESET]',
                  help='prepare what this config needs (repeatable); its data.task is the task')
-  p.add_argument('--data_dir', default=None, help="root of every task's files (default: the config's)")
+  p.add_argument('--data_dir', default=None,
+                 help="root of every task's files (default: the config's: $KERNELFORMER_DATA, else "
+                      '~/.cache/kernelformer/data)')
   p.add_argument('--tfds_data_dir', default=None,
                  help='TFDS data dir for text/image (default: the config\'s, else --data_dir)')
   p.add_argument('--source', default=None,
@@ -78,6 +83,8 @@ def build_requests(args: argparse.Namespace) -> list[prepare.Request]:
     raise common.DataError(f'unknown task(s) {", ".join(unknown)}; valid: '
                            f'{", ".join(prepare.TASKS)}, all')
   configs = [(spec, prepare.load_config(spec)) for spec in args.config]
+  if not tasks and not configs and args.check:
+    tasks = list(prepare.TASKS)   # --check alone: every task's default config
   if not tasks and not configs:
     raise common.DataError('say what to prepare: --task (or --config FILE.py[:PRESET])')
   covered = {c.data.task for _, c in configs}
@@ -121,20 +128,27 @@ def main(argv: list[str]) -> int:
   except common.DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  for data_dir in dict.fromkeys(str(s.request.data.data_dir) for s in statuses):
+    print(data_location.describe(data_dir))
   for status in statuses:
     print('\n'.join(prepare.format_status(status)))
-  ok = all(s.ok for s in statuses)
-  print('all present' if ok else
-        f'{sum(not s.ok for s in statuses)} of {len(statuses)} not ready (see above)')
+  oks = [s.ok for s in statuses]
+  if args.check and not args.task and not args.config:   # every task: the byte-level LM's too
+    oks.append(_enwik8(args, summary=False) == 0)
+  ok = all(oks)
+  print('all present' if ok else f'{oks.count(False)} of {len(oks)} not ready (see above)')
   return 0 if ok else 1
 
 
-def _enwik8(args) -> int:
+def _enwik8(args, summary: bool = True) -> int:
   """``--task enwik8``: download enwik8.zip once (or ``--source`` a local zip), extract, manifest;
   ``--check`` verifies the file against its manifest. See lra_tasks/enwik8.py."""
   from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  data = ml_collections.ConfigDict({'data_dir': args.data_dir or 'data', 'num_bytes': enwik8.NUM_BYTES})
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  data = ml_collections.ConfigDict({'data_dir': args.data_dir or data_location.default_data_dir(),
+                                    'num_bytes': enwik8.NUM_BYTES})
   try:
     if not args.check:
       enwik8.prepare_data(data, zip_path=args.source)
@@ -142,9 +156,11 @@ def _enwik8(args) -> int:
   except (common.DataError, OSError) as e:
     print(f'error: enwik8: {e}', file=sys.stderr)
     return 1
+  print(f'[enwik8] {"MISSING" if problems else "OK"}')
   for line in problems:
-    print(f'enwik8: {line}')
-  print('all present' if not problems else 'enwik8 not ready (see above)')
+    print(f'  {line}')
+  if summary:
+    print('all present' if not problems else 'enwik8 not ready (see above)')
   return 0 if not problems else 1
 
 

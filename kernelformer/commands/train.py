@@ -44,7 +44,7 @@ def fields_text() -> str:
   config = None
   for task in _common.task_names():
     try:
-      config = importlib.import_module(f'configs.{task}').get_config()
+      config = importlib.import_module(f'kernelformer.configs.{task}').get_config()
       break
     except Exception:  # pylint: disable=broad-except  (help must not fail on one broken file)
       continue

@@ -27,7 +27,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.stats import qmc as scipy_qmc
 
 from kernelformer.features import hadamard
 from kernelformer.features.projection import FastFoodBlocks, Projection
@@ -218,6 +217,7 @@ def sobol_points(num_points: int, dim: int) -> np.ndarray:
   properties need a power-of-two count, which a prefix of the sequence forgoes, so that warning is
   silenced here on purpose: feature counts are a model hyperparameter, not a power of two in general.
   """
+  from scipy.stats import qmc as scipy_qmc  # pylint: disable=g-import-not-at-top  (seconds to import)
   sampler = scipy_qmc.Sobol(d=dim, scramble=True, seed=_SOBOL_SEED)
   with warnings.catch_warnings():
     warnings.filterwarnings('ignore', message='.*balance properties.*')

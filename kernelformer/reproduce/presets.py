@@ -77,7 +77,7 @@ def _attention(config) -> str:
 
 
 def task_module(task: str):
-  return importlib.import_module(f'configs.{task}')
+  return importlib.import_module(f'kernelformer.configs.{task}')
 
 
 def rows(tasks: tuple[str, ...] = TASKS) -> list[Row]:

@@ -36,7 +36,8 @@ import traceback
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SWEEPS_DIR = os.path.join(REPO_ROOT, 'configs', 'sweeps')
+# The task configs ship as kernelformer.configs (a checkout's configs/ folder; kernelformer/configs links to it).
+SWEEPS_DIR = os.path.join(REPO_ROOT, 'kernelformer', 'configs', 'sweeps')
 KIND_KEY = 'model.attention.kind'
 SEED_KEY = 'seed'
 POINT_FILE = 'sweep_point.json'
@@ -184,10 +185,8 @@ def expand(sweep: Sweep) -> Sweep:
       canonical[k] = registry.get(k).name
     except registry.UnknownKernelError:
       unknown.append(k)
-  listed = registry.list_kernels()
   if unknown:
-    raise SweepError(f'sweep {sweep.name!r}: unknown attention kind(s) {", ".join(unknown)}. '
-                     f'Valid kinds: {", ".join(listed)}.')
+    raise SweepError(f'sweep {sweep.name!r}: {registry.unknown_message(unknown)}')
 
   def fix(overrides: Overrides) -> Overrides:
     return tuple((k, canonical[str(v)] if k == KIND_KEY and v is not None else v) for k, v in overrides)
@@ -268,10 +267,12 @@ def point_dirname(point: Point) -> str:
 
 def _import_file(path: str, module_name: str):
   if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # config files import ``configs.common``
+    sys.path.insert(0, REPO_ROOT)  # config files import ``kernelformer.configs.common``
+  from kernelformer import plugins  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  with plugins.config_dir_on_path(path):  # a config file may ``import my_kernels`` beside it
+    spec.loader.exec_module(module)
   return module
 
 
@@ -506,6 +507,10 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
     else:
       todo.append(r)
   log(f'sweep {sweep.name}: {len(runs)} runs, {counts["done"]} finished, {len(todo)} to run')
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  for data_dir in sorted({str(point_config(r.point, r.common).data.data_dir) for r in todo
+                          if not r.error}):
+    log(data_location.describe(data_dir))
   if parallel and parallel > 0:
     _run_parallel(todo, sweep_dir, parallel, counts, log)
     return counts

@@ -84,10 +84,13 @@ def run(get_config: Callable, workdir: str) -> dict:
   maybe_initialize_distributed()
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
   config = get_config()
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+    print(data_location.describe(config.data.data_dir), flush=True)
   results = trainer.train_and_evaluate(config, workdir)
   from kernelformer.training import peers  # pylint: disable=g-import-not-at-top
   peers.stop()  # finished: slower peers must not take this process's exit for a death
-  import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() == 0 and getattr(results, 'status', '') == 'finished':
     print(f"this run is finished (step {results['final_step']}, test accuracy "
           f"{results['test_accuracy']:.4f}); nothing changed; --config.reevaluate=True re-tests it, "
@@ -138,8 +141,10 @@ def parse_flags_one_line(argv: list, flag_values=None) -> list:
   spec = _flag_value(argv, 'config')
   path = os.path.abspath(spec.rpartition(':')[0] if spec and ':' in spec and not
                          spec.endswith('.py') else spec) if spec else None
+  from kernelformer import plugins  # pylint: disable=g-import-not-at-top
   try:
-    rest = fv(argv)
+    with plugins.config_dir_on_path(path):  # the config file may ``import my_kernels`` beside it
+      rest = fv(argv)
   except flags.Error as e:
     lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
     if 'Error whilst parsing config file' in str(e) and lines:
@@ -175,6 +180,8 @@ def parse_flags_one_line(argv: list, flag_values=None) -> list:
     if not is_config:
       _usage_error(f'--config {spec}: get_config() returned {type(config).__name__}, not an '
                    'ml_collections.ConfigDict')
+    # The user's kernels register before any kind is looked up (docs/extending.md).
+    plugins.load(config.model.attention.get('plugin'))
     from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
     validate.check_attention_overrides(config, overridden_fields(argv))
   return rest

@@ -91,24 +91,62 @@ def _plain(v):
 
 
 class Progress:
-  """tqdm progress bar with steps/s and ETA (tqdm's rate and remaining time), loss and accuracy."""
+  """tqdm progress bar whose rate is the final line's steps/s and whose ETA ignores compilation.
 
-  def __init__(self, total: int, initial: int, enabled: bool = True):
-    self._bar = None
-    if enabled:
-      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-      self._bar = tqdm(total=total, initial=initial, unit='step', dynamic_ncols=True,
-                       smoothing=0.1, mininterval=1.0)
+  Compilation is its own phase: nothing is drawn until the first step is done (compile + step 1);
+  the bar then starts at that step, labelled with the time the phase took (``compile+step 1 5.6s``), so
+  tqdm's elapsed time and ETA count only the steps after it (evaluations included: the ETA is wall
+  time). The steps/s shown is ``timed steps / their seconds`` when the trainer passes each step's
+  ``seconds`` (the first step of a segment excluded, as in results.json's ``steps_per_sec``), else
+  tqdm's wall rate since the bar started.
+  """
+
+  def __init__(self, total: int, initial: int, enabled: bool = True, file: Any = None):
+    self._enabled = enabled
+    self._total = total
     self._last = initial
+    self._file = file
+    self._bar = None
+    self._t_start = time.perf_counter()
+    self._steps_seen = 0
+    self._timed_steps = 0
+    self._timed_seconds = 0.0
+    self._postfix = ''
 
-  def update(self, step: int, summary: Optional[dict] = None) -> None:
-    if self._bar is None:
+  def rate(self) -> Optional[float]:
+    """Steps per second of the timed steps so far (None before the second step of the segment)."""
+    return self._timed_steps / self._timed_seconds if self._timed_seconds > 0 else None
+
+  def update(self, step: int, summary: Optional[dict] = None,
+             seconds: Optional[float] = None) -> None:
+    if seconds is not None:
+      if self._steps_seen:   # the segment's first step warms up: not timed (as the trainer does)
+        self._timed_steps += step - self._last
+        self._timed_seconds += seconds
+      self._steps_seen += 1
+    if not self._enabled:
+      self._last = step
       return
+    if summary:
+      self._postfix = f"loss={summary['loss']:.3f}, acc={summary['accuracy']:.3f}"
+    if self._bar is None:
+      from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      warmup = time.perf_counter() - self._t_start
+      self._bar = tqdm(total=self._total, initial=step, unit='step', dynamic_ncols=True,
+                       smoothing=0.1, mininterval=1.0, file=self._file,
+                       desc=f'compile+step 1 {warmup:.1f}s',
+                       bar_format='{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} '
+                                  '[{elapsed}<{remaining}{postfix}]')
+      self._last = step
+    # The postfix first, so that whatever the bar draws next carries this step's numbers.
+    rate = self.rate()
+    if rate is None:
+      fd = self._bar.format_dict
+      rate = (fd['n'] - fd['initial']) / fd['elapsed'] if fd['elapsed'] > 0 else None
+    shown = ([f'{rate:.1f} steps/s'] if rate else []) + ([self._postfix] if self._postfix else [])
+    self._bar.set_postfix_str(', '.join(shown), refresh=False)
     self._bar.update(step - self._last)
     self._last = step
-    if summary:
-      self._bar.set_postfix(loss=f"{summary['loss']:.3f}", acc=f"{summary['accuracy']:.3f}",
-                            refresh=False)
 
   def close(self) -> None:
     if self._bar is not None:

@@ -418,10 +418,10 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
           summary = {k: float(np.mean([float(x[k]) for x in window])) for k in window[0]}
           summary['steps_per_sec'] = timer.rate()
           writer.write('train', done, summary)
-          progress.update(done, summary)
+          progress.update(done, summary, seconds=seconds)
           window = []
         else:
-          progress.update(done)
+          progress.update(done, seconds=seconds)
         if done % config.eval_every == 0 or done == num_steps:
           val = evaluate(eval_step, state, val_source, config, mesh,
                          on_batch=eval_progress(f'validating at step {done}'))
@@ -473,6 +473,7 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
   results = {
       'task': config.data.task,
       'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
+      'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
       'test_accuracy': test['accuracy'],
       'test_loss': test['loss'],
       'test_examples': test['examples'],

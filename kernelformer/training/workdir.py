@@ -500,18 +500,24 @@ def truncate_metrics(workdir: str, step: int, drop_test: bool = True) -> int:
 
 
 def code_version() -> dict:
-  """``{'git_commit', 'git_dirty'}`` of the source tree when it is a git checkout, else the version."""
+  """``{'package_version'}`` of the installed kernelformer, plus ``{'git_commit', 'git_dirty'}`` when the
+  code runs from a git checkout (the package's parent folder is the top of a git work tree; an installed
+  copy in site-packages has none, even inside some other repository)."""
+  out = {}
+  try:
+    from importlib import metadata  # pylint: disable=g-import-not-at-top
+    out['package_version'] = metadata.version('kernelformer')
+  except Exception:  # pylint: disable=broad-except  (not installed as a package)
+    out['package_version'] = 'unknown'
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if not os.path.exists(os.path.join(root, '.git')):  # a checkout's top has .git (a folder or a file)
+    return out
   try:
     commit = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True,
                             timeout=10, check=True).stdout.strip()
     status = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,
                             capture_output=True, text=True, timeout=10, check=True).stdout
-    return {'git_commit': commit, 'git_dirty': bool(status.strip())}
+    out.update(git_commit=commit, git_dirty=bool(status.strip()))
   except (OSError, subprocess.SubprocessError):
     pass
-  try:
-    from importlib import metadata  # pylint: disable=g-import-not-at-top
-    return {'package_version': metadata.version('kernelformer')}
-  except Exception:  # pylint: disable=broad-except  (not installed as a package)
-    return {'package_version': 'unknown'}
+  return out

@@ -1,7 +1,6 @@
 """Every preset is pinned: to the generated table in docs/reproduce.md, and the LRA ones to upstream values."""
 from __future__ import annotations
 
-import importlib
 import os
 import subprocess
 import sys
@@ -127,7 +126,7 @@ def test_every_preset_names_its_source_in_the_docstring(task):
 
 def test_a_changed_preset_makes_the_table_stale(monkeypatch):
   """The pin works: a one-field change in a config is a table difference."""
-  module = importlib.import_module('configs.pathfinder')
+  module = presets.task_module('pathfinder')   # the module the table reads (kernelformer.configs)
   original = module.get_config
 
   def changed(preset='lra'):

@@ -67,7 +67,8 @@ def test_unknown_kind_is_an_error_listing_valid_names():
   with pytest.raises(sweeps.SweepError) as e:
     sweeps.expand(sweep)
   msg = str(e.value)
-  assert 'favorplus, posrf-orff' in msg and 'Valid kinds:' in msg and 'posrf-orf,' in msg
+  assert "'favorplus' (nearest: favor+ (= posrf-orf), " in msg and "'posrf-orff' (nearest: posrf-orf, " in msg
+  assert msg.endswith('see `kernelformer kernels` for every kind')
 
 
 def test_misspelled_override_stops_before_training(tmp_path):
@@ -236,7 +237,7 @@ def test_cli_dry_run_emit_and_parallel_failures(tmp_path):
   proc = _cli('--config', f'{LISTOPS}:tiny', '--grid', 'model.attention.kind=favorplus',
               '--sweep_dir', str(tmp_path / 'bad'), '--dry_run', cwd=ROOT)
   assert proc.returncode == 2 and 'Traceback' not in proc.stderr
-  assert 'Valid kinds' in proc.stderr.strip().splitlines()[-1]
+  assert 'see `kernelformer kernels`' in proc.stderr.strip().splitlines()[-1]
 
 
 def test_in_process_sweep_trains_for_real_and_skips_on_rerun(tmp_path):

@@ -60,7 +60,8 @@ def test_unknown_kernel_one_line(tmp_path):
   proc = run_train(tmp_path, '--config.model.attention.kind=favorplus')
   assert proc.returncode == 1
   assert 'Traceback' not in proc.stderr
-  assert 'Valid kinds' in last_line(proc)
+  assert "'favorplus' (nearest: favor+ (= posrf-orf), " in last_line(proc)
+  assert last_line(proc).endswith('see `kernelformer kernels` for every kind')
 
 
 def test_indivisible_batch_one_line(tmp_path):

@@ -92,5 +92,6 @@ def test_batch_not_divisible_by_devices(tmp_path):
 
 def test_unknown_kernel_lists_valid_ones(tmp_path):
   c = tiny_config(tmp_path, **{'model.attention.kind': 'posrf-orff'})
-  with pytest.raises(ValueError, match=r'unknown attention kind .*Valid kinds: .*softmax'):
+  with pytest.raises(ValueError, match=r"unknown attention kind 'posrf-orff' \(nearest: posrf-orf, "
+                     r'.*see `kernelformer kernels`'):
     trainer.train_and_evaluate(c, str(tmp_path / 'run'))
