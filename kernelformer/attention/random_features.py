@@ -47,6 +47,7 @@ from kernelformer import registry
 from kernelformer.attention import linear
 from kernelformer.features import components as components_lib
 from kernelformer.features import learned as learned_lib
+from kernelformer.features import maps as maps_lib
 from kernelformer.features import weights as weights_lib
 
 Array = jax.Array
@@ -124,11 +125,17 @@ class RandomFeatureAttention(nn.Module):
   feature_eps: float = 1e-6
   share_heads: bool = False
   impl: str = 'auto'   # 'auto' (fused Pallas on GPU where supported, else XLA) | 'pallas' | 'xla'
+  map_dim: int = 0     # taylor: learned per-head projection of q, k to this many dims first (Based: 16)
 
   def _projection(self, head_dim: int, num_heads: int, step: Optional[Array]):
     """W for this call: ``Projection`` with a leading head axis (or none if ``share_heads``)."""
     if not components_lib.uses_projection(self.component):
       return None
+    if self.weights == 'map':
+      # The learned maps of features/maps.py (hedgehog, t2r, rebased, taylor's projection): parameters,
+      # one set per head, passed to the component in place of a projection.
+      return maps_lib.map_parameters(self, self.component, head_dim, num_heads,
+                                     num_features=self.num_features, map_dim=self.map_dim)
     base = self.make_rng('features')
     if self.weights in learned_lib.LEARNED:
       key = jax.random.fold_in(base, draw_index(step, self.redraw_every))
@@ -419,6 +426,12 @@ def _register_all() -> None:
             approximates="softmax exp(q.k/sqrt(d)) by FAVOR+ with M = 2, LRA's shifts and a +1e-6 floor",
             complexity=_CPLX_RF, aliases=('lra-listops-performer', 'lra-performer-listops'),
             extra_fixed={'num_features': 2, 'redraw_every': 1, 'share_heads': True})
+
+  # The deterministic and learned maps of today's linear-attention work (features/maps.py, issue 27).
+  for kind, (comp, paper, kernel, learnable) in maps_lib.KINDS.items():
+    learned = components_lib.uses_projection(comp)
+    _register(kind, comp, 'map' if learned else 'none', paper=paper, approximates=kernel,
+              complexity=_CPLX_ELU, learnable=learnable)
 
 
 _register_all()

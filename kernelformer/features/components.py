@@ -619,9 +619,16 @@ def uses_projection(name: str) -> bool:
   return _PARTS[_check(name)] > 0
 
 
-def feature_count(name: str, num_features: int, head_dim: int) -> int:
+# Components whose M' is not ``parts * M`` or d (``features/maps.py``): name -> fn(component, head_dim,
+# num_features=, map_dim=) -> M'.
+FEATURE_DIM: dict[str, Callable[..., int]] = {}
+
+
+def feature_count(name: str, num_features: int, head_dim: int, *, map_dim: int = 0) -> int:
   """M', the feature dimension the component returns for M = ``num_features`` rows of W."""
   parts = _PARTS[_check(name)]
+  if name in FEATURE_DIM:
+    return FEATURE_DIM[name](name, head_dim, num_features=num_features, map_dim=map_dim)
   return parts * num_features if parts else head_dim
 
 
@@ -682,3 +689,8 @@ def register_component(name: str, fn: ComponentFn, *, target_kernel: str, parts:
   if positive:
     POSITIVE = POSITIVE | {name}
   return name
+
+
+# The deterministic and learned maps of features/maps.py join COMPONENTS here, so every importer of this
+# module sees the same table (imported last: maps.py uses the helpers above).
+from kernelformer.features import maps as _maps  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position

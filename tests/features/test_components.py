@@ -16,6 +16,7 @@ import pytest
 
 from kernelformer.attention.linear import linear_attention
 from kernelformer.features import components as C
+from kernelformer.features import maps
 from kernelformer.features.projection import FastFoodBlocks, Projection, dense_matrix
 
 D = 8
@@ -30,6 +31,13 @@ def _features(name, q, k, proj, mask=None, stabilize=True):
 
 
 _attention = jax.jit(linear_attention)
+
+
+def _proj_for(name, m, seed):
+  """W for a random-feature component; features/maps.py's own parameters for its learned maps."""
+  if name in C.FEATURE_DIM:
+    return maps.example_params(name, D, jax.random.PRNGKey(seed), num_features=m, map_dim=4)
+  return _gauss_proj(seed, m) if C.uses_projection(name) else None
 
 
 def _normal(seed: int, shape) -> jax.Array:
@@ -196,10 +204,10 @@ def test_feature_signs_and_shapes(name):
   q = _points(1, (2, 7, D), 0.5, 3.0)
   k = -_points(2, (2, 9, D), 0.5, 3.0)
   m = 16
-  proj = _gauss_proj(3, m) if C.uses_projection(name) else None
+  proj = _proj_for(name, m, 3)
   for stabilize in (True, False):
     pq, pk = _features(name, q, k, proj, stabilize=stabilize)
-    width = C.feature_count(name, m, D)
+    width = C.feature_count(name, m, D, map_dim=4 if proj is not None and name == 'taylor' else 0)
     assert pq.shape == (2, 7, width) and pk.shape == (2, 9, width)
     if name in C.POSITIVE:
       assert bool(jnp.all(pq > 0)) and bool(jnp.all(pk > 0)), name
@@ -251,7 +259,7 @@ def test_valid_key_features_ignore_padding(name):
   k_pad = _points(3, (3, D), 50.0, 80.0)                     # garbage that would move A, Psi, the max
   k = jnp.concatenate([k_valid, k_pad])
   mask = jnp.arange(7) < 4
-  proj = _gauss_proj(4, 16) if C.uses_projection(name) else None
+  proj = _proj_for(name, 16, 4)
   pq, pk = _features(name, q, k, proj, mask=mask, stabilize=False)
   pq_ref, pk_ref = _features(name, q, k_valid, proj, stabilize=False)
   np.testing.assert_allclose(pq, pq_ref, rtol=1e-6)
@@ -288,13 +296,18 @@ def test_large_norms_finite_forward_and_backward(name):
   k = _points(2, (b, h, l, D), 1.0, 100.0)
   v = _normal(3, (b, l, h, 4))
   mask = jnp.stack([jnp.ones((l,), bool), jnp.arange(l) < 1])
-  matrix = _normal(4, (32, D))
   fn = C.COMPONENTS[name]
+  if name in C.FEATURE_DIM:        # features/maps.py: the map's own learned parameters
+    matrix = maps.example_params(name, D, jax.random.PRNGKey(4), num_features=32, map_dim=4)
+    make = lambda p: p
+  else:
+    matrix = _normal(4, (32, D))
+    make = lambda m: Projection(matrix=m) if C.uses_projection(name) else None
 
   @jax.jit
   def loss_and_grads(q, k, v, matrix):
     def loss(q, k, v, matrix):
-      proj = Projection(matrix=matrix) if C.uses_projection(name) else None
+      proj = make(matrix)
       pq, pk = fn(q, k, proj, mask=mask[:, None, :])
       out = linear_attention(_to_blhm(pq), _to_blhm(pk), v, mask=mask)
       return jnp.sum(out ** 2), out
@@ -302,10 +315,11 @@ def test_large_norms_finite_forward_and_backward(name):
 
   (val, out), grads = loss_and_grads(q, k, v, matrix)
   assert bool(jnp.all(jnp.isfinite(out))) and math.isfinite(float(val))
-  for g in grads:
+  for g in jax.tree.leaves(grads):
     assert bool(jnp.all(jnp.isfinite(g))), name
-  if C.uses_projection(name):
-    assert float(jnp.max(jnp.abs(grads[3]))) > 0.0      # W is learnable (FastFoodL, GMM): it gets a gradient
+  if C.uses_projection(name) and matrix is not None:
+    # W is learnable (FastFoodL, GMM; the maps' own parameters): it gets a gradient.
+    assert all(float(jnp.max(jnp.abs(g))) > 0.0 for g in jax.tree.leaves(grads[3])), name
 
 
 # ------------------------------------------------------------------------------------------
@@ -318,7 +332,7 @@ def test_bf16_in_bf16_out(name):
   # Shapes as in test_feature_signs_and_shapes, so the float32 reference reuses its compiled function.
   q = _points(1, (2, 7, D), 0.5, 30.0).astype(jnp.bfloat16)
   k = _points(2, (2, 9, D), 0.5, 30.0).astype(jnp.bfloat16)
-  proj = _gauss_proj(3, 16) if C.uses_projection(name) else None
+  proj = _proj_for(name, 16, 3)
   pq, pk = _features(name, q, k, proj)
   assert pq.dtype == jnp.bfloat16 and pk.dtype == jnp.bfloat16
   assert bool(jnp.all(jnp.isfinite(pq))) and bool(jnp.all(jnp.isfinite(pk)))

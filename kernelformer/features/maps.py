@@ -1,0 +1,263 @@
+"""The deterministic and learned feature maps of today's linear-attention work (issue 27).
+
+Each map is a component in the sense of ``components.py`` (``phi_q, phi_k = fn(q, k, params, mask=...,
+stabilize=...)``, one head at a time, features in at least float32, padded keys zeroed) and a registered
+kind of its own (``attention/random_features.py``), so it works wherever a kernel does: bidirectional and
+causal-chunked linear attention, the decoder's recurrent state, masks, bfloat16, the benchmarks. None of
+them estimates another kernel (``TARGET_KERNEL`` 'none'): the map *is* the kernel, and the attention
+module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)``:
+
+* ``taylor`` -- Based (Arora et al. 2024, "Simple linear attention language models balance the
+  recall-throughput tradeoff", section 3.1 / eq. 3): the second-order Taylor expansion of exp,
+  ``phi(x) = [1, x / d^(1/4), vec(x x^T) / (sqrt(2) d^(1/2))]``, so
+  ``phi(q).phi(k) = 1 + q.k/sqrt(d) + (q.k)^2 / (2d)``, M' = 1 + d + d^2. With ``map_dim = r > 0``, q and
+  k are first projected per head by a learned ``[r, d]`` matrix (Based projects q, k to a feature
+  dimension of 16 so that the state, (1 + r + r^2) x d_v, stays small); then d = r above.
+* ``hedgehog`` -- Zhang et al. 2024 ("The Hedgehog & the Porcupine"), eq. 4 ff.:
+  ``phi(x) = [softmax(W x), softmax(-W x)]`` over the feature axis, W a learned ``[d, d]`` per head,
+  initialised to the identity; M' = 2d. (The paper's attention-distillation loss is not implemented.)
+* ``t2r`` -- Kasai et al. 2021 ("Finetuning pretrained transformers into RNNs"), eq. 4:
+  ``phi(x) = relu(W x + b)``, W ``[M, d]`` and b ``[M]`` learned per head (M = ``num_features``; the
+  paper uses 32), W LeCun-normal, b zero.
+* ``dpfp``, ``dpfp-nu2``, ``dpfp-nu3`` -- Schlag et al. 2021 ("Linear transformers are secretly fast
+  weight programmers"), eqs. 31-32: ``r(x) = [relu(x), relu(-x)]`` in R^(2d),
+  ``phi(x)_{i,n} = r_i(x) r_{i+n}(x)`` (index mod 2d) for n = 1..nu, features ordered n-major; M' = 2 d nu.
+* ``rebased`` -- Aksenov et al. 2024 ("Linear transformers with learnable kernel functions are better
+  in-context models"), eq. 6: ``x' = gamma * norm(x) + beta`` with norm the affine-free layer norm
+  over the head's features and gamma, beta learned per head (init 1, 0); ``phi(x) = vec(x' x'^T)``, so
+  ``phi(q).phi(k) = (q'.k')^2``; M' = d^2.
+* elementwise maps (Zoology, flash-linear-attention's feature maps): ``identity`` x, ``square`` x^2,
+  ``squared-relu`` relu(x)^2, ``gelu`` gelu(x) (exact, erf), ``swish`` x sigmoid(x), ``sigmoid``
+  sigmoid(x); M' = d. (``linear-elu`` is PosELU, elu(x)+1, and ``relu`` exists already.)
+
+``identity``, ``square``'s products and ``gelu``/``swish`` can be negative; the attention core's
+``safe_normalizer`` keeps a row whose normalizer vanishes finite. All maps here are polynomial or
+bounded in x (no exp), so ``stabilize`` has nothing to do.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from kernelformer.features import components as C
+
+Array = jax.Array
+
+# DPFP's nu (Schlag et al. report nu = 1, 2, 3): kinds dpfp (nu = 1), dpfp-nu2, dpfp-nu3.
+DPFP_NU = 1
+DPFP_NUS = (1, 2, 3)
+# Based's projected feature dimension (its configs use feature_dim = 16).
+BASED_FEATURE_DIM = 16
+LAYER_NORM_EPS = 1e-5
+
+
+def _apply(f: Callable[[Array], Array], q: Array, k: Array, mask: Optional[Array]) -> tuple[Array, Array]:
+  """``f`` on q and on k in at least float32; padded keys get zero features; input dtypes out."""
+  dt = C._compute_dtype(q)  # pylint: disable=protected-access
+  mask = C._key_mask(mask, k)  # pylint: disable=protected-access
+  phi_q = f(q.astype(dt))
+  phi_k = C._zero_masked(f(k.astype(dt)), mask)  # pylint: disable=protected-access
+  return phi_q.astype(q.dtype), phi_k.astype(k.dtype)
+
+
+def _outer(x: Array) -> Array:
+  """vec(x x^T) over the last axis: [..., d] -> [..., d*d] (row-major)."""
+  d = x.shape[-1]
+  return (x[..., :, None] * x[..., None, :]).reshape(*x.shape[:-1], d * d)
+
+
+def taylor_features(x: Array) -> Array:
+  d = x.shape[-1]
+  ones = jnp.ones((*x.shape[:-1], 1), x.dtype)
+  return jnp.concatenate([ones, x * d ** -0.25, _outer(x) / (math.sqrt(2.0) * math.sqrt(d))], axis=-1)
+
+
+def dpfp_features(x: Array, nu: int = DPFP_NU) -> Array:
+  r = jnp.concatenate([jax.nn.relu(x), jax.nn.relu(-x)], axis=-1)
+  # roll by -i: position j holds r_{j+i} (indices mod 2d), as Schlag et al.'s r_i r_{i+nu}.
+  return jnp.concatenate([r * jnp.roll(r, -i, axis=-1) for i in range(1, nu + 1)], axis=-1)
+
+
+def hedgehog_features(x: Array, w: Array) -> Array:
+  z = jnp.einsum('...d,md->...m', x, w)
+  return jnp.concatenate([jax.nn.softmax(z, axis=-1), jax.nn.softmax(-z, axis=-1)], axis=-1)
+
+
+def t2r_features(x: Array, w: Array, b: Array) -> Array:
+  return jax.nn.relu(jnp.einsum('...d,md->...m', x, w) + b)
+
+
+def rebased_features(x: Array, gamma: Array, beta: Array) -> Array:
+  mu = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+  xn = (x - mu) * jax.lax.rsqrt(var + LAYER_NORM_EPS)
+  return _outer(gamma * xn + beta)
+
+
+ELEMENTWISE: dict[str, tuple[Callable[[Array], Array], str]] = {
+    'identity': (lambda x: x, 'x (Zoology "Identity"; fla identity)'),
+    'square': (jnp.square, 'x^2 elementwise (Zoology "Square")'),
+    'squared_relu': (lambda x: jnp.square(jax.nn.relu(x)), 'relu(x)^2 (fla SquaredReLU)'),
+    'gelu': (lambda x: jax.nn.gelu(x, approximate=False), 'gelu(x), exact (fla GELU)'),
+    'swish': (jax.nn.silu, 'x sigmoid(x) (fla Swish)'),
+    'sigmoid': (jax.nn.sigmoid, 'sigmoid(x) (fla Sigmoid)'),
+}
+
+
+def _elementwise(f):
+  def component(q, k, proj=None, *, mask=None, stabilize=True):
+    del proj, stabilize
+    return _apply(f, q, k, mask)
+  return component
+
+
+def taylor(q, k, proj=None, *, mask=None, stabilize=True):
+  """Based's Taylor map; ``proj`` = the learned ``[r, d]`` projection (a 1-tuple) or None."""
+  del stabilize
+
+  def f(x):
+    if proj is not None:
+      x = jnp.einsum('...d,rd->...r', x, proj[0].astype(x.dtype))
+    return taylor_features(x)
+  return _apply(f, q, k, mask)
+
+
+def dpfp(q, k, proj=None, *, mask=None, stabilize=True, nu: int = DPFP_NU):
+  del proj, stabilize
+  return _apply(lambda x: dpfp_features(x, nu), q, k, mask)
+
+
+def hedgehog(q, k, proj, *, mask=None, stabilize=True):
+  del stabilize
+  return _apply(lambda x: hedgehog_features(x, proj[0].astype(x.dtype)), q, k, mask)
+
+
+def t2r(q, k, proj, *, mask=None, stabilize=True):
+  del stabilize
+  return _apply(lambda x: t2r_features(x, proj[0].astype(x.dtype), proj[1].astype(x.dtype)), q, k, mask)
+
+
+def rebased(q, k, proj, *, mask=None, stabilize=True):
+  del stabilize
+  return _apply(lambda x: rebased_features(x, proj[0].astype(x.dtype), proj[1].astype(x.dtype)),
+                q, k, mask)
+
+
+# ------------------------------------------------------------------------------------------------
+# Learned parameters (created by the attention module, one set per head, passed as ``proj``).
+
+
+def _identity_init(key, shape, dtype=jnp.float32):
+  del key
+  eye = jnp.eye(shape[-2], shape[-1], dtype=dtype)
+  return jnp.broadcast_to(eye, shape)
+
+
+def map_parameters(module, component: str, head_dim: int, num_heads: int, *, num_features: int,
+                   map_dim: int) -> Optional[tuple[Array, ...]]:
+  """The learned parameters of ``component`` as ``module.param``s with a leading head axis, or None.
+
+  Names (for the optimizer's decay mask and checkpoints): ``map_w`` (hedgehog, t2r; taylor with
+  ``map_dim``), ``map_b`` (t2r), ``map_gamma`` / ``map_beta`` (rebased).
+  """
+  h, d = num_heads, head_dim
+  lecun = jax.nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal', in_axis=-1,
+                                               out_axis=-2, batch_axis=(0,))
+  if component == 'taylor':
+    if not map_dim:
+      return None
+    return (module.param('map_w', lecun, (h, map_dim, d)),)
+  if component == 'hedgehog':
+    return (module.param('map_w', _identity_init, (h, d, d)),)
+  if component == 't2r':
+    return (module.param('map_w', lecun, (h, num_features, d)),
+            module.param('map_b', jax.nn.initializers.zeros, (h, num_features)))
+  if component == 'rebased':
+    return (module.param('map_gamma', jax.nn.initializers.ones, (h, d)),
+            module.param('map_beta', jax.nn.initializers.zeros, (h, d)))
+  return None
+
+
+def _dpfp_name(nu: int) -> str:
+  return 'dpfp' if nu == 1 else f'dpfp{nu}'
+
+
+def feature_dim(component: str, head_dim: int, *, num_features: int = 0, map_dim: int = 0) -> int:
+  """M' of each map here."""
+  d = head_dim
+  if component == 'taylor':
+    r = map_dim or d
+    return 1 + r + r * r
+  if component == 'hedgehog':
+    return 2 * d
+  if component == 't2r':
+    return num_features
+  for nu in DPFP_NUS:
+    if component == _dpfp_name(nu):
+      return 2 * d * nu
+  if component == 'rebased':
+    return d * d
+  if component in ELEMENTWISE:
+    return d
+  raise ValueError(f'{component!r} is not a map of kernelformer/features/maps.py')
+
+
+# Registry kind name -> (component, paper/equation, kernel it defines, learned parameters).
+KINDS: dict[str, tuple[str, str, str, str]] = {
+    'taylor': ('taylor', 'Arora et al. 2024 (Based), sec. 3.1, 2nd-order Taylor map of exp',
+               '1 + q.k/sqrt(d) + (q.k)^2/(2d) (after the optional learned projection to map_dim)',
+               'map_w [H, map_dim, d] when map_dim > 0'),
+    'hedgehog': ('hedgehog', 'Zhang et al. 2024 (Hedgehog), [softmax(Wx), softmax(-Wx)]',
+                 'its own kernel phi(q).phi(k), M\' = 2d', 'map_w [H, d, d] (identity init)'),
+    't2r': ('t2r', 'Kasai et al. 2021 (T2R), eq. 4, relu(Wx + b)', 'its own kernel, M\' = num_features',
+            'map_w [H, M, d], map_b [H, M]'),
+    **{('dpfp' if nu == 1 else f'dpfp-nu{nu}'): (_dpfp_name(nu), f'Schlag et al. 2021 (DPFP), eqs. 31-32, '
+                                                 f'nu = {nu}', f'its own kernel, M\' = {2 * nu} d', '-')
+       for nu in DPFP_NUS},
+    'rebased': ('rebased', 'Aksenov et al. 2024 (ReBased), eq. 6, (gamma norm(x) + beta)^2',
+                '(q\'.k\')^2 with x\' = gamma norm(x) + beta', 'map_gamma, map_beta [H, d]'),
+    **{name.replace('_', '-'): (name, f'elementwise feature map {text}', 'its own kernel, M\' = d', '-')
+       for name, (_, text) in ELEMENTWISE.items()},
+}
+LEARNED_MAPS = frozenset({'hedgehog', 't2r', 'rebased'})   # always have parameters (taylor: with map_dim)
+
+
+def _register_components() -> None:
+  entries: dict[str, Any] = {'taylor': taylor, 'hedgehog': hedgehog, 't2r': t2r, 'rebased': rebased}
+  for nu in DPFP_NUS:
+    entries[_dpfp_name(nu)] = functools.partial(dpfp, nu=nu)
+  entries.update({name: _elementwise(f) for name, (f, _) in ELEMENTWISE.items()})
+  for name, fn in entries.items():
+    if name in C.COMPONENTS:
+      continue
+    C.COMPONENTS[name] = fn
+    C.TARGET_KERNEL[name] = 'none'
+    # parts: 1 where the map takes parameters through ``proj`` (so the module builds them), else 0.
+    C._PARTS[name] = 1 if name in LEARNED_MAPS or name == 'taylor' else 0  # pylint: disable=protected-access
+  # Strictly positive features (softmax, sigmoid); the others can give a row an all-zero feature
+  # vector or signed features (taylor's kernel is positive, 1 + s + s^2/2 > 0, its features are not).
+  C.POSITIVE = C.POSITIVE | {'hedgehog', 'sigmoid'}
+  C.FEATURE_DIM.update({name: feature_dim for name in entries})
+
+
+_register_components()
+
+
+def example_params(component: str, head_dim: int, key: Array, *, num_features: int = 16,
+                   map_dim: int = 4, scale: float = 0.5) -> Optional[tuple[Array, ...]]:
+  """One head's parameters of ``component`` away from their initial values (tests, benchmarks)."""
+  d = head_dim
+  k1, k2 = jax.random.split(key)
+  if component == 'taylor':
+    return (jax.random.normal(k1, (map_dim, d)) * d ** -0.5,)
+  if component == 'hedgehog':
+    return (jnp.eye(d) + scale * jax.random.normal(k1, (d, d)) * d ** -0.5,)
+  if component == 't2r':
+    return (jax.random.normal(k1, (num_features, d)) * d ** -0.5, scale * jax.random.normal(k2, (num_features,)))
+  if component == 'rebased':
+    return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)))
+  return None
