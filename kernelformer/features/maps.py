@@ -238,9 +238,10 @@ def _register_components() -> None:
     C.TARGET_KERNEL[name] = 'none'
     # parts: 1 where the map takes parameters through ``proj`` (so the module builds them), else 0.
     C._PARTS[name] = 1 if name in LEARNED_MAPS or name == 'taylor' else 0  # pylint: disable=protected-access
-  # Strictly positive features (softmax, sigmoid); the others can give a row an all-zero feature
-  # vector or signed features (taylor's kernel is positive, 1 + s + s^2/2 > 0, its features are not).
-  C.POSITIVE = C.POSITIVE | {'hedgehog', 'sigmoid'}
+  # None joins components.POSITIVE: relu-based maps can give a row all-zero features, identity/gelu/
+  # swish/taylor/rebased have signed features (taylor's kernel 1 + s + s^2/2 is positive, its features
+  # are not), and hedgehog's softmax and sigmoid, positive in exact arithmetic, underflow to 0 at large
+  # norms (there is no shift to stabilize them, unlike the exp-based random features).
   C.FEATURE_DIM.update({name: feature_dim for name in entries})
 
 

@@ -52,6 +52,9 @@ _NO_DECAY = frozenset({'bias', 'scale', 'cls'})
 # (``attention/random_features.py``: ``build_learned(..., name='sampler')``): GMM ``means``/``factors``,
 # learnable FastFood ``row_len``/``g``/``b``, the generator's dense layers and batch norms.
 SAMPLER_SCOPE = 'sampler'
+# The learned feature maps' parameters (``features/maps.py``: hedgehog/t2r ``map_w``, t2r ``map_b``,
+# rebased ``map_gamma``/``map_beta``, taylor's ``map_w`` projection) define the kernel as a sampler's do.
+MAP_PARAM_PREFIX = 'map_'
 
 
 def _names(path) -> list[str]:
@@ -70,7 +73,8 @@ def decay_mask(params, mode: str = DEFAULT_DECAY_MASK):
     CLS token and the learned samplers' parameters).
   * ``'matrices'``: weight matrices and embeddings only (standard AdamW practice), chosen by the
     parameter's name, not its rank: never ``bias``, ``scale`` (LayerNorm) or the CLS token (per-head
-    biases are 2-D and the CLS token 3-D), and nothing under a learned sampler (``sampler/...``). A
+    biases are 2-D and the CLS token 3-D), nothing under a learned sampler (``sampler/...``) and no
+    learned feature-map parameter (``map_*``: Hedgehog's identity-initialised W, ReBased's gamma/beta). A
     sampler's parameters define the kernel's spectral distribution -- GMM means and factors (factors
     start at the identity), FastFood row lengths, Gaussian and sign diagonals, and the generator that
     outputs W -- so decaying them towards 0 shrinks the frequencies, i.e. widens the kernel's
@@ -84,7 +88,8 @@ def decay_mask(params, mode: str = DEFAULT_DECAY_MASK):
       return True
     names = _names(path)
     name = names[-1] if names else ''
-    return p.ndim > 1 and name not in _NO_DECAY and SAMPLER_SCOPE not in names[:-1]
+    return (p.ndim > 1 and name not in _NO_DECAY and SAMPLER_SCOPE not in names[:-1]
+            and not name.startswith(MAP_PARAM_PREFIX))
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
