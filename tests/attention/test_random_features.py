@@ -18,6 +18,7 @@ from kernelformer.attention import random_features as rf
 from kernelformer.attention import rpe
 from kernelformer.attention import softmax
 from kernelformer.features import learned
+from kernelformer.features import maps
 from kernelformer.features import weights as weights_lib
 
 B, L, H, D = 2, 12, 2, 8
@@ -86,11 +87,14 @@ def test_every_name_forward_and_grad_under_jit(name):
   """Builds from the registry, init + apply + grad under jit; learned samplers get per-head grads."""
   module = registry.build({'kind': name, 'num_features': _num_features(name), 'redraw_every': 5})
   q, k, v, mask = _inputs()
-  learnable = registry.get(name).fixed['weights'] in learned.LEARNED
+  weights = registry.get(name).fixed['weights']
+  # Learned samplers, and the learned feature maps (features/maps.py; taylor only with map_dim > 0).
+  learnable = weights in learned.LEARNED or registry.get(name).fixed['component'] in maps.LEARNED_MAPS
+  has_init = weights in learned.LEARNED or weights == 'map'
 
   def run(q, k, v):
     # Fixed samplers own no parameters: skip tracing ``init`` (tracing is a large part of the cost).
-    params = module.init(RNGS, q, k, v, mask=mask)['params'] if learnable else {}
+    params = module.init(RNGS, q, k, v, mask=mask).get('params', {}) if has_init else {}
 
     def loss(params, q, k, v):
       out = module.apply({'params': params}, q, k, v, mask=mask, step=jnp.int32(7),
