@@ -18,6 +18,7 @@ _MODULES = {
     # Causal language-model tasks (kernelformer/decoder.py): byte-level enwik8 and synthetic recall.
     'enwik8': 'lra_tasks.enwik8',
     'mqar': 'lra_tasks.mqar',
+    'mqar_legacy': 'lra_tasks.mqar_legacy',
     'selective_copy': 'lra_tasks.selective_copy',
 }
 

@@ -1,18 +1,40 @@
 """Synthetic recall tasks for causal models, generated on the fly: MQAR and selective copy.
 
-Both are language-model tasks (``LMTaskInfo``): an example is ``inputs int32[L]`` and ``targets
+All are language-model tasks (``LMTaskInfo``): an example is ``inputs int32[L]`` and ``targets
 int32[L]`` where ``targets[p]`` is the token the model must predict after reading ``inputs[:p + 1]``,
 and 0 wherever nothing is asked: loss and accuracy count only the query positions. Example ``i`` of a
 split is a pure function of ``(data.seed, split, i)`` (``np.random.default_rng([seed, split, i])``), so
 nothing is written to disk and every process and resumed run sees the same data.
 
-**MQAR** -- multi-query associative recall (Arora et al. 2023, "Zoology", §3.1 and their
-``multiquery_ar`` generator). Vocabulary ``0`` padding, ``1`` filler, keys ``[2, 2 + K)``, values
-``[2 + K, V)`` with ``K = (V - 2) // 2``. A sequence holds ``N = data.num_pairs`` key-value pairs with
-distinct keys (``k_1 v_1 ... k_N v_N``), then every key once more, in a random order, each at a random
-slot of the rest of the sequence and followed by its value; the other positions hold the filler. The
-target at a queried key is its value. Zoology draws the query gaps from a power law and uses token 0 as
-filler; here the slots are uniform and the filler is its own token (0 is padding in this codebase).
+**MQAR** (``mqar``, the default) -- multi-query associative recall exactly as Zoology generates it
+(Arora et al. 2023, §3.1; ``multiquery_ar`` in HazyResearch/zoology ``zoology/data/multiquery_ar.py``
+at d88d6f5, lines 88-137; the same code as ``_mqar`` in ``zoology/data/associative_recall.py`` at
+66f4918, lines 281-330, the commit behind the paper's figure 2). With ``V = data.vocab_size``,
+``N = data.num_pairs``, ``L = data.max_length``:
+
+* keys: ``N`` distinct ids from ``[1, V // 2)``; values: ``N`` distinct ids from ``[V // 2, V)``
+  (both without replacement, so the values of one example are distinct);
+* the sequence starts with the pairs ``k_1 v_1 ... k_N v_N`` (``2N`` tokens); the rest is ``0``;
+* key ``k_i`` is queried once at position ``2N + 2 g_i``, where the gaps ``g_1..g_N`` are drawn without
+  replacement from ``{0, ..., S - 1}``, ``S = (L - 2N) // 2``, with probabilities
+  ``p(g) ∝ a (g + 1)^(a - 1)``, ``a = data.power_a`` (0.01): a power law, most queries soon after the
+  pairs (``gap_pmf``);
+* the target at a query position is the key's value; the value is **not** written after the query
+  (the next token is ``0``), so later queries cannot be answered by elimination;
+* ``data.random_non_queries`` (Zoology's flag; False in its figure-2 configs) replaces the ``0`` fillers
+  by uniform ids from ``[0, V)``.
+
+Token ``0`` is Zoology's filler, not padding: sequences are never padded, so ``LMTaskInfo.pad_id`` is
+None and the decoder attends to every position, as Zoology's model does. With ``data.query_targets``
+(default True) an example holds ``targets int32[N]`` and ``inputs_query_positions int32[N]`` (sorted):
+the decoder computes logits only at those positions (the loss is the same; the ``V``-wide output
+projection runs on ``N`` rows instead of ``L``). False gives ``targets int32[L]``, 0 off the queries.
+
+**Legacy MQAR** (``mqar_legacy``, this repository's variant before issue 22, kept for its measured
+runs): vocabulary ``0`` padding, ``1`` filler, keys ``[2, 2 + K)``, values ``[2 + K, V)`` with
+``K = (V - 2) // 2``, values drawn **with** replacement, query slots uniform, and every queried key
+followed by its value -- so a later query can be answered by elimination among the values not yet
+shown (about 52 % at 4 pairs without any recall). Not Zoology's task.
 
 **Selective copy** (Gu & Dao 2023, "Mamba", §3.1): ``N`` data tokens at random positions of a context of
 ``L - N - 1`` filler tokens, then a separator, then the data tokens again in order; the model must emit
@@ -23,7 +45,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -40,15 +62,66 @@ class LMTaskInfo(common.TaskInfo):
 
   language_model: bool = True
   metric: str = 'accuracy'     # 'accuracy' (on target positions) | 'bits_per_byte'
+  pad_id: Optional[int] = 0    # the padding token the decoder masks as a key; None: nothing is padding
 
 
 def _split_size(data: Any, split: str) -> int:
   return int({'train': data.num_train, 'val': data.num_val, 'test': data.num_test}[split])
 
 
-def mqar_example(seed: int, split: str, index: int, *, vocab_size: int, num_pairs: int,
-                 length: int) -> dict[str, np.ndarray]:
-  """MQAR example ``index`` of ``split`` (module docstring): ``inputs``, ``targets`` int32[length]."""
+def gap_pmf(space: int, power_a: float) -> np.ndarray:
+  """Zoology's query-gap distribution over ``{0, ..., space - 1}``: ``p(g) ∝ a (g + 1)^(a - 1)``
+  (``multiquery_ar.py`` at d88d6f5, lines 115-117). The first key's gap has exactly this law; the
+  others are drawn from it without replacement."""
+  g = np.arange(1, space + 1, dtype=np.float64)
+  p = power_a * g ** (power_a - 1.0)
+  return p / p.sum()
+
+
+def zoology_mqar_example(seed: int, split: str, index: int, *, vocab_size: int, num_pairs: int,
+                         length: int, power_a: float = 0.01, random_non_queries: bool = False,
+                         query_targets: bool = True) -> dict[str, np.ndarray]:
+  """Zoology MQAR example ``index`` of ``split`` (module docstring, ``mqar``).
+
+  Same distribution as Zoology's ``multiquery_ar`` (its draws, in its order: keys, values, gaps), from
+  a per-example ``np.random.default_rng([seed, split, index])`` instead of one global seed.
+  """
+  rng = np.random.default_rng([int(seed), _SPLIT_IDS[split], int(index)])
+  half = vocab_size // 2
+  keys = 1 + rng.choice(half - 1, size=num_pairs, replace=False)            # [1, V/2)
+  values = half + rng.choice(vocab_size - half, size=num_pairs, replace=False)   # [V/2, V), distinct
+  context = 2 * num_pairs
+  space = (length - context) // 2
+  gaps = rng.choice(space, size=num_pairs, replace=False, p=gap_pmf(space, power_a))
+  seq = np.zeros((length,), np.int32)
+  seq[0:context:2], seq[1:context:2] = keys, values
+  pos = context + 2 * gaps
+  seq[pos] = keys                                   # the query; nothing is written after it
+  if random_non_queries:
+    fill = rng.integers(0, vocab_size, size=length)
+    seq = np.where(seq == 0, fill, seq).astype(np.int32)
+  order = np.argsort(pos)
+  if query_targets:
+    return {'inputs': seq, 'targets': values[order].astype(np.int32),
+            'inputs_query_positions': pos[order].astype(np.int32)}
+  targets = np.zeros((length,), np.int32)
+  targets[pos] = values
+  return {'inputs': seq, 'targets': targets}
+
+
+def dense_targets(example: dict[str, np.ndarray]) -> np.ndarray:
+  """``targets int32[L]`` (0 off the queries) of an example in either format."""
+  if 'inputs_query_positions' not in example:
+    return np.asarray(example['targets'])
+  out = np.zeros(np.shape(example['inputs']), np.int32)
+  out[np.asarray(example['inputs_query_positions'])] = example['targets']
+  return out
+
+
+def mqar_legacy_example(seed: int, split: str, index: int, *, vocab_size: int, num_pairs: int,
+                        length: int) -> dict[str, np.ndarray]:
+  """Legacy MQAR example ``index`` of ``split`` (module docstring, ``mqar_legacy``):
+  ``inputs``, ``targets`` int32[length]."""
   rng = np.random.default_rng([int(seed), _SPLIT_IDS[split], int(index)])
   num_keys = (vocab_size - 2) // 2
   keys = 2 + rng.choice(num_keys, size=num_pairs, replace=False)
@@ -116,16 +189,51 @@ class _RecallTask(abc.ABC):
 
 
 class MQARTask(_RecallTask):
+  """Zoology's MQAR (module docstring)."""
+
   name = 'mqar'
+
+  def info(self, data: Any) -> LMTaskInfo:
+    self._validate(data)
+    v = int(data.vocab_size)
+    return LMTaskInfo(num_classes=v, vocab_size=v, max_length=int(data.max_length), pad_id=None)
+
+  def _validate(self, data: Any) -> None:
+    v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
+    a = float(data.get('power_a', 0.01))
+    if n < 1 or v // 2 - 1 < n:
+      raise common.DataError(f'mqar: data.vocab_size={v} gives {max(v // 2 - 1, 0)} keys [1, V/2), '
+                             f'fewer than data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
+    if length < 4 * n or length % 2:
+      raise common.DataError(f'mqar: data.max_length={length} must be even and >= 4 * num_pairs = '
+                             f'{4 * n} (the pairs, then a query slot pair per key; as Zoology)')
+    if not a > 0:
+      raise common.DataError(f'mqar: data.power_a={a} must be > 0 (1.0 = uniform gaps)')
+
+  def source(self, data: Any, split: str) -> GeneratedSource:
+    self._validate(data)
+    kw = dict(vocab_size=int(data.vocab_size), num_pairs=int(data.num_pairs),
+              length=int(data.max_length), power_a=float(data.get('power_a', 0.01)),
+              random_non_queries=bool(data.get('random_non_queries', False)),
+              query_targets=bool(data.get('query_targets', True)))
+    seed = int(data.seed)
+    return GeneratedSource(lambda i: zoology_mqar_example(seed, split, i, **kw),
+                           _split_size(data, split))
+
+
+class LegacyMQARTask(_RecallTask):
+  """This repository's MQAR before issue 22 (module docstring, ``mqar_legacy``)."""
+
+  name = 'mqar_legacy'
 
   def _validate(self, data: Any) -> None:
     v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
     num_keys = (v - 2) // 2
     if n < 1 or num_keys < n or v - 2 - num_keys < 1:
-      raise common.DataError(f'mqar: data.vocab_size={v} gives {num_keys} keys, fewer than '
+      raise common.DataError(f'mqar_legacy: data.vocab_size={v} gives {num_keys} keys, fewer than '
                              f'data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
     if length < 4 * n:
-      raise common.DataError(f'mqar: data.max_length={length} must be >= 4 * num_pairs = {4 * n} '
+      raise common.DataError(f'mqar_legacy: data.max_length={length} must be >= 4 * num_pairs = {4 * n} '
                              '(the pairs, then every key queried once with its value)')
 
   def source(self, data: Any, split: str) -> GeneratedSource:
@@ -133,7 +241,8 @@ class MQARTask(_RecallTask):
     kw = dict(vocab_size=int(data.vocab_size), num_pairs=int(data.num_pairs),
               length=int(data.max_length))
     seed = int(data.seed)
-    return GeneratedSource(lambda i: mqar_example(seed, split, i, **kw), _split_size(data, split))
+    return GeneratedSource(lambda i: mqar_legacy_example(seed, split, i, **kw),
+                           _split_size(data, split))
 
 
 class SelectiveCopyTask(_RecallTask):
@@ -155,4 +264,5 @@ class SelectiveCopyTask(_RecallTask):
 
 
 TASK = MQARTask()
+LEGACY = LegacyMQARTask()
 SELECTIVE_COPY = SelectiveCopyTask()
