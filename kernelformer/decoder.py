@@ -57,6 +57,8 @@ from kernelformer.layers import RelativePositionBias, _attention_options, pre_ln
 
 Array = Any
 
+QUERY_POSITIONS_KEY = 'inputs_query_positions'   # the trainer passes every batch key named inputs*
+
 # Components whose features use statistics of every position (Spectraformer eqs. 35-36).
 SEQUENCE_STATISTIC_COMPONENTS = ('oprf', 'saderf')
 
@@ -250,8 +252,69 @@ class CausalSelfAttention(nn.Module):
     return out
 
 
+STATE_MIXERS = ('mlp', 'identity', 'none')
+
+
+class ShortConv(nn.Module):
+  """Causal depthwise convolution along the length: ``y_t = b + sum_{j<K} w_j * u_{t-K+1+j}`` per channel
+  (zeros before the start). Zoology's ``ShortConvolution`` (``zoology/mixers/convolution.py`` at
+  d88d6f5, lines 32-62: ``nn.Conv1d(groups=d_model, padding=K-1)`` truncated to the first L outputs),
+  with PyTorch's default ``Conv1d`` initialisation, U(-1/sqrt(K), 1/sqrt(K)) for weights and bias
+  (Zoology's ``_init_weights`` re-initialises only Linear and Embedding layers).
+
+  ``decode=True``: one token per call; the previous ``K - 1`` inputs are carried in the ``cache``
+  collection (``conv_inputs [B, K-1, D]``), so the step equals the full convolution.
+  """
+
+  kernel_size: int
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, u):
+    k, d = self.kernel_size, u.shape[-1]
+    bound = 1.0 / math.sqrt(k)
+    init = lambda key, shape: jax.random.uniform(key, shape, jnp.float32, -bound, bound)
+    w = self.param('kernel', init, (k, d))
+    b = self.param('bias', init, (d,))
+    if self.decode:
+      if u.shape[1] != 1:
+        raise ValueError(f'decode=True takes one token per call, got {u.shape[1]}')
+      prev = self.variable('cache', 'conv_inputs', jnp.zeros, (u.shape[0], k - 1, d), u.dtype)
+      window = jnp.concatenate([prev.value, u], axis=1)                 # [B, K, D]
+      prev.value = window[:, 1:]
+      return (jnp.einsum('bkd,kd->bd', window, w.astype(u.dtype)) + b.astype(u.dtype))[:, None]
+    length = u.shape[1]
+    padded = jnp.pad(u, ((0, 0), (k - 1, 0), (0, 0)))
+    out = sum(padded[:, j:j + length] * w[j].astype(u.dtype) for j in range(k))
+    return out + b.astype(u.dtype)
+
+
+class BaseConv(nn.Module):
+  """Zoology's BaseConv mixer with a short kernel: ``y = ShortConv(u) * (u W + c) + u``
+  (``zoology/mixers/base_conv.py`` at d88d6f5, lines 50-63, ``use_act=False``; its Linear initialised
+  N(0, 0.02) with zero bias by Zoology's ``_init_weights``, ``zoology/model.py`` lines 144-147)."""
+
+  kernel_size: int
+  decode: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, u):
+    conv = ShortConv(self.kernel_size, decode=self.decode, name='conv')(u)
+    proj = nn.Dense(u.shape[-1], dtype=self.dtype, name='projection',
+                    kernel_init=nn.initializers.normal(stddev=0.02))(u)
+    return conv * proj + u
+
+
 class DecoderBlock(nn.Module):
-  """Pre-LN block as ``layers.EncoderBlock``, with causal self-attention and a decode step."""
+  """Pre-LN block as ``layers.EncoderBlock``, with causal self-attention and a decode step.
+
+  ``mixer='base_conv'`` replaces the attention by Zoology's ``BaseConv`` (``short_conv`` taps).
+  ``state_mixer``: ``'mlp'`` (the usual ``x + MLP(LN(x))``); ``'identity'``: Zoology's
+  ``TransformerBlock`` with ``state_mixer=torch.nn.Identity`` (``zoology/model.py`` at d88d6f5, lines
+  205-215: the second branch is ``norm2``'s output itself, so the block adds ``LN(x)``); ``'none'``:
+  no second branch.
+  """
 
   num_heads: int
   qkv_dim: int
@@ -261,15 +324,30 @@ class DecoderBlock(nn.Module):
   dropout_rate: float = 0.0
   decode: bool = False
   dtype: Any = jnp.float32
+  mixer: str = 'attention'        # 'attention' | 'base_conv'
+  short_conv: int = 3
+  state_mixer: str = 'mlp'
 
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
-    attention = CausalSelfAttention(self.num_heads, self.qkv_dim, self.attention, self.max_length,
-                                    decode=self.decode, dtype=self.dtype, name='attention')
-    return pre_ln_residuals(
-        x, lambda y: attention(y, mask=mask, step=step, deterministic=deterministic,
-                               position_bias=position_bias),
-        self.mlp_dim, self.dropout_rate, self.dtype, deterministic)
+    if self.mixer == 'base_conv':
+      conv = BaseConv(self.short_conv, decode=self.decode, dtype=self.dtype, name='base_conv')
+      mix = conv
+    else:
+      attention = CausalSelfAttention(self.num_heads, self.qkv_dim, self.attention, self.max_length,
+                                      decode=self.decode, dtype=self.dtype, name='attention')
+      mix = lambda y: attention(y, mask=mask, step=step, deterministic=deterministic,
+                                position_bias=position_bias)
+    if self.state_mixer == 'mlp':
+      return pre_ln_residuals(x, mix, self.mlp_dim, self.dropout_rate, self.dtype, deterministic)
+    if self.state_mixer not in STATE_MIXERS:
+      raise ValueError(f"state_mixer must be one of {', '.join(STATE_MIXERS)}, got {self.state_mixer!r}")
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    x = x + nn.Dropout(self.dropout_rate)(mix(y), deterministic=deterministic)
+    if self.state_mixer == 'none':
+      return x
+    y = nn.LayerNorm(dtype=self.dtype)(x)
+    return x + nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
 
 
 def sinusoid_at(positions: Array, dim: int, max_scale: float = 10000.0) -> Array:
@@ -283,7 +361,11 @@ def sinusoid_at(positions: Array, dim: int, max_scale: float = 10000.0) -> Array
 
 
 class Decoder(nn.Module):
-  """Decoder-only LM: ``inputs [B, L]`` (or a batch dict with ``inputs``) -> logits ``[B, L, vocab]``."""
+  """Decoder-only LM: ``inputs [B, L]`` (or a batch dict with ``inputs``) -> logits ``[B, L, vocab]``.
+
+  A batch dict that also holds ``inputs_query_positions int32[B, Q]`` (Zoology's MQAR with
+  ``data.query_targets``) gets logits ``[B, Q, vocab]`` at those positions only.
+  """
 
   vocab_size: int
   emb_dim: int
@@ -298,11 +380,22 @@ class Decoder(nn.Module):
   tie_embeddings: bool = True
   decode: bool = False
   dtype: Any = jnp.float32
+  # Zoology's model options (docs/recall.md): short_conv > 0 makes the even-numbered blocks (0, 2, ...)
+  # BaseConv layers with that many taps and the odd ones attention, as Zoology's
+  # Hybrid(configs=[BaseConv, mixer]) picks configs[layer_idx % 2] (zoology/mixers/hybrid.py at
+  # d88d6f5, line 26); state_mixer as DecoderBlock.
+  short_conv: int = 0
+  state_mixer: str = 'mlp'
+  pad_id: Optional[int] = 0          # masked as a key; None: no token is padding (Zoology's MQAR)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool = False, step=None):
+    query_positions = None
     if isinstance(inputs, Mapping):
+      query_positions = inputs.get(QUERY_POSITIONS_KEY)
       inputs = inputs['inputs']
+    if query_positions is not None and self.decode:
+      raise ValueError(f'{QUERY_POSITIONS_KEY} applies to the full forward, not to decode=True')
     attention = dict(self.attention)
     check_causal(attention['kind'])
     spec = registry.get(attention['kind'])
@@ -321,7 +414,7 @@ class Decoder(nn.Module):
       mask = None
     else:
       positions = jnp.arange(length)
-      mask = inputs != 0
+      mask = None if self.pad_id is None else inputs != self.pad_id
     if self.pos_encoding == 'sinusoidal':
       x = x + sinusoid_at(positions, self.emb_dim)[None]
     elif self.pos_encoding == 'learned':
@@ -339,10 +432,16 @@ class Decoder(nn.Module):
                          'bias (rpe=True)')
       bias = RelativePositionBias(self.num_heads, name='position_bias')(self.max_length)
     for i in range(self.num_layers):
+      mixer = 'base_conv' if self.short_conv > 0 and i % 2 == 0 else 'attention'
       x = DecoderBlock(self.num_heads, self.qkv_dim, self.mlp_dim, attention, self.max_length,
                        dropout_rate=self.dropout_rate, decode=self.decode, dtype=self.dtype,
+                       mixer=mixer, short_conv=self.short_conv, state_mixer=self.state_mixer,
                        name=f'block_{i}')(x, mask=mask, step=step, deterministic=deterministic,
                                           position_bias=bias)
+    if query_positions is not None:
+      # Logits only where a target is asked: gather those rows before the final norm (per position)
+      # and the V-wide projection. Same loss as full logits masked to the queries.
+      x = jnp.take_along_axis(x, jnp.asarray(query_positions, jnp.int32)[..., None], axis=1)
     x = nn.LayerNorm(dtype=self.dtype, name='final_norm')(x).astype(jnp.float32)
     if self.tie_embeddings:
       return embed.attend(x)
@@ -417,7 +516,12 @@ def build_decoder(model_config, info) -> Decoder:
   if m.dtype not in DTYPES:
     raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
   tie = bool(m.get('tie_embeddings', True))
+  state_mixer = str(m.get('state_mixer', 'mlp'))
+  if state_mixer not in STATE_MIXERS:
+    raise ValueError(f"model.state_mixer must be one of {', '.join(STATE_MIXERS)}, got {state_mixer!r}")
   return Decoder(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
                  num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
                  max_length=info.max_length, dropout_rate=m.dropout_rate,
-                 pos_encoding=m.pos_encoding, tie_embeddings=tie, dtype=DTYPES[m.dtype])
+                 pos_encoding=m.pos_encoding, tie_embeddings=tie, dtype=DTYPES[m.dtype],
+                 short_conv=int(m.get('short_conv', 0)), state_mixer=state_mixer,
+                 pad_id=getattr(info, 'pad_id', 0))

@@ -138,6 +138,7 @@ _OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 POOLINGS = ('cls', 'mean')
 POS_ENCODINGS = ('sinusoidal', 'learned', 'none')
+STATE_MIXERS = ('mlp', 'identity', 'none')   # kernelformer/decoder.py STATE_MIXERS
 DTYPES = ('float32', 'bfloat16')
 
 
@@ -228,6 +229,19 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
     if lm:
       raise ConfigError(f'config.model.remat / model.scan_layers apply to the encoder of classification '
                         f"tasks; the decoder of task {task!r} does not take them (leave 'none' / False)")
+  # The decoder's Zoology options (kernelformer/decoder.py): LM tasks only.
+  if 'short_conv' in config.model:
+    _check_int(config, m + 'short_conv', 0)
+  if 'state_mixer' in config.model:
+    _check_choice(config, m + 'state_mixer', STATE_MIXERS)
+  if config.model.get('short_conv', 0) or config.model.get('state_mixer', 'mlp') != 'mlp':
+    try:
+      lm = getattr(lra_tasks.get(task).info(config.data), 'language_model', False)
+    except Exception:  # pylint: disable=broad-except  # the data checks below report a bad data config
+      lm = True
+    if not lm:
+      raise ConfigError(f'config.model.short_conv / model.state_mixer are options of the decoder of LM '
+                        f"tasks; the encoder of task {task!r} does not take them (leave 0 / 'mlp')")
   _check_choice(config, m + 'dtype', DTYPES)
   qkv, heads = _get(config, m + 'qkv_dim'), _get(config, m + 'num_heads')
   if qkv % heads:
