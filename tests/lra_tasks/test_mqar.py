@@ -1,5 +1,6 @@
-"""MQAR and selective copy (lra_tasks/mqar.py): deterministic examples with the structure the task
-defines, targets only at query positions, and a trainer run whose accuracy counts only those."""
+"""MQAR (Zoology's generator), legacy MQAR and selective copy (lra_tasks/mqar.py): deterministic examples
+with the structure each task defines, targets only at query positions, the power-law gap law, and a
+trainer run whose accuracy counts only the queries."""
 from __future__ import annotations
 
 import ml_collections
@@ -11,15 +12,15 @@ from lra_tasks import mqar
 
 
 def _data(**kw):
-  d = dict(task='mqar', vocab_size=20, num_pairs=4, max_length=24, seed=3, num_train=50, num_val=8,
+  d = dict(task='mqar_legacy', vocab_size=20, num_pairs=4, max_length=24, seed=3, num_train=50, num_val=8,
            num_test=8, data_dir='unused')
   d.update(kw)
   return ml_collections.ConfigDict(d)
 
 
-def test_mqar_structure_and_determinism():
+def test_legacy_mqar_structure_and_determinism():
   data = _data()
-  task = lra_tasks.get('mqar')
+  task = lra_tasks.get('mqar_legacy')
   info = task.info(data)
   assert info.language_model and info.vocab_size == 20 and info.max_length == 24
   src = task.source(data, 'train')
@@ -60,10 +61,11 @@ def test_selective_copy_structure():
 
 
 @pytest.mark.parametrize('kw', [dict(vocab_size=8, num_pairs=4), dict(max_length=12)])
-def test_impossible_settings_one_line(kw):
+@pytest.mark.parametrize('task', ['mqar', 'mqar_legacy'])
+def test_impossible_settings_one_line(kw, task):
   with pytest.raises(lra_tasks.DataError) as e:
-    lra_tasks.get('mqar').info(_data(**kw))
-  assert '\n' not in str(e.value) and 'mqar' in str(e.value)
+    lra_tasks.get(task).info(_data(**kw))
+  assert '\n' not in str(e.value) and task in str(e.value)
 
 
 def test_trainer_counts_only_query_positions(tmp_path):
@@ -89,26 +91,27 @@ def _recall_oracle(seq, tgt):
   return preds
 
 
-@pytest.mark.parametrize('preset', ['quick', 'tiny'])
+@pytest.mark.parametrize('preset', ['legacy_quick', 'cpu', 'tiny'])
 def test_preset_task_is_solvable_by_recall(preset):
   """In the presets' data every query's key and its value occur earlier in the sequence, the answer is
   the value, keys and values come from disjoint halves of the vocabulary, and so a perfect look-up
   scores 100% while guessing among the context's values cannot."""
   from configs import mqar as mqar_config
   data = mqar_config.get_config(preset).data
-  task = lra_tasks.get('mqar')
+  task = lra_tasks.get(data.task)
   v, n = int(data.vocab_size), int(data.num_pairs)
-  num_keys = (v - 2) // 2
+  lo = 2 if data.task == 'mqar_legacy' else 1
+  num_keys = (v - 2) // 2 if data.task == 'mqar_legacy' else v // 2 - 1
   for split in ('train', 'test'):
     src = task.source(data, split)
     for i in range(min(50, len(src))):
       ex = src[i]
-      seq, tgt = ex['inputs'], ex['targets']
+      seq, tgt = ex['inputs'], mqar.dense_targets(ex)
       assert len(seq) == int(data.max_length)
       q = np.nonzero(tgt)[0]
       assert len(q) == n
-      assert ((2 <= seq[q]) & (seq[q] < 2 + num_keys)).all()           # queries are keys
-      assert ((2 + num_keys <= tgt[q]) & (tgt[q] < v)).all()           # answers are values
+      assert ((lo <= seq[q]) & (seq[q] < lo + num_keys)).all()         # queries are keys
+      assert ((lo + num_keys <= tgt[q]) & (tgt[q] < v)).all()          # answers are values
       preds = _recall_oracle(seq, tgt)
       assert all(preds[int(p)] == tgt[p] for p in q), (split, i, preds, tgt[q])
   # Not answerable from the query token alone: the same key gets different values across examples.
@@ -116,6 +119,81 @@ def test_preset_task_is_solvable_by_recall(preset):
   answers = {}
   for i in range(min(200, len(src))):
     ex = src[i]
-    for p in np.nonzero(ex['targets'])[0]:
-      answers.setdefault(int(ex['inputs'][p]), set()).add(int(ex['targets'][p]))
+    tgt = mqar.dense_targets(ex)
+    for p in np.nonzero(tgt)[0]:
+      answers.setdefault(int(ex['inputs'][p]), set()).add(int(tgt[p]))
   assert max(len(s) for s in answers.values()) > 1
+
+
+# Zoology's MQAR (the default ``mqar``): zoology/data/multiquery_ar.py at d88d6f5.
+
+def _zdata(**kw):
+  d = dict(task='mqar', vocab_size=64, num_pairs=4, max_length=32, seed=3, num_train=400, num_val=8,
+           num_test=8, data_dir='unused')
+  d.update(kw)
+  return ml_collections.ConfigDict(d)
+
+
+def test_zoology_mqar_structure():
+  """Keys from [1, V/2), distinct values from [V/2, V), pairs first, each key queried once at an even
+  offset after them, its value the target there, and nothing revealed after a query: no value token
+  anywhere after the pairs (the fillers are 0)."""
+  data = _zdata()
+  task = lra_tasks.get('mqar')
+  info = task.info(data)
+  assert info.pad_id is None and info.vocab_size == 64
+  src = task.source(data, 'train')
+  n, v = 4, 64
+  for i in range(200):
+    ex = src[i]
+    seq, tgt, qp = ex['inputs'], ex['targets'], ex['inputs_query_positions']
+    np.testing.assert_array_equal(seq, task.source(data, 'train')[i]['inputs'])   # f(seed, split, i)
+    keys, values = seq[0:2 * n:2], seq[1:2 * n:2]
+    assert ((1 <= keys) & (keys < v // 2)).all() and ((v // 2 <= values) & (values < v)).all()
+    assert len(set(keys.tolist())) == n and len(set(values.tolist())) == n      # distinct values
+    assert tgt.shape == qp.shape == (n,) and (np.diff(qp) > 0).all()
+    assert (qp >= 2 * n).all() and ((qp - 2 * n) % 2 == 0).all() and (qp < 32).all()
+    kv = dict(zip(keys.tolist(), values.tolist()))
+    assert [kv[int(k)] for k in seq[qp]] == tgt.tolist()                         # target = the value
+    assert sorted(seq[qp].tolist()) == sorted(keys.tolist())                     # each key once
+    for p, val in zip(qp, tgt):
+      assert val not in seq[p:]                                                  # nothing revealed
+    rest = np.ones(32, bool)
+    rest[:2 * n] = False
+    rest[qp] = False
+    assert (seq[rest] == 0).all()
+    dense = mqar.dense_targets(ex)
+    assert set(np.nonzero(dense)[0].tolist()) == set(qp.tolist())               # labels only there
+  assert not np.array_equal(src[0]['inputs'], task.source(data, 'val')[0]['inputs'])
+
+
+def test_zoology_mqar_dense_targets_and_random_fillers():
+  dense = lra_tasks.get('mqar').source(_zdata(query_targets=False), 'train')[7]
+  compact = lra_tasks.get('mqar').source(_zdata(), 'train')[7]
+  assert set(dense) == {'inputs', 'targets'} and dense['targets'].shape == (32,)
+  np.testing.assert_array_equal(dense['targets'], mqar.dense_targets(compact))
+  np.testing.assert_array_equal(dense['inputs'], compact['inputs'])
+  noisy = lra_tasks.get('mqar').source(_zdata(random_non_queries=True), 'train')[7]
+  keep = compact['inputs'] != 0
+  np.testing.assert_array_equal(noisy['inputs'][keep], compact['inputs'][keep])   # same draws first
+  assert (noisy['inputs'][~keep] != 0).mean() > 0.8                              # fillers replaced
+
+
+def test_zoology_gap_law_is_the_power_law():
+  """The first key's query gap follows Zoology's p(g) ∝ a (g+1)^(a-1), a = 0.01 (chi-square, fixed
+  seed), and is far from uniform; with a = 1 the same test accepts the uniform law."""
+  from scipy import stats
+  n, length, num = 4, 64, 3000
+  space = (length - 2 * n) // 2
+  for a, other in ((0.01, np.full(space, 1.0 / space)), (1.0, mqar.gap_pmf(space, 0.01))):
+    gaps = []
+    for i in range(num):
+      seq = mqar.zoology_mqar_example(11, 'train', i, vocab_size=128, num_pairs=n, length=length,
+                                      power_a=a)['inputs']
+      p = 2 * n + np.nonzero(seq[2 * n:] == seq[0])[0][0]
+      gaps.append((p - 2 * n) // 2)
+    counts = np.bincount(gaps, minlength=space)
+    pmf = mqar.gap_pmf(space, a)
+    assert stats.chisquare(counts, num * pmf).pvalue > 1e-3
+    assert stats.chisquare(counts, num * other).pvalue < 1e-6
+  np.testing.assert_allclose(mqar.gap_pmf(4, 0.01), np.arange(1, 5) ** -0.99 / np.sum(np.arange(1, 5) ** -0.99))
