@@ -68,3 +68,29 @@ def test_dropped_points_and_step_labels(tmp_path):
   md = recall_plot.markdown(rows)
   assert '| softmax, 600 steps | 35.0 (no M) |' in md and '| softmax, 1200 steps | 100.0 (no M) |' in md
   assert 'gmm-prf, preset steps' in md and 'posrf-orf' not in md
+
+
+def test_best_of_learning_rate_table(tmp_path):
+  """--best_of: a cell is the best accuracy over the learning rates of its point, with the winner; a
+  point with unfinished runs says how many finished; every run is listed."""
+  runs = []
+  for wd, kind, d, lr, acc in (('a', 'softmax', 64, 1e-3, 0.5), ('b', 'softmax', 64, 1e-2, 0.9),
+                               ('c', 'softmax', 128, 1e-3, 0.25), ('d', 'softmax', 128, 1e-2, None),
+                               ('e', 'linear-elu', 64, 1e-2, 0.125)):
+    over = {'model.attention.kind': kind, 'model.emb_dim': d, 'optim.learning_rate': lr}
+    runs.append({'workdir': wd, 'kind': kind, 'task': 'mqar', 'seed': 0, 'preset': 'cpu',
+                 'overrides': over})
+    if acc is not None:
+      os.makedirs(tmp_path / wd)
+      cfg = {'seed': 0, 'model': {'emb_dim': d, 'attention': {'kind': kind}},
+             'optim': {'learning_rate': lr}}
+      (tmp_path / wd / 'results.json').write_text(json.dumps(
+          {'test_accuracy': acc, 'config': cfg, 'attention': kind, 'task': 'mqar'}))
+  (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'zoology_fig2', 'runs': runs}))
+  out = tmp_path / 'out' / 'z'
+  assert recall_plot.main([str(tmp_path), '--out', str(out), '--best_of', 'optim.learning_rate']) == 0
+  md = (tmp_path / 'out' / 'z.md').read_text()
+  assert '| softmax | 90.0 [0.01] | 25.0 [0.001] (1 of 2 runs) |' in md
+  assert '| linear-elu | 12.5 [0.01] |  |' in md
+  assert '| softmax | 128 | 25.0 | — |' in md
+  assert (tmp_path / 'out' / 'z.png').stat().st_size > 1000

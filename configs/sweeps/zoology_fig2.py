@@ -18,7 +18,8 @@ on the shared 2-core CPU (measured before the run: 3.3-3.7 steps/s at batch 64, 
 8-16, plus ~25 s per run for start-up, compilation and evaluation). Test: 500 fresh examples (2,000 queries) per run.
 
   nice -n 10 kernelformer sweep --sweep zoology_fig2 --sweep_dir runs/sweeps/zoology_fig2
-  python -m kernelformer.reproduce.recall_plot runs/sweeps/zoology_fig2 --best_of optim.learning_rate
+  python -m kernelformer.reproduce.recall_plot runs/sweeps/zoology_fig2 --out docs/recall/zoology_fig2 \
+      --best_of optim.learning_rate
 """
 from __future__ import annotations
 

@@ -15,6 +15,14 @@ Reads a sweep directory through ``report.collect`` (every planned run, finished 
 model keeps, not what the config asked for.
 
   python -m kernelformer.reproduce.recall_plot runs/sweeps/recall --out docs/recall
+
+``--best_of KEY`` (Zoology's figure 2, ``configs/sweeps/zoology_fig2.py``): one table, a row per kernel,
+a column per ``--column`` value (default ``model.emb_dim``), each cell the best test accuracy over the
+values of ``KEY`` (e.g. ``optim.learning_rate``) with the winning value, and a second table with every
+run; the figure plots the best accuracy against the column, a line per kernel, as Zoology's figure 2.
+
+  python -m kernelformer.reproduce.recall_plot runs/sweeps/zoology_fig2 --out docs/recall/zoology_fig2 \
+      --best_of optim.learning_rate
 """
 from __future__ import annotations
 
@@ -184,14 +192,100 @@ def plot(rows: list[dict], path: str) -> bool:
   return True
 
 
+def collect_best_of(sweep_dir: str, key: str, column: str) -> list[dict]:
+  """One dict per planned run: kind, column value, ``key`` value, accuracy (None if unfinished)."""
+  meta, runs = report.collect(sweep_dir)
+  planned = {e['workdir']: e for e in meta.get('runs', [])}
+  rows = []
+  for r in runs:
+    res = r.results or {}
+    cfg = res.get('config') or {}
+    over = dict(planned.get(r.workdir, {}).get('overrides') or {})
+    col = _get(cfg, column) if cfg else None
+    val = _get(cfg, key) if cfg else None
+    rows.append(dict(kind=r.kind, column=over.get(column, col), value=over.get(key, val),
+                     accuracy=r.accuracy, seconds=res.get('wall_time_s'), workdir=r.workdir))
+  return rows
+
+
+def best_of_markdown(rows: list[dict], key: str, column: str) -> str:
+  """The best-of table and the every-run table (module docstring)."""
+  cols = sorted({r['column'] for r in rows if r['column'] is not None})
+  vals = sorted({r['value'] for r in rows if r['value'] is not None})
+  short = column.split('.')[-1]
+  lines = [f'Best test accuracy (%) over {key} per point (the winning value in brackets; '
+           f'{MISSING}: not finished)', '',
+           '| kernel | ' + ' | '.join(f'{short} = {c}' for c in cols) + ' |',
+           '|---|' + '---|' * len(cols)]
+  kinds = list(dict.fromkeys(r['kind'] for r in rows))
+  for kind in kinds:
+    cells = []
+    for c in cols:
+      done = [r for r in rows if r['kind'] == kind and r['column'] == c and r['accuracy'] is not None]
+      planned = [r for r in rows if r['kind'] == kind and r['column'] == c]
+      if not done:
+        cells.append(MISSING if planned else '')
+        continue
+      best = max(done, key=lambda r: r['accuracy'])
+      note = f' ({len(done)} of {len(planned)} runs)' if len(done) < len(planned) else ''
+      cells.append(f"{best['accuracy']:.1f} [{best['value']:.3g}]{note}")
+    lines.append(f'| {kind} | ' + ' | '.join(cells) + ' |')
+  lines += ['', f'Every run: test accuracy (%) by {key}', '',
+            f'| kernel | {short} | ' + ' | '.join(f'{v:.3g}' for v in vals) + ' |',
+            '|---|---|' + '---|' * len(vals)]
+  for kind in kinds:
+    for c in cols:
+      mine = {r['value']: r for r in rows if r['kind'] == kind and r['column'] == c}
+      if mine:
+        lines.append(f'| {kind} | {c} | ' + ' | '.join(
+            _cell(mine[v]) if v in mine else '' for v in vals) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def plot_best_of(rows: list[dict], path: str, column: str) -> bool:
+  """Best accuracy against the column, a line per kernel; False when nothing finished."""
+  done = [r for r in rows if r['accuracy'] is not None]
+  if not done:
+    return False
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(5, 4))
+  for kind in dict.fromkeys(r['kind'] for r in done):
+    cols = sorted({r['column'] for r in done if r['kind'] == kind})
+    best = [max(r['accuracy'] for r in done if r['kind'] == kind and r['column'] == c) for c in cols]
+    ax.plot(cols, best, marker='o', label=kind)
+  ax.set_xscale('log', base=2)
+  ax.set_xlabel(column)
+  ax.set_ylabel('test accuracy on queries (%), best learning rate')
+  ax.set_ylim(0, 104)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
 def main(argv: Optional[list[str]] = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('sweep_dir')
   p.add_argument('--out', required=True, help='output prefix: writes OUT.md and OUT.png')
+  p.add_argument('--best_of', default=None,
+                 help='config key to take the best over per point (e.g. optim.learning_rate)')
+  p.add_argument('--column', default='model.emb_dim', help='with --best_of: the table columns')
   a = p.parse_args(argv)
   if not os.path.isdir(a.sweep_dir):
     print(f'error: no sweep directory {a.sweep_dir!r}', file=sys.stderr)
     return 2
+  if a.best_of:
+    rows = collect_best_of(a.sweep_dir, a.best_of, a.column)
+    os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
+    with open(a.out + '.md', 'w', encoding='utf-8') as f:
+      f.write(best_of_markdown(rows, a.best_of, a.column))
+    wrote = plot_best_of(rows, a.out + '.png', a.column)
+    print(f"wrote {a.out}.md{' and ' + a.out + '.png' if wrote else ''}")
+    return 0
   meta = report._read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}  # pylint: disable=protected-access
   rows = collect(a.sweep_dir, current_plan(meta['name']) if meta.get('name') else None)
   os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
