@@ -1,6 +1,6 @@
 """MQAR recall vs feature count M and number of key-value pairs, per causal kernel (docs/recall.md).
 
-The ``quick`` MQAR preset (vocabulary 32, length 32, 2 layers x 64 dims, 2 heads of 32, sinusoids)
+The ``legacy_quick`` MQAR preset (task ``mqar_legacy``, not Zoology's: lra_tasks/mqar.py; vocabulary 32, length 32, 2 layers x 64 dims, 2 heads of 32, sinusoids)
 at 600 steps, one seed: softmax and linear-elu (no M; linear-elu's state is 32 x 32 per head),
 and at M in {4, 16, 64} FAVOR+ (posrf-orf), RFA's trigonometric features (trigrf-orf), a learnable
 kernel (gmm-prf) and Luo et al.'s nprf-rpe (M <= 16) at 4 pairs; at 8 pairs, 1200 steps, softmax,
@@ -42,10 +42,10 @@ def get_sweep() -> Sweep:
   points = []
   for pairs in PAIRS:
     extra = {'num_train_steps': STEPS_AT[pairs]} if pairs in STEPS_AT else None
-    points += grid('configs/mqar.py', 'quick', {KIND_KEY: PLAIN_KINDS, PAIRS_KEY: (pairs,)},
+    points += grid('configs/mqar.py', 'legacy_quick', {KIND_KEY: PLAIN_KINDS, PAIRS_KEY: (pairs,)},
                    extra=extra)
     for kind, ms in FEATURES_AT[pairs].items():
-      points += grid('configs/mqar.py', 'quick', {KIND_KEY: (kind,), M_KEY: ms, PAIRS_KEY: (pairs,)},
+      points += grid('configs/mqar.py', 'legacy_quick', {KIND_KEY: (kind,), M_KEY: ms, PAIRS_KEY: (pairs,)},
                      extra=extra)
   common = (('num_train_steps', STEPS), ('eval_every', 300), ('checkpoint_every', 300),
             ('log_every', 100), ('progress', False))
