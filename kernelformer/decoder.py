@@ -3,8 +3,17 @@
 ``Decoder`` is the causal counterpart of ``encoder.Classifier``: token embeddings (+ positions), pre-LN
 blocks whose attention is the registry mechanism named by ``attention['kind']`` called with
 ``causal=True``, a final LayerNorm and next-token logits ``[B, L, vocab]`` (output projection tied to
-the embedding, or its own Dense). Token id 0 is padding: the key padding mask is ``inputs != 0`` and the
-loss weights are ``targets != 0`` (``next_token_loss``; the trainer uses the same rule).
+the embedding, or its own Dense). Token id ``pad_id`` (0; None for tasks without padding, such as Zoology's
+MQAR, whose filler is 0) is padding: the key padding mask is ``inputs != pad_id``; the loss weights are
+``targets != 0`` (``next_token_loss``; the trainer uses the same rule).
+
+Zoology's model (Arora et al. 2023; ``docs/recall.md``): ``short_conv=K`` makes blocks 0, 2, ...
+``BaseConv`` layers (a causal depthwise convolution of K taps, gated by a linear map, plus the input) and
+blocks 1, 3, ... attention, as Zoology's ``Hybrid([BaseConv, mixer])`` picks one mixer per layer;
+``state_mixer='identity'`` replaces the MLP by Zoology's ``torch.nn.Identity`` state mixer. With
+``inputs_query_positions`` in the batch dict, logits are computed only at those positions. The decode
+step carries the convolution's last K - 1 inputs in the cache, so incremental decoding equals the
+full forward with the convolution too.
 
 Incremental generation (``decode=True``, one token per call, state in the ``cache`` collection; start
 from ``init_cache``):
