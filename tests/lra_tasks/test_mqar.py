@@ -197,3 +197,20 @@ def test_zoology_gap_law_is_the_power_law():
     assert stats.chisquare(counts, num * pmf).pvalue > 1e-3
     assert stats.chisquare(counts, num * other).pvalue < 1e-6
   np.testing.assert_allclose(mqar.gap_pmf(4, 0.01), np.arange(1, 5) ** -0.99 / np.sum(np.arange(1, 5) ** -0.99))
+
+
+def test_zoology_fig2_sweep_plans_the_panel(tmp_path):
+  """24 runs on Zoology's task: 3 kernels x d_model {64, 128} x lr logspace(-4, -2, 4); the linear
+  kernels in Zoology's conv layout (short_conv 3, no positions), softmax with learned positions."""
+  from kernelformer.reproduce import sweeps
+  runs = sweeps.plan(sweeps.load_sweep('zoology_fig2'), str(tmp_path))
+  assert not [r.error for r in runs if r.error] and len(runs) == 24
+  assert {r.task for r in runs} == {'mqar'}
+  lrs = {r.point.get('optim.learning_rate') for r in runs}
+  np.testing.assert_allclose(sorted(lrs), np.logspace(-4, -2, 4))
+  assert {(r.kind, r.point.get('model.emb_dim')) for r in runs} == {
+      (k, d) for k in ('softmax', 'linear-elu', 'posrf-orf') for d in (64, 128)}
+  for r in runs:
+    conv = r.kind != 'softmax'
+    assert r.point.get('model.short_conv') == (3 if conv else None)
+    assert r.point.get('model.pos_encoding') == ('none' if conv else None)
