@@ -100,6 +100,11 @@ def digest(fields: Mapping[str, Any]) -> str:
 # every earlier run): a resume whose config sets another value is a difference, not a new field.
 ADDED_FIELDS: dict[str, Any] = {
     'optim.decay_mask': 'matrices',   # kernelformer/training/optim.py DEFAULT_DECAY_MASK
+    'model.short_conv': 0,            # kernelformer/decoder.py: no BaseConv layers
+    'model.state_mixer': 'mlp',
+    # Absent: a run of the MQAR task before issue 22, which is now ``mqar_legacy`` (lra_tasks/mqar.py);
+    # Zoology's ``mqar`` sets True or False, so resuming such a run on today's ``mqar`` is a difference.
+    'data.query_targets': None,
 }
 
 

@@ -214,3 +214,18 @@ def test_zoology_fig2_sweep_plans_the_panel(tmp_path):
     conv = r.kind != 'softmax'
     assert r.point.get('model.short_conv') == (3 if conv else None)
     assert r.point.get('model.pos_encoding') == ('none' if conv else None)
+
+
+def test_resuming_a_pre_zoology_mqar_run_is_a_config_change():
+  """A run recorded before issue 22 (data.task='mqar' meant today's mqar_legacy; no query_targets field)
+  differs from today's mqar config, so its workdir is not silently continued on the new task."""
+  from configs import mqar as mqar_config
+  from kernelformer.training import fingerprint
+  new = fingerprint.config_fields(mqar_config.get_config('cpu'))
+  old = {k: v for k, v in new.items()
+         if k not in ('data.query_targets', 'data.power_a', 'data.random_non_queries',
+                      'model.short_conv', 'model.state_mixer')}
+  assert 'data.query_targets: None -> True' in fingerprint.differences(old, new)
+  legacy = fingerprint.config_fields(mqar_config.get_config('legacy_quick'))
+  assert fingerprint.differences({k: v for k, v in legacy.items()
+                                  if k not in ('model.short_conv', 'model.state_mixer')}, legacy) == []
