@@ -83,6 +83,9 @@ def zoology_optim(c, *, learning_rate: float, num_train_steps: int, batch_size: 
   c.optim.schedule = 'cosine'
   c.optim.warmup_steps = 0
   c.optim.weight_decay = 0.1
+  # Zoology's optimizer is torch AdamW over model.parameters(): every parameter is decayed (biases,
+  # LayerNorm and embeddings too), i.e. optim.decay_mask='all'.
+  c.optim.decay_mask = 'all'
   c.optim.b1, c.optim.b2, c.optim.eps = 0.9, 0.999, 1e-8
   c.batch_size = batch_size
   c.num_train_steps = num_train_steps
