@@ -341,3 +341,87 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
   fn.defvjp(fwd, bwd)
   _FN_CACHE[cache_key] = fn
   return fn
+
+
+# ----------------------------------------------------------------------------------------------
+# Causal exp-feature attention: features formed inside a scan over chunks (issue 24, item 3).
+# ----------------------------------------------------------------------------------------------
+
+
+def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
+                                 mask: Array | None = None, eps: float = DEFAULT_EPS,
+                                 chunk_size: int = 64) -> Array:
+  """Causal ``D^-1 phi(Q) (phi(K)^T V)`` for an exp-map, one ``lax.scan`` over chunks of the sequence.
+
+  ``form`` is a ``components.LogSpaceForm``; ``q, k [..., L, d]``, ``v [..., L, Dv]``, ``mask``
+  broadcastable to ``[..., L]`` (True = real key); ``proj`` a ``Projection`` without a head axis (vmap
+  over heads outside). Same value as ``linear_attention(*component(q, k, proj, mask=mask,
+  causal_chunk=C), v, mask=mask, causal=True, chunk_size=C, key_shift=...)`` (Spectraformer eq. 7,
+  Katharopoulos et al.'s causal prefix sums, the running per-chunk stabilizer of
+  ``components._exp_shifted``), computed chunk by chunk so that nothing of size ``[L, M]`` is formed:
+
+  * the scan carries the running key max ``beta [1, F]`` (``-inf`` before any valid key), the prefix
+    state ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]`` and ``z = sum_{j < chunk} phi(k_j) [1, F]``,
+    both relative to the current ``beta``;
+  * chunk n: ``beta_n = max(beta_{n-1}, max_{j in n} zk_j)`` (0 where no valid key yet), the state's
+    column r rescaled by ``exp(min(beta_{n-1,r} - beta_{n,r}, 0))`` (as ``_shifted_exclusive_prefix``),
+    ``phi(k_j) = s_k exp(zk_j - beta_n)``, ``phi(q_i) = s_q exp(zq_i + beta_n - a_i)`` with
+    ``a_i = max_r (zq_ir + beta_nr)``; then ``num = phi(Q_n) S + tril(phi(Q_n) phi(K_n)^T) V_n`` and
+    ``den`` alike, and ``S += phi(K_n)^T V_n``;
+  * the body is under ``jax.checkpoint``: the backward saves only the carry per chunk
+    (``[L / C, F, Dv]``, the size of ``[L, F]`` at C = Dv) and recomputes the chunk's features.
+
+  The shifts get no gradient (``stop_gradient``, as in the stored path: they cancel). The chunk size
+  only changes where the shifts change, not the value (to float32 rounding).
+  """
+  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+  length = q.shape[-2]
+  if k.shape[-2] != length or v.shape[-2] != length:
+    raise ValueError(f'causal attention needs as many keys as queries; got q {q.shape}, k {k.shape}, '
+                     f'v {v.shape}')
+  mask = (jnp.ones(lead + (length,), bool) if mask is None
+          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (length,)))
+  out_dtype = v.dtype
+  dt = jnp.promote_types(q.dtype, jnp.float32)
+  q = jnp.broadcast_to(q, lead + q.shape[-2:]).astype(dt)
+  k = jnp.broadcast_to(k, lead + k.shape[-2:]).astype(dt)
+  v = jnp.broadcast_to(v, lead + v.shape[-2:]).astype(jnp.float32)
+  c = max(1, min(chunk_size, length))
+  pad = -length % c
+  if pad:
+    # Padded positions are masked keys (no shift, zero features) and queries cut off below.
+    rows = [(0, 0)] * len(lead) + [(0, pad), (0, 0)]
+    q, k, v = jnp.pad(q, rows), jnp.pad(k, rows), jnp.pad(v, rows)
+    mask = jnp.pad(mask, [(0, 0)] * len(lead) + [(0, pad)])
+  sq, sk = form.scales(proj, dt)
+  f_dim, dv = sq.shape[-1], v.shape[-1]
+  tril = jnp.tril(jnp.ones((c, c), bool))
+
+  def step(carry, xs):
+    beta, state, ksum = carry
+    qc, kc, vc, mc = xs
+    zk = jnp.where(mc[..., None], form.logits(kc, proj), -jnp.inf)          # [..., C, F]
+    new = jax.lax.stop_gradient(jnp.maximum(beta, jnp.max(zk, axis=-2, keepdims=True)))
+    b_new = jnp.where(jnp.isfinite(new), new, 0.0)
+    b_old = jnp.where(jnp.isfinite(beta), beta, 0.0)
+    rescale = jnp.exp(jnp.minimum(b_old - b_new, 0.0))                       # [..., 1, F]
+    phi_k = jnp.where(mc[..., None], jnp.exp(zk - b_new), 0.0) * sk
+    zq = form.logits(qc, proj) + b_new
+    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
+    phi_q = jnp.exp(zq - jnp.where(jnp.isfinite(a), a, 0.0)) * sq
+    state = state * jnp.swapaxes(rescale, -1, -2)
+    ksum = ksum * rescale
+    scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+    num = (jnp.einsum('...if,...fd->...id', phi_q, state)
+           + jnp.einsum('...ij,...jd->...id', scores, vc))
+    den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
+    state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
+    ksum = ksum + jnp.sum(phi_k, axis=-2, keepdims=True)
+    return (new, state, ksum), num / safe_normalizer(den, eps)[..., None]
+
+  init = (jnp.full(lead + (1, f_dim), -jnp.inf, dt), jnp.zeros(lead + (f_dim, dv), jnp.float32),
+          jnp.zeros(lead + (1, f_dim), jnp.float32))
+  xs = (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
+        _split_chunks(mask, c, -1))
+  _, out = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), init, xs)
+  return _join_chunks(out, -2)[..., :length, :].astype(out_dtype)

@@ -212,13 +212,19 @@ class RandomFeatureAttention(nn.Module):
       return self._pallas_attention(qf, kf, v, proj, mask, causal)
     # Exp-maps, bidirectional: features formed chunk by chunk and recomputed in the backward
     # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
+    # Causal exp-maps: the same, features formed inside one scan over chunks that also carries the
+    # running key max and the [M', Dv] state (``linear.causal_exp_feature_attention``).
     form = components_lib.LOG_SPACE_FORMS.get(self.component)
-    lean = form is not None and not causal and position_bias is None
+    lean = form is not None and position_bias is None
     if lean:
       proj_axis = None if self.share_heads else 0
-      out = jax.vmap(lambda qh, kh, vh, p: linear.exp_feature_attention(
-          form, qh, kh, vh, p, mask=mask, eps=self.feature_eps),
-                     in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
+      if causal:
+        one_head = lambda qh, kh, vh, p: linear.causal_exp_feature_attention(
+            form, qh, kh, vh, p, mask=mask, eps=self.feature_eps, chunk_size=self.chunk_size)
+      else:
+        one_head = lambda qh, kh, vh, p: linear.exp_feature_attention(
+            form, qh, kh, vh, p, mask=mask, eps=self.feature_eps)
+      out = jax.vmap(one_head, in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
       if not self.is_mutable_collection('intermediates'):
         return out
     # Causal exp-maps: key shifts are running maxima per chunk (no later key enters an earlier row).
