@@ -366,13 +366,16 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   * chunk n: ``beta_n = max(beta_{n-1}, max_{j in n} zk_j)`` (0 where no valid key yet), the state's
     column r rescaled by ``exp(min(beta_{n-1,r} - beta_{n,r}, 0))`` (as ``_shifted_exclusive_prefix``),
     ``phi(k_j) = s_k exp(zk_j - beta_n)``, ``phi(q_i) = s_q exp(zq_i + beta_n - a_i)`` with
-    ``a_i = max_r (zq_ir + beta_nr)``; then ``num = phi(Q_n) S + tril(phi(Q_n) phi(K_n)^T) V_n`` and
-    ``den`` alike, and ``S += phi(K_n)^T V_n``;
-  * the body is under ``jax.checkpoint``: the backward saves only the carry per chunk
-    (``[L / C, F, Dv]``, the size of ``[L, F]`` at C = Dv) and recomputes the chunk's features.
+    ``a_i = max_r (zq_ir + beta_nr)``; then ``P = rescaled S``, ``num = phi(Q_n) P +
+    tril(phi(Q_n) phi(K_n)^T) V_n``, ``den`` alike with ``z``, and ``S = P + phi(K_n)^T V_n``.
+  * Backward (``jax.custom_vjp``): the forward saves per chunk only ``P [F, Dv]``, ``z``, ``beta_n``
+    (O(L/C F Dv): the size of ``[L, F]`` at C = Dv, one array instead of the stored path's several),
+    the output and the normalizer; a reverse scan recomputes the chunk's features, differentiates
+    through them with ``jax.vjp`` and carries ``dS, dz``, rescaled by the same factors.
 
-  The shifts get no gradient (``stop_gradient``, as in the stored path: they cancel). The chunk size
-  only changes where the shifts change, not the value (to float32 rounding).
+  The shifts get no gradient (``stop_gradient`` in the stored path as well: they cancel), and
+  ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size only changes where the
+  shifts change, not the value (to float32 rounding). Gradients flow to every floating leaf of ``proj``.
   """
   lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
   length = q.shape[-2]
@@ -393,35 +396,115 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
     rows = [(0, 0)] * len(lead) + [(0, pad), (0, 0)]
     q, k, v = jnp.pad(q, rows), jnp.pad(k, rows), jnp.pad(v, rows)
     mask = jnp.pad(mask, [(0, 0)] * len(lead) + [(0, pad)])
-  sq, sk = form.scales(proj, dt)
-  f_dim, dv = sq.shape[-1], v.shape[-1]
-  tril = jnp.tril(jnp.ones((c, c), bool))
+  leaves, treedef = jax.tree.flatten(proj)
+  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
+  diff = tuple(x for x, f in zip(leaves, is_float) if f)
+  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
+  fn = _causal_exp_attention_fn(form, treedef, is_float, float(eps), c)
+  out = fn(q, k, v, diff, nondiff, mask)
+  return out[..., :length, :].astype(out_dtype)
 
-  def step(carry, xs):
-    beta, state, ksum = carry
-    qc, kc, vc, mc = xs
-    zk = jnp.where(mc[..., None], form.logits(kc, proj), -jnp.inf)          # [..., C, F]
-    new = jax.lax.stop_gradient(jnp.maximum(beta, jnp.max(zk, axis=-2, keepdims=True)))
-    b_new = jnp.where(jnp.isfinite(new), new, 0.0)
-    b_old = jnp.where(jnp.isfinite(beta), beta, 0.0)
-    rescale = jnp.exp(jnp.minimum(b_old - b_new, 0.0))                       # [..., 1, F]
-    phi_k = jnp.where(mc[..., None], jnp.exp(zk - b_new), 0.0) * sk
-    zq = form.logits(qc, proj) + b_new
+
+def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
+  """The ``custom_vjp`` function of ``causal_exp_feature_attention`` for one (form, W structure, eps,
+  chunk)."""
+  cache_key = ('causal', form, treedef, is_float, eps, c)
+  if cache_key in _FN_CACHE:
+    return _FN_CACHE[cache_key]
+
+  def rebuild(diff, nondiff):
+    it_d, it_n = iter(diff), iter(nondiff)
+    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
+
+  def key_features(kc, mc, p, shift):
+    zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
+    return jnp.where(mc[..., None], jnp.exp(zk - shift), 0.0) * form.scales(p, kc.dtype)[1]
+
+  def query_features(qc, p, shift):
+    zq = form.logits(qc, p) + shift
     a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
-    phi_q = jnp.exp(zq - jnp.where(jnp.isfinite(a), a, 0.0)) * sq
-    state = state * jnp.swapaxes(rescale, -1, -2)
-    ksum = ksum * rescale
-    scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-    num = (jnp.einsum('...if,...fd->...id', phi_q, state)
-           + jnp.einsum('...ij,...jd->...id', scores, vc))
-    den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
-    state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
-    ksum = ksum + jnp.sum(phi_k, axis=-2, keepdims=True)
-    return (new, state, ksum), num / safe_normalizer(den, eps)[..., None]
+    return jnp.exp(zq - jnp.where(jnp.isfinite(a), a, 0.0)) * form.scales(p, qc.dtype)[0]
 
-  init = (jnp.full(lead + (1, f_dim), -jnp.inf, dt), jnp.zeros(lead + (f_dim, dv), jnp.float32),
-          jnp.zeros(lead + (1, f_dim), jnp.float32))
-  xs = (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
-        _split_chunks(mask, c, -1))
-  _, out = jax.lax.scan(jax.checkpoint(step, prevent_cse=False), init, xs)
-  return _join_chunks(out, -2)[..., :length, :].astype(out_dtype)
+  tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
+  t = lambda x: jnp.swapaxes(x, -1, -2)
+
+  def forward(q, k, v, diff, nondiff, mask):
+    p = rebuild(diff, nondiff)
+    lead = q.shape[:-2]
+    f_dim = form.scales(p, q.dtype)[0].shape[-1]
+
+    def step(carry, xs):
+      beta, state, ksum = carry
+      qc, kc, vc, mc = xs
+      zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)          # [..., C, F]
+      new = jax.lax.stop_gradient(jnp.maximum(beta, jnp.max(zk, axis=-2, keepdims=True)))
+      shift = jnp.where(jnp.isfinite(new), new, 0.0)
+      rescale = jnp.exp(jnp.minimum(jnp.where(jnp.isfinite(beta), beta, 0.0) - shift, 0.0))
+      phi_k = jnp.where(mc[..., None], jnp.exp(zk - shift), 0.0) * form.scales(p, kc.dtype)[1]
+      phi_q = query_features(qc, p, shift)
+      state, ksum = state * t(rescale), ksum * rescale                      # P, z of this chunk
+      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+      num = (jnp.einsum('...if,...fd->...id', phi_q, state)
+             + jnp.einsum('...ij,...jd->...id', scores, vc))
+      den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
+      out = num / safe_normalizer(den, eps)[..., None]
+      ys = (out, den, state, ksum, shift, rescale)
+      state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
+      ksum = ksum + jnp.sum(phi_k, axis=-2, keepdims=True)
+      return (new, state, ksum), ys
+
+    init = (jnp.full(lead + (1, f_dim), -jnp.inf, q.dtype),
+            jnp.zeros(lead + (f_dim, v.shape[-1]), jnp.float32), jnp.zeros(lead + (1, f_dim), jnp.float32))
+    xs = (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
+          _split_chunks(mask, c, -1))
+    _, ys = jax.lax.scan(step, init, xs, unroll=xs[0].shape[0] == 1)
+    return ys
+
+  @jax.custom_vjp
+  def fn(q, k, v, diff, nondiff, mask):
+    return _join_chunks(forward(q, k, v, diff, nondiff, mask)[0], -2)
+
+  def fwd(q, k, v, diff, nondiff, mask):
+    ys = forward(q, k, v, diff, nondiff, mask)
+    return _join_chunks(ys[0], -2), (q, k, v, diff, nondiff, mask, ys)
+
+  def bwd(res, g):
+    q, k, v, diff, nondiff, mask, (out, den, prev, ksum, shift, rescale) = res
+    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
+    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
+
+    def step(carry, xs):
+      d_state, d_ksum, dw = carry
+      qc, kc, vc, mc, gc, oc, denc, pc, zc, sc, rc = xs
+      phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), sc), qc, diff)
+      phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), sc), kc, diff)
+      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+      sden = safe_normalizer(denc, eps)
+      gn = gc / sden[..., None]
+      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)     # [..., C]
+      d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gden[..., None], 0.0)
+      d_phi_q = (jnp.einsum('...id,...fd->...if', gn, pc) + gden[..., None] * zc
+                 + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
+      d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
+                 + jnp.einsum('...jd,...fd->...jf', vc, d_state) + d_ksum)
+      dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_state)
+      d_prev = (jnp.einsum('...if,...id->...fd', phi_q, gn) + d_state) * t(rc)
+      d_z = (jnp.einsum('...if,...i->...f', phi_q, gden)[..., None, :] + d_ksum) * rc
+      dq, dwq = vjp_q(d_phi_q)
+      dk, dwk = vjp_k(d_phi_k)
+      return (d_prev, d_z, add(dw, add(dwq, dwk))), (dq, dk, dv)
+
+    split = lambda x: _split_chunks(x, c, -2)
+    xs = (split(q), split(k), split(v), _split_chunks(mask, c, -1), split(g.astype(jnp.float32)),
+          out, den, prev, ksum, shift, rescale)
+    init = (jnp.zeros_like(prev[0]), jnp.zeros_like(ksum[0]), zeros_diff)
+    (_, _, dw), (dq, dk, dv) = jax.lax.scan(step, init, xs, reverse=True,
+                                            unroll=out.shape[0] == 1)
+    float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
+    return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
+            _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+            tuple(float0(x) for x in nondiff), float0(mask))
+
+  fn.defvjp(fwd, bwd)
+  _FN_CACHE[cache_key] = fn
+  return fn
