@@ -428,7 +428,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
   tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
   t = lambda x: jnp.swapaxes(x, -1, -2)
 
-  def forward(q, k, v, diff, nondiff, mask):
+  def forward(q, k, v, diff, nondiff, mask, save):
     p = rebuild(diff, nondiff)
     lead = q.shape[:-2]
     f_dim = form.scales(p, q.dtype)[0].shape[-1]
@@ -448,7 +448,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
              + jnp.einsum('...ij,...jd->...id', scores, vc))
       den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
       out = num / safe_normalizer(den, eps)[..., None]
-      ys = (out, den, state, ksum, shift, rescale)
+      ys = (out, den, state, ksum, shift, rescale) if save else (out,)
       state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
       ksum = ksum + jnp.sum(phi_k, axis=-2, keepdims=True)
       return (new, state, ksum), ys
@@ -462,10 +462,10 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
 
   @jax.custom_vjp
   def fn(q, k, v, diff, nondiff, mask):
-    return _join_chunks(forward(q, k, v, diff, nondiff, mask)[0], -2)
+    return _join_chunks(forward(q, k, v, diff, nondiff, mask, False)[0], -2)
 
   def fwd(q, k, v, diff, nondiff, mask):
-    ys = forward(q, k, v, diff, nondiff, mask)
+    ys = forward(q, k, v, diff, nondiff, mask, True)
     return _join_chunks(ys[0], -2), (q, k, v, diff, nondiff, mask, ys)
 
   def bwd(res, g):

@@ -492,7 +492,7 @@ def plot(rows: Sequence[dict[str, Any]], path_prefix: str, title: str = '') -> l
 
 COMPARE_FIELDS = ('causal', 'mode', 'length', 'batch', 'heads', 'head_dim', 'num_features',
                   'masked_keys', 'ours_ms', 'official_ms', 'speedup', 'ours_temp_mib',
-                  'official_temp_mib', 'max_abs_diff', 'repeats', 'load_1min')
+                  'official_temp_mib', 'max_abs_diff', 'repeats', 'load_1min', 'note')
 
 
 def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequence[bool] = (False, True),
@@ -509,6 +509,9 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
   set to 0 (then both are the same estimate from the same W and must agree to float32 rounding; with
   it the official outputs differ: its keys are shifted by one global max, so most key features sit
   far below 1e-4 and the constant dominates) and the 1-minute load average at the end of the cell.
+  A cell where either compiled program needs more than ``setup.max_memory_gb`` (temp + arguments +
+  outputs) is compiled but not run: its row keeps both temp memories, has no times, and says so in
+  ``note`` (the difference check needs the forward to fit).
   """
   from kernelformer.bench import official_favor  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
@@ -541,10 +544,27 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
       # same estimate from the same W, so they must agree to float32 rounding.
       official_eps0 = lambda q_, k_, v_: official_favor.favor_attention(q_, k_, v_, w, mask=mask,
                                                                         causal=causal, eps=0.0)
-      diff = float(jnp.max(jnp.abs(jax.jit(ours)(q, k, v) - jax.jit(official_eps0)(q, k, v))))
+      limit = setup.max_memory_gb * (1 << 30)
+      diff = None
       for mode in MODES:
         fns = (ours, official) if mode == 'fwd' else (with_bwd(ours), with_bwd(official))
         compiled = [measure.compile_with_stats(f, q, k, v) for f in fns]
+        row = {'causal': causal, 'mode': mode, 'length': length, 'batch': setup.batch,
+               'heads': setup.heads, 'head_dim': setup.head_dim, 'num_features': setup.num_features,
+               'masked_keys': length // 8, 'ours_temp_mib': compiled[0][1].temp_bytes / MIB,
+               'official_temp_mib': compiled[1][1].temp_bytes / MIB, 'note': ''}
+        too_big = max(st.total_bytes for _, st in compiled)
+        if too_big > limit:
+          row.update(ours_ms=None, official_ms=None, speedup=None, max_abs_diff=diff, repeats=0,
+                     load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
+                     note=f'not run: compiled memory {too_big / (1 << 30):.1f} GiB > '
+                          f'--max_memory_gb {setup.max_memory_gb:g}')
+          rows.append(row)
+          log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: {row["note"]}')
+          del compiled
+          continue
+        if diff is None and mode == 'fwd':
+          diff = float(jnp.max(jnp.abs(compiled[0][0](q, k, v) - jax.jit(official_eps0)(q, k, v))))
         times: list[list[float]] = [[], []]
         for c, _ in compiled:
           jax.block_until_ready(c(q, k, v))          # warm-up
@@ -554,13 +574,9 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
             jax.block_until_ready(compiled[i][0](q, k, v))
             times[i].append(time.perf_counter() - start)
         t_ours, t_off = (statistics.median(t) * 1e3 for t in times)
-        row = {'causal': causal, 'mode': mode, 'length': length, 'batch': setup.batch,
-               'heads': setup.heads, 'head_dim': setup.head_dim, 'num_features': setup.num_features,
-               'masked_keys': length // 8, 'ours_ms': t_ours, 'official_ms': t_off,
-               'speedup': t_off / t_ours, 'ours_temp_mib': compiled[0][1].temp_bytes / MIB,
-               'official_temp_mib': compiled[1][1].temp_bytes / MIB, 'max_abs_diff': diff,
-               'repeats': len(times[0]),
-               'load_1min': os.getloadavg()[0] if hasattr(os, 'getloadavg') else None}
+        row.update(ours_ms=t_ours, official_ms=t_off, speedup=t_off / t_ours, max_abs_diff=diff,
+                   repeats=len(times[0]),
+                   load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None)
         rows.append(row)
         log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: ours {t_ours:.1f} ms, '
             f'official {t_off:.1f} ms, official/ours {t_off / t_ours:.2f}x; temp '
@@ -571,15 +587,18 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
 
 
 def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:
-  """The ``compare_official`` rows as one markdown table."""
-  head = ('| attention | mode | L | ours (ms) | official (ms) | official / ours | temp ours (MiB) | '
+  """The ``compare_official`` rows as one markdown table (cells not run: their note instead of times)."""
+  head = ('| attention | mode | L | B | H | ours (ms) | official (ms) | official / ours | temp ours (MiB) | '
           'temp official (MiB) | max abs diff (eps 0) | rounds | load |')
-  lines = [head, '|' + '---|' * 11]
+  lines = [head, '|' + '---|' * 13]
+  fmt = lambda x, spec: '—' if x is None or x == '' else format(float(x), spec)
   for r in rows:
+    times = (f'{fmt(r["ours_ms"], ".1f")} | {fmt(r["official_ms"], ".1f")} | {fmt(r["speedup"], ".2f")}'
+             if r.get('ours_ms') is not None else f'{r.get("note", "not run")} | — | —')
     lines.append(f'| {"causal" if r["causal"] else "bidirectional"} | {r["mode"]} | {r["length"]} | '
-                 f'{r["ours_ms"]:.1f} | {r["official_ms"]:.1f} | {r["speedup"]:.2f} | '
-                 f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | {r["max_abs_diff"]:.1e} | '
-                 f'{r["repeats"]} | {r["load_1min"]:.1f} |')
+                 f'{r["batch"]} | {r["heads"]} | {times} | '
+                 f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | {fmt(r["max_abs_diff"], ".1e")} | '
+                 f'{r["repeats"]} | {fmt(r["load_1min"], ".1f")} |')
   return '\n'.join(lines)
 
 

@@ -174,6 +174,19 @@ def test_benchmark_compare_official_quick(tmp_path, capsys):
   assert 'official / ours' in capsys.readouterr().out
 
 
+def test_compare_official_skips_cells_over_the_memory_limit():
+  """A cell whose compiled programs exceed ``max_memory_gb`` is compiled, not run, and says why."""
+  setup = attention_cost.Setup(batch=1, heads=1, head_dim=8, num_features=8, repeats=1,
+                               max_memory_gb=1e-6)
+  rows = attention_cost.compare_official([64], setup, causal_modes=(True,), log=lambda s: None)
+  assert [r['mode'] for r in rows] == list(attention_cost.MODES)
+  for r in rows:
+    assert r['ours_ms'] is None and r['official_ms'] is None and r['repeats'] == 0
+    assert r['note'].startswith('not run: compiled memory') and r['ours_temp_mib'] >= 0
+  md = attention_cost.compare_markdown(rows)
+  assert md.count('not run: compiled memory') == 2 and '| causal | fwd+bwd | 64 | 1 | 1 |' in md
+
+
 def test_benchmark_compare_projections_quick(tmp_path):
   """``--compare projections``: projection rows per d, attention rows per mode, transform rows per n."""
   script = load_script('benchmark_attention')
