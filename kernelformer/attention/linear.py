@@ -8,6 +8,10 @@ Pure functions on feature maps that have already been computed. Shapes follow th
 * Causal: chunked form. Inside a chunk of C positions a masked C x C product; across chunks an
   exclusive prefix sum of the per-chunk ``phi(K)^T V`` states. A position-by-position ``lax.scan`` is
   20-30x slower on accelerators (``../shared/reference/attention-facts.md``), so it is not used.
+  ``linear_attention`` takes stored features and materializes every chunk's state (any feature map);
+  ``causal_exp_feature_attention`` (exp-maps with a ``LogSpaceForm``: posrf, hyperbolic) runs one
+  ``lax.scan`` over chunks that forms the chunk's features, updates the running key max and carries
+  only the ``[M, Dv]`` state and the normalizer's ``[M]`` (issue 24; docs/architecture.md says why).
 * Padded keys are removed from both numerator and normalizer by zeroing their feature rows.
 * Accumulation is float32 whatever the input dtype (bf16 inputs are upcast on CPU, where a bf16 dot with
   a float32 result is not supported, and use ``preferred_element_type`` elsewhere).
