@@ -141,14 +141,18 @@ class _Config:
 def _dot(cfg: _Config, a: Array, b: Array, dims: str, exact: bool = False) -> Array:
   """2-D matmul with a float32 result. ``dims``: 'nn' a b, 'tn' a^T b, 'nt' a b^T.
 
-  ``exact`` (or float32 operands): float32 'highest' (IEEE on Triton, not TF32). Otherwise the operands
-  are rounded to ``cfg.operand_dtype`` and accumulated in float32 (see the module docstring).
+  ``exact`` (or float32 operands): float32 accuracy. Compiled, that is Triton's tf32x3 (three
+  tensor-core products of the tf32 splits, ~2^-21 relative): Triton's IEEE float32 dot runs on FMA
+  units holding the whole contraction per thread, which spilled every kernel (docs/pallas.md,
+  "Resources"). Interpret mode (CPU): float32 'highest'. Otherwise the operands are rounded to
+  ``cfg.operand_dtype`` and accumulated in float32 (see the module docstring).
   """
   contract = {'nn': ((1,), (0,)), 'tn': ((0,), (0,)), 'nt': ((1,), (1,))}[dims]
   dn = (contract, ((), ()))
   f32 = jnp.float32
   if exact or cfg.operand_dtype == 'float32':
-    return lax.dot_general(a.astype(f32), b.astype(f32), dn, precision=_HIGHEST,
+    precision = _HIGHEST if cfg.interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    return lax.dot_general(a.astype(f32), b.astype(f32), dn, precision=precision,
                            preferred_element_type=f32)
   low = jnp.dtype(cfg.operand_dtype)
   a, b = a.astype(low), b.astype(low)
@@ -1120,15 +1124,47 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   return out[:, :lq, :, :dv]
 
 
-def supported(feature: str, q_shape, dtype, backend: Optional[str] = None) -> bool:
-  """Whether ``impl='auto'`` should take these kernels: compiled Triton on a GPU only.
+def fits(feature: str, causal: bool, num_features: Optional[int], head_dim: int, dtype) -> bool:
+  """Whether every kernel of this case, at ``tiling()``'s launch configuration, was compiled offline
+  and fits an H100 (registers <= 255, no spills, shared memory within the block limit).
+
+  Looked up in ``resources.json`` (written by ``kernelformer benchmark pallas-resources
+  --write_table``); an entry counts only if its tiling is the one ``tiling()`` chooses now, so a
+  changed block table sends 'auto' back to XLA until the check is re-run. ``num_features`` is M (the
+  rows of W; ignored for elu / relu). Value dim = head dim.
+  """
+  from kernelformer.pallas import resources  # pylint: disable=g-import-not-at-top
+  d = _pow2_at_least(head_dim)
+  if feature in _PROJECTED:
+    if num_features is None:
+      return False
+    nm = _pow2_at_least(num_features * (2 if feature == 'trig' else 1))
+  else:
+    nm = d
+  tl = list(tiling(feature, causal, nm, d, d, jnp.dtype(dtype)))
+  mode = 'causal' if causal else 'bidirectional'
+  name = jnp.dtype(dtype).name
+  return any(e['mode'] == mode and e['feature'] == feature and e['num_features'] == nm
+             and e['head_dim'] == d and e['dtype'] == name and e['tiling'] == tl and e['fits']
+             for e in resources.load_table())
+
+
+def supported(feature: str, q_shape, dtype, backend: Optional[str] = None, *,
+              num_features: Optional[int] = None, causal: Optional[bool] = None,
+              check_fit: bool = True) -> bool:
+  """Whether ``impl='auto'`` should take these kernels: compiled Triton on a GPU only, and only for
+  cases whose kernels fit the hardware (``fits``; ``causal=None`` = both modes must fit).
 
   On CPU the kernels run only in interpret mode (correct, slow) and on TPU they are not written for
-  Mosaic, so 'auto' keeps the XLA path there. Head dims above 256 are left to XLA (one tile holds a
-  ``[M, d]`` projection and ``[M, dv]`` state; larger ones were not considered).
+  Mosaic, so 'auto' keeps the XLA path there. Head dims above 256 are left to XLA.
+  ``check_fit=False`` skips the resource table (the shape and backend checks only).
   """
   backend = backend or jax.default_backend()
-  return (feature in FEATURES and backend in ('gpu', 'cuda') and len(q_shape) == 4
-          and q_shape[-1] <= 256
-          and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-                                   jnp.dtype(jnp.float16)))
+  ok = (feature in FEATURES and backend in ('gpu', 'cuda') and len(q_shape) == 4
+        and q_shape[-1] <= 256
+        and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                 jnp.dtype(jnp.float16)))
+  if not ok or not check_fit:
+    return ok
+  modes = (False, True) if causal is None else (bool(causal),)
+  return all(fits(feature, c, num_features, q_shape[-1], dtype) for c in modes)
