@@ -103,8 +103,6 @@ _PROJECTED = ('exp', 'trig')        # kinds that use the projection W
 _NEG = -1e30                        # a finite -inf: max/shift arithmetic never forms inf - inf
 _MIN_TILE = 16                      # Triton's smallest dot operand side
 _TARGET_PROGRAMS = 256              # split heuristic: about two waves on a 132-SM GPU (not tuned)
-_DEFAULT_BLOCK = 128
-_DEFAULT_CHUNK = 64                 # causal chunk (attention-facts: chunked causal measured at C = 64)
 _CAUSAL_CHUNKS_PER_PROGRAM = 4      # causal segment G (chunks per program): grid B*H*ceil(L/(C*G))
 # ``pl.squeezed`` (newer JAX) and ``None`` (older) both mean "block of size 1, dimension dropped".
 _SQ = getattr(pl, 'squeezed', None)
@@ -928,10 +926,15 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
   ``kernelformer benchmark pallas-resources`` (docs/pallas.md, "Resources"): registers <= 255, no
   spills, shared memory within the block limit. ``fits()`` says whether a shape is covered.
   """
-  del feature, causal, dtype
+  del dtype
   width = max(head_dim, value_dim)
-  block_m = min(num_features, 64 if width <= 64 else 32)
-  return Tiling(block=64, block_m=block_m, num_warps=4, num_stages=2)
+  if width <= 64:
+    block, block_m = (16, 32) if causal else (32, 32)
+  else:
+    block, block_m = 16, 16
+  if feature not in _PROJECTED:
+    block_m = num_features                  # elu / relu: M = d, not tiled
+  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)
 
 
 def _pow2_at_least(n: int, floor: int = _MIN_TILE) -> int:

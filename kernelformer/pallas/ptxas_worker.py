@@ -24,10 +24,17 @@ import tempfile
 
 
 def _ptxas_candidates():
+  """$KERNELFORMER_PTXAS, triton's bundled ptxas (the newer first: it reads newer PTX), then any
+  ptxas of a pip CUDA package (nvidia/*/bin)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import site  # pylint: disable=g-import-not-at-top
   import triton  # pylint: disable=g-import-not-at-top
+  out = [os.environ['KERNELFORMER_PTXAS']] if os.environ.get('KERNELFORMER_PTXAS') else []
   bin_dir = os.path.join(os.path.dirname(triton.__file__), 'backends', 'nvidia', 'bin')
-  names = ('ptxas-blackwell', 'ptxas')     # the newer one first: it reads newer PTX versions
-  return [os.path.join(bin_dir, n) for n in names if os.path.exists(os.path.join(bin_dir, n))]
+  out += [os.path.join(bin_dir, n) for n in ('ptxas-blackwell', 'ptxas')]
+  for sp in site.getsitepackages():
+    out += sorted(glob.glob(os.path.join(sp, 'nvidia', '**', 'bin', 'ptxas'), recursive=True))
+  return [p for p in out if os.path.exists(p)]
 
 
 def parse_ptxas(text: str) -> dict:
@@ -61,6 +68,9 @@ def compile_one(job: dict) -> dict:
     ir.load_dialects(ctx)
     backend.load_dialects(ctx)
     with tempfile.TemporaryDirectory() as tmp:
+      if job.get('ptx'):                      # PTX made by jaxlib's own Triton: ptxas only
+        return _ptxas_report(res, job['ptx'], arch, int(job.get('shared', 0)), tmp,
+                             'jaxlib triton', triton.__version__)
       src = os.path.join(tmp, 'kernel.ttir')
       with open(src, 'w') as f:
         f.write(job['ttir'])
@@ -79,25 +89,31 @@ def compile_one(job: dict) -> dict:
         if ext == 'cubin':
           break
         cur = fn(cur, metadata)
-      ptx_path = os.path.join(tmp, 'kernel.ptx')
-      with open(ptx_path, 'w') as f:
-        f.write(cur)
-      res['dynamic_shared'] = int(metadata.get('shared', 0))
-      last = ''
-      for ptxas in _ptxas_candidates():
-        r = subprocess.run([ptxas, '-v', f'--gpu-name=sm_{arch}', ptx_path, '-o', os.devnull],
-                           capture_output=True, text=True)
-        last = r.stdout + r.stderr
-        if r.returncode == 0:
-          break
-      else:
-        raise RuntimeError(f'ptxas failed: {last.strip()[-400:]}')
-      res.update(parse_ptxas(last))
-      res['shared'] = res['dynamic_shared'] + res['static_shared']
-      res['ptxas'] = os.path.basename(ptxas)
-      res['triton'] = triton.__version__
+      return _ptxas_report(res, cur, arch, int(metadata.get('shared', 0)), tmp,
+                           f'pip triton {triton.__version__}', triton.__version__)
   except Exception as e:  # pylint: disable=broad-except
     res['error'] = f'{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ""}'
+  return res
+
+
+def _ptxas_report(res, ptx, arch, dynamic_shared, tmp, source, version):
+  ptx_path = os.path.join(tmp, 'kernel.ptx')
+  with open(ptx_path, 'w') as f:
+    f.write(ptx)
+  res['dynamic_shared'] = dynamic_shared
+  last = ''
+  for ptxas in _ptxas_candidates():
+    r = subprocess.run([ptxas, '-v', f'--gpu-name=sm_{arch}', ptx_path, '-o', os.devnull],
+                       capture_output=True, text=True)
+    last = r.stdout + r.stderr
+    if r.returncode == 0:
+      break
+  else:
+    raise RuntimeError(f'ptxas failed: {last.strip()[-400:]}')
+  res.update(parse_ptxas(last))
+  res['shared'] = res['dynamic_shared'] + res['static_shared']
+  res['toolchain'] = f'{source} + {os.path.basename(ptxas)}'
+  res['triton'] = version
   return res
 
 

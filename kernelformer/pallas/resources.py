@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,12 +116,38 @@ def export_kernels(case: Case, tl=None) -> list[dict]:
     return jnp.sum(out.astype(jnp.float32))
 
   fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if projected else (0, 1, 2)))
-  exported = jax.export.export(
-      fn, platforms=('cuda',),
-      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call('__gpu$xla.gpu.triton')])(x, x, x, w)
+  # jaxlib > 0.10.2 compiles each kernel while lowering (through the compilation handler a GPU
+  # plugin registers): capture the Triton IR, and the PTX jaxlib's own Triton made for this GPU.
+  from jax._src.lib import triton as jax_triton  # pylint: disable=g-import-not-at-top
+  captured, real_compile = [], jax_triton.compile
+
+  def spy(platform, module, arch_name, **kw):
+    res = real_compile(platform, module, arch_name, **kw)
+    captured.append({'bytecode': bytes(module), 'num_warps': kw.get('num_warps'),
+                     'num_stages': kw.get('num_stages'), 'ptx': getattr(res, 'asm', None),
+                     'jax_shared': int(getattr(res, 'smem_bytes', 0)), 'jax_arch': arch_name})
+    return res
+
+  jax_triton.compile = spy
+  try:
+    exported = jax.export.export(
+        fn, platforms=('cuda',),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(t)
+                         for t in ('__gpu$xla.gpu.triton', 'triton_kernel_call_ffi')])(x, x, x, w)
+  finally:
+    jax_triton.compile = real_compile
   found = []
+  kernels = []
   with jmlir.make_ir_context() as ctx:
     tt_dialect.register_dialect(ctx)
+    if captured:
+      for c in captured:
+        text = ir.Module.parse(c['bytecode']).operation.get_asm(enable_debug_info=False)
+        name = re.search(r'tt\.func (?:public )?@(\w+)', text).group(1)
+        kernels.append({'name': name.replace('feature_attention_', ''), 'ttir': text,
+                        'num_warps': c['num_warps'], 'num_stages': c['num_stages'],
+                        'ptx': c['ptx'], 'jax_shared': c['jax_shared'], 'jax_arch': c['jax_arch']})
+      return kernels
     module = ir.Module.parse(exported.mlir_module())
 
     def walk(op):
@@ -134,7 +161,6 @@ def export_kernels(case: Case, tl=None) -> list[dict]:
             walk(o)
 
     walk(module.operation)
-    kernels = []
     for cfg in found:
       kernel = ir.Module.parse(ir.StringAttr(cfg['ir']).value_bytes)
       kernels.append({
@@ -178,8 +204,11 @@ def compile_all(kernels: list[dict], archs: Iterable[str], triton_python: str, j
   for k in kernels:
     for arch in archs:
       key = _key(k, arch)
-      todo.setdefault(key, {'id': key, 'ttir': k['ttir'], 'arch': arch,
-                            'num_warps': k['num_warps'], 'num_stages': k['num_stages']})
+      job = {'id': key, 'ttir': k['ttir'], 'arch': arch, 'num_warps': k['num_warps'],
+             'num_stages': k['num_stages']}
+      if k.get('ptx') and _same_arch(k.get('jax_arch', ''), arch):
+        job.update(ptx=k['ptx'], shared=k['jax_shared'])   # jaxlib's own PTX for this GPU
+      todo.setdefault(key, job)
   with tempfile.TemporaryDirectory() as tmp:
     jobs_path, out_path = os.path.join(tmp, 'jobs.json'), os.path.join(tmp, 'out.json')
     with open(jobs_path, 'w') as f:
@@ -191,6 +220,11 @@ def compile_all(kernels: list[dict], archs: Iterable[str], triton_python: str, j
       raise RuntimeError(f'ptxas worker failed: {(r.stderr or r.stdout).strip()[-600:]}')
     with open(out_path) as f:
       return {res['id']: res for res in json.load(f)}
+
+
+def _same_arch(jax_arch: str, arch: str) -> bool:
+  """'9.0' (jaxlib's compute capability) against '90a'."""
+  return jax_arch.replace('.', '') == arch.rstrip('a')
 
 
 def _key(kernel: dict, arch: str) -> str:
