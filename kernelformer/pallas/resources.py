@@ -171,6 +171,23 @@ def export_kernels(case: Case, tl=None) -> list[dict]:
   return kernels
 
 
+def _export_one(item):
+  return export_kernels(*item)
+
+
+def _export_all(items, jobs: int):
+  """export_kernels per (case, tiling or None), in ``jobs`` processes when there are several (on a
+  GPU machine each process opens the device: no preallocation)."""
+  if jobs <= 1 or len(items) <= 1:
+    return [export_kernels(*item) for item in items]
+  import concurrent.futures  # pylint: disable=g-import-not-at-top
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  with concurrent.futures.ProcessPoolExecutor(
+      min(jobs, len(items)), mp_context=multiprocessing.get_context('spawn')) as pool:
+    return list(pool.map(_export_one, items))
+
+
 def fits(res: dict, arch: str, num_warps: int) -> bool:
   regs, per_block, smem = LIMITS[arch]
   return ('error' not in res and res['registers'] <= regs
@@ -237,11 +254,11 @@ def run(quick: bool, archs: tuple[str, ...], triton_python: str, jobs: int,
   """Rows ``{case..., kernel, tiling, <arch>: result}`` for every kernel of every case; timings."""
   t0 = time.perf_counter()
   rows, kernels = [], []
-  for item in (only if only is not None else cases(quick)):
-    case, tl = item if isinstance(item, tuple) else (item, None)
-    explicit = tl is not None
+  items = [item if isinstance(item, tuple) else (item, None)
+           for item in (only if only is not None else cases(quick))]
+  for (case, tl), exported in zip(items, _export_all(items, jobs)):
     tl = tl or launch(case)
-    for k in export_kernels(case, tl if explicit else None):
+    for k in exported:
       rows.append({'case': case, 'tiling': tl, **k})
       kernels.append(k)
   t1 = time.perf_counter()
