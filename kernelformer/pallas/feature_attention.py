@@ -71,8 +71,18 @@ Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``
       elu:  dx = dphi * s * (1 if x > 0 else exp(x)),    relu: dx = dphi * s * [x > 0]
       the scales: ds_r = sum_rows dphi_r * phi_r / s_r  (formed from the unscaled feature).
 
-Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32 dot
-at 'highest' precision (an error there is a relative error of the feature). With bf16/f16 ``v`` the big
+Feature tiles (issue 24). Every grid has a last axis over tiles of ``block_m`` feature columns: a
+program holds only its tile of W, the states and their gradients. Sums over features (numerator,
+normalizer, dq, dk, dv, the causal in-chunk scores) become per-tile partial sums merged by XLA; the
+query row shift ``a_i`` is per tile in the forward, merged as ``a = max_T a_T`` with factors
+``exp(a_T - a) <= 1`` (flash-decoding), and kept as a residual so the backward recomputes the same
+features tile by tile. ``tiling()`` is the block table; ``fits()`` says whether the offline resource
+check (``kernelformer benchmark pallas-resources``) found every kernel of a case within an H100's
+registers (no spills) and shared memory.
+
+Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32-accurate
+dot (an error there is a relative error of the feature): 'highest' in interpret mode, Triton's tf32x3
+compiled (IEEE float32 dots run on FMA units with the whole contraction per thread, and spilled). With bf16/f16 ``v`` the big
 matmuls take operands in that dtype with float32 accumulation (tensor cores); on CPU, where a bf16 dot
 with a float32 result is unsupported, interpret mode rounds the operands to bf16 and multiplies in
 float32, which is the same arithmetic (a product of two bf16 values is exact in float32).

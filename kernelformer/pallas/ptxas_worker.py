@@ -122,11 +122,20 @@ def main(argv) -> int:
   workers = int(argv[argv.index('--jobs') + 1]) if '--jobs' in argv else (os.cpu_count() or 1)
   with open(jobs_path) as f:
     jobs = json.load(f)
-  if workers > 1 and len(jobs) > 1:
-    with multiprocessing.get_context('spawn').Pool(min(workers, len(jobs))) as pool:
-      results = pool.map(compile_one, jobs, chunksize=1)
-  else:
-    results = [compile_one(j) for j in jobs]
+  results = []
+  # Progress: one line per finished kernel in RESULTS.json.partial (a long run can be watched).
+  with open(out_path + '.partial', 'w') as progress:
+    if workers > 1 and len(jobs) > 1:
+      with multiprocessing.get_context('spawn').Pool(min(workers, len(jobs))) as pool:
+        for res in pool.imap_unordered(compile_one, jobs, chunksize=1):
+          results.append(res)
+          progress.write(json.dumps(res) + '\n')
+          progress.flush()
+    else:
+      for job in jobs:
+        results.append(compile_one(job))
+        progress.write(json.dumps(results[-1]) + '\n')
+        progress.flush()
   with open(out_path, 'w') as f:
     json.dump(results, f)
   return 0

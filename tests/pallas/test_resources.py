@@ -114,3 +114,34 @@ def test_cli_without_triton_is_one_line(capsys):
   err = capsys.readouterr().err
   assert code == 2 and err.count('\n') == 1 and 'triton' in err
   assert benchmark.run(['pallas-resources', '--arch', '75']) == 2
+
+
+def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
+  """Exit 1 on any non-fitting kernel; with --require table only for cases resources.json lists."""
+  from kernelformer.commands import benchmark
+  listed = resources.Case('bidirectional', 'exp', 128, 64, 'bfloat16')
+  other = resources.Case('causal', 'trig', 256, 128, 'float32')
+  tl = resources.launch(listed)
+  _table(tmp_path, monkeypatch, [
+      {'mode': 'bidirectional', 'feature': 'exp', 'num_features': 128, 'head_dim': 64,
+       'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True}])
+  good = dict(_res(), fits=True)
+  bad = dict(_res(stores=8), fits=False)
+  verdict = {}
+
+  def fake_run(quick, archs, py, jobs):
+    rows = [{'case': c, 'tiling': resources.launch(c), 'kernel': 'fwd', 'num_warps': 8,
+             'num_stages': 1, '90a': verdict[c]} for c in (listed, other)]
+    return rows, {'export_s': 0.0, 'compile_s': 0.0, 'distinct': 2}
+
+  monkeypatch.setattr(resources, 'run', fake_run)
+  monkeypatch.setattr(resources, 'find_triton_python', lambda explicit=None: 'python')
+  args = ['pallas-resources', '--arch', '90a']
+  verdict.update({listed: good, other: good})
+  assert benchmark.run(args) == 0
+  verdict.update({listed: good, other: bad})
+  assert benchmark.run(args) == 1                              # strict: any kernel
+  assert benchmark.run(args + ['--require', 'table']) == 0     # 'other' is left to XLA
+  assert 'DOES NOT FIT: causal trig M=256 d=128 float32 fwd' in capsys.readouterr().out
+  verdict.update({listed: bad, other: good})
+  assert benchmark.run(args + ['--require', 'table']) == 1     # a listed case broke
