@@ -25,6 +25,8 @@ def main(argv: list[str]) -> int:
   p = argparse.ArgumentParser(prog='kernelformer benchmark pallas-resources', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--quick', action='store_true', help='largest M and d only')
+  p.add_argument('--case', action='append', default=[],
+                 help='only this case, MODE:FEATURE:M:D:DTYPE (M "-" for elu / relu); repeatable')
   p.add_argument('--arch', default='90a,80', help='targets, comma separated (90a, 80)')
   p.add_argument('--jobs', type=int, default=os.cpu_count() or 1, help='parallel compiles')
   p.add_argument('--triton_python', default=None)
@@ -46,8 +48,25 @@ def main(argv: list[str]) -> int:
     print('error: no Python with triton found (pip install triton in a venv of its own and pass '
           '--triton_python, or run .ci/run which makes .venv-triton)', file=sys.stderr)
     return 2
+  only = None
+  if args.case:
+    only = []
+    for spec in args.case:
+      parts = spec.split(':')
+      try:
+        mode, feature, m, d, dtype = parts
+        only.append(resources.Case(mode, feature, None if m == '-' else int(m), int(d), dtype))
+      except ValueError:
+        print(f'error: --case takes MODE:FEATURE:M:D:DTYPE, e.g. causal:exp:256:64:bfloat16; got '
+              f'{spec!r}', file=sys.stderr)
+        return 2
+      if (mode not in resources.MODES or dtype not in resources.DTYPES
+          or (m == '-') != (feature in ('elu', 'relu'))):
+        print(f'error: --case {spec!r}: mode {"/".join(resources.MODES)}, dtype '
+              f'{"/".join(resources.DTYPES)}, M "-" exactly for elu / relu', file=sys.stderr)
+        return 2
   t0 = time.perf_counter()
-  rows, timing = resources.run(args.quick, archs, py, max(1, args.jobs))
+  rows, timing = resources.run(args.quick, archs, py, max(1, args.jobs), only=only)
   table = resources.markdown(rows, archs)
   print(table)
   bad_rows = [r for r in rows if not all(r[a]['fits'] for a in archs)]

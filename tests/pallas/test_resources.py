@@ -129,7 +129,7 @@ def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   bad = dict(_res(stores=8), fits=False)
   verdict = {}
 
-  def fake_run(quick, archs, py, jobs):
+  def fake_run(quick, archs, py, jobs, only=None):
     rows = [{'case': c, 'tiling': resources.launch(c), 'kernel': 'fwd', 'num_warps': 8,
              'num_stages': 1, '90a': verdict[c]} for c in (listed, other)]
     return rows, {'export_s': 0.0, 'compile_s': 0.0, 'distinct': 2}
