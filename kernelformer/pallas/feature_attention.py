@@ -936,12 +936,13 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
   ``kernelformer benchmark pallas-resources`` (docs/pallas.md, "Resources"): registers <= 255, no
   spills, shared memory within the block limit. ``fits()`` says whether a shape is covered.
   """
-  del dtype
   width = max(head_dim, value_dim)
-  if width <= 64:
-    block, block_m = (16, 32) if causal else (32, 32)
-  else:
+  if width > 64:
     block, block_m = 16, 16
+  elif causal:
+    block, block_m = 16, 32
+  else:     # float32 operands (tf32x3: two parts each) need the smaller query block
+    block, block_m = (16 if jnp.dtype(dtype) == jnp.float32 else 32), 32
   if feature not in _PROJECTED:
     block_m = num_features                  # elu / relu: M = d, not tiled
   return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)

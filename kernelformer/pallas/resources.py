@@ -310,7 +310,8 @@ def table_entries(rows: list[dict], arch: str = '90a') -> list[dict]:
                     'head_dim': case.d, 'dtype': case.dtype, 'tiling': list(tl),
                     'fits': all(r[arch]['fits'] for r in rs),
                     'max_registers': max(r[arch].get('registers', 0) for r in rs),
-                    'max_shared': max(r[arch].get('shared', 0) for r in rs)})
+                    'max_shared': max(r[arch].get('shared', 0) for r in rs),
+                    'toolchain': rs[0][arch].get('toolchain', '')})
   return entries
 
 
