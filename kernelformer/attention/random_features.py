@@ -272,7 +272,8 @@ class RandomFeatureAttention(nn.Module):
             f'{" with a position bias" if position_bias is not None else ""}. Use impl=xla.')
       return True
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top
-    if not (fused_ok and pallas.supported(feature, q_shape, dtype)):
+    if not (fused_ok and pallas.supported(feature, q_shape, dtype, num_features=self.num_features,
+                                          causal=causal)):
       return False
     from kernelformer.pallas import validated  # pylint: disable=g-import-not-at-top
     return validated.select(feature, causal=causal, dtype=jnp.dtype(dtype).name)[0]

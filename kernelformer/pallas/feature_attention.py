@@ -71,8 +71,18 @@ Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``
       elu:  dx = dphi * s * (1 if x > 0 else exp(x)),    relu: dx = dphi * s * [x > 0]
       the scales: ds_r = sum_rows dphi_r * phi_r / s_r  (formed from the unscaled feature).
 
-Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32 dot
-at 'highest' precision (an error there is a relative error of the feature). With bf16/f16 ``v`` the big
+Feature tiles (issue 24). Every grid has a last axis over tiles of ``block_m`` feature columns: a
+program holds only its tile of W, the states and their gradients. Sums over features (numerator,
+normalizer, dq, dk, dv, the causal in-chunk scores) become per-tile partial sums merged by XLA; the
+query row shift ``a_i`` is per tile in the forward, merged as ``a = max_T a_T`` with factors
+``exp(a_T - a) <= 1`` (flash-decoding), and kept as a residual so the backward recomputes the same
+features tile by tile. ``tiling()`` is the block table; ``fits()`` says whether the offline resource
+check (``kernelformer benchmark pallas-resources``) found every kernel of a case within an H100's
+registers (no spills) and shared memory.
+
+Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32-accurate
+dot (an error there is a relative error of the feature): 'highest' in interpret mode, Triton's tf32x3
+compiled (IEEE float32 dots run on FMA units with the whole contraction per thread, and spilled). With bf16/f16 ``v`` the big
 matmuls take operands in that dtype with float32 accumulation (tensor cores); on CPU, where a bf16 dot
 with a float32 result is unsupported, interpret mode rounds the operands to bf16 and multiplies in
 float32, which is the same arithmetic (a product of two bf16 values is exact in float32).
@@ -103,8 +113,6 @@ _PROJECTED = ('exp', 'trig')        # kinds that use the projection W
 _NEG = -1e30                        # a finite -inf: max/shift arithmetic never forms inf - inf
 _MIN_TILE = 16                      # Triton's smallest dot operand side
 _TARGET_PROGRAMS = 256              # split heuristic: about two waves on a 132-SM GPU (not tuned)
-_DEFAULT_BLOCK = 128
-_DEFAULT_CHUNK = 64                 # causal chunk (attention-facts: chunked causal measured at C = 64)
 _CAUSAL_CHUNKS_PER_PROGRAM = 4      # causal segment G (chunks per program): grid B*H*ceil(L/(C*G))
 # ``pl.squeezed`` (newer JAX) and ``None`` (older) both mean "block of size 1, dimension dropped".
 _SQ = getattr(pl, 'squeezed', None)
@@ -126,6 +134,8 @@ class _Config:
   operand_dtype: str
   num_warps: int = 4
   num_stages: int = 2
+  block_m: int = 0   # feature columns per program (the M tile); 0 = all of them
+  m_tiles: int = 1   # programs along the feature axis; > 1: outputs are partial sums merged by XLA
 
   @property
   def projected(self) -> bool:
@@ -139,14 +149,18 @@ class _Config:
 def _dot(cfg: _Config, a: Array, b: Array, dims: str, exact: bool = False) -> Array:
   """2-D matmul with a float32 result. ``dims``: 'nn' a b, 'tn' a^T b, 'nt' a b^T.
 
-  ``exact`` (or float32 operands): float32 'highest' (IEEE on Triton, not TF32). Otherwise the operands
-  are rounded to ``cfg.operand_dtype`` and accumulated in float32 (see the module docstring).
+  ``exact`` (or float32 operands): float32 accuracy. Compiled, that is Triton's tf32x3 (three
+  tensor-core products of the tf32 splits, ~2^-21 relative): Triton's IEEE float32 dot runs on FMA
+  units holding the whole contraction per thread, which spilled every kernel (docs/pallas.md,
+  "Resources"). Interpret mode (CPU): float32 'highest'. Otherwise the operands are rounded to
+  ``cfg.operand_dtype`` and accumulated in float32 (see the module docstring).
   """
   contract = {'nn': ((1,), (0,)), 'tn': ((0,), (0,)), 'nt': ((1,), (1,))}[dims]
   dn = (contract, ((), ()))
   f32 = jnp.float32
   if exact or cfg.operand_dtype == 'float32':
-    return lax.dot_general(a.astype(f32), b.astype(f32), dn, precision=_HIGHEST,
+    precision = _HIGHEST if cfg.interpret else lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+    return lax.dot_general(a.astype(f32), b.astype(f32), dn, precision=precision,
                            preferred_element_type=f32)
   low = jnp.dtype(cfg.operand_dtype)
   a, b = a.astype(low), b.astype(low)
@@ -210,15 +224,20 @@ def _key_tile(cfg: _Config, x, valid, w, theta, s, shift) -> _Tile:
   return _finish(cfg, lg - shift[None, :], phase, s, ok)
 
 
-def _query_tile(cfg: _Config, x, w, theta, s, shift) -> _Tile:
-  """Query features: ``l + shift`` (the keys' shift, compensated) minus its max over each row."""
+def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None):
+  """Query features: ``l + shift`` (the keys' shift, compensated) minus a per-row shift ``a``.
+
+  ``row_shift=None`` (forward): ``a`` is the max of ``l + shift`` over this tile's columns, returned
+  so the feature tiles can be merged. Otherwise (backward) the forward's merged ``a`` [C] is used, so
+  the recomputed features equal the forward's. Returns ``(tile, a [C])``; ``a = 0`` for elu / relu.
+  """
   if not cfg.projected:
-    return _plain_tile(cfg, x, s)
+    return _plain_tile(cfg, x, s), jnp.zeros((x.shape[0],), jnp.float32)
   lg, phase = _log_magnitude(cfg, x, w, theta)
   ok = (s != 0)[None, :]
   u = jnp.where(ok, lg + shift[None, :], _NEG)
-  a = jnp.max(u, axis=1, keepdims=True)
-  return _finish(cfg, u - a, phase, s, ok)
+  a = jnp.max(u, axis=1) if row_shift is None else row_shift
+  return _finish(cfg, u - a[:, None], phase, s, ok), a
 
 
 def _safe(cfg: _Config, den: Array) -> Array:
@@ -269,7 +288,8 @@ def _proj_params(w_ref, th_ref):
 
 def _fwd_kv_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref,
                    kv_ref, ks_ref, m_ref):
-  """Partial key state of one (b, h, split): ``S [M, dv]``, ``z [M]`` relative to the running max."""
+  """Partial key state of one (b, h, split, feature tile): ``S [Mt, dv]``, ``z [Mt]`` relative to the
+  running max (feature columns are independent here, so a tile is a slice of the full state)."""
   w, theta = _proj_params(w_ref, th_ref)
   s = s_ref[...].astype(jnp.float32)
   c = cfg.block_k
@@ -301,24 +321,33 @@ def _fwd_kv_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref,
   m_ref[...] = m
 
 
+def _out_value(cfg: _Config, num, den, dtype):
+  """One feature tile: the output itself; several: the tile's numerator (merged by ``_merge_rows``)."""
+  if cfg.m_tiles == 1:
+    return (num / _safe(cfg, den)[:, None]).astype(dtype)
+  return num
+
+
 def _fwd_q_kernel(cfg: _Config, q_ref, w_ref, th_ref, s_ref, beta_ref, kv_ref, ks_ref,
-                  o_ref, den_ref):
-  """``out = phi(Q) S / phi(Q) z`` for one query chunk (the key state is complete)."""
+                  o_ref, den_ref, a_ref):
+  """``out = phi(Q) S / phi(Q) z`` for one query chunk and feature tile (the key state is complete)."""
   w, theta = _proj_params(w_ref, th_ref)
   s = s_ref[...].astype(jnp.float32)
   beta = beta_ref[...]
   kv, ks = kv_ref[...], ks_ref[...]
   x = q_ref[...].astype(jnp.float32)
-  tile = _query_tile(cfg, x, w, theta, s, beta)
+  tile, a = _query_tile(cfg, x, w, theta, s, beta)
   num = _dot(cfg, tile.phi, kv, 'nn')
   den = jnp.sum(tile.phi * ks[None, :], axis=1)
-  o_ref[...] = (num / _safe(cfg, den)[:, None]).astype(o_ref.dtype)
+  o_ref[...] = _out_value(cfg, num, den, o_ref.dtype)
   den_ref[...] = den
+  a_ref[...] = a
 
 
 def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_ref, sq_ref, sk_ref,
-                       kv0_ref, ks0_ref, m0_ref, o_ref, den_ref, m_ref):
-  """Chunked causal linear attention over one segment of one (b, h); stores every chunk's running max.
+                       kv0_ref, ks0_ref, m0_ref, o_ref, den_ref, a_ref, m_ref):
+  """Chunked causal linear attention over one segment and feature tile of one (b, h); stores every
+  chunk's running max and every row's shift ``a``.
 
   The scan starts from the segment's prefix state ``(kv0, ks0)`` relative to ``m0`` (the keys of all
   earlier segments, merged by ``_segment_scan``; zeros and ``_NEG`` for the first segment).
@@ -326,8 +355,7 @@ def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_re
   w, theta = _proj_params(w_ref, th_ref)
   sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
   c = cfg.block_k
-  n_chunks, nm = m_ref.shape
-  dv = v_ref.shape[-1]
+  n_chunks = m_ref.shape[0]
   tril = _tril(c)
 
   def body(t, carry):
@@ -345,25 +373,26 @@ def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_re
       tk = _finish(cfg, lg - m_new[None, :], phase, sk, ok)
     else:
       m_new, tk = m, _plain_tile(cfg, xk, sk, valid)
-    tq = _query_tile(cfg, xq, w, theta, sq, m_new)
-    a = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
-    num = _dot(cfg, tq.phi, kv, 'nn') + _dot(cfg, a, vt, 'nn')
-    den = jnp.sum(tq.phi * ks[None, :], axis=1) + jnp.sum(a, axis=1)
-    o_ref[sl, :] = (num / _safe(cfg, den)[:, None]).astype(o_ref.dtype)
+    tq, a = _query_tile(cfg, xq, w, theta, sq, m_new)
+    att = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
+    num = _dot(cfg, tq.phi, kv, 'nn') + _dot(cfg, att, vt, 'nn')
+    den = jnp.sum(tq.phi * ks[None, :], axis=1) + jnp.sum(att, axis=1)
+    o_ref[sl, :] = _out_value(cfg, num, den, o_ref.dtype)
     den_ref[sl] = den
+    a_ref[sl] = a
     m_ref[t, :] = m_new
     kv = kv + _dot(cfg, tk.phi, vt, 'tn')
     ks = ks + jnp.sum(tk.phi, axis=0)
     return kv, ks, m_new
 
-  del dv
   init = (kv0_ref[...], ks0_ref[...], m0_ref[...])
   lax.fori_loop(0, n_chunks, body, init)
 
 
-def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, g_ref, w_ref, th_ref, s_ref, beta_ref,
+def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, a_ref, g_ref, w_ref, th_ref, s_ref, beta_ref,
                   kv_ref, ks_ref, dq_ref, dkv_ref, dks_ref, dw_ref, ds_ref):
-  """Bidirectional backward, query side: ``dq`` and this split's share of ``dS, dz, dW, ds``."""
+  """Bidirectional backward, query side, one feature tile: its share of ``dq`` and this split's share
+  of ``dS, dz, dW, ds`` for the tile's columns."""
   w, theta = _proj_params(w_ref, th_ref)
   s = s_ref[...].astype(jnp.float32)
   beta = beta_ref[...]
@@ -377,7 +406,7 @@ def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, g_ref, w_ref, th_ref, s_r
     x = q_ref[sl, :].astype(jnp.float32)
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            o_ref[sl, :].astype(jnp.float32), den_ref[sl])
-    tile = _query_tile(cfg, x, w, theta, s, beta)
+    tile, _ = _query_tile(cfg, x, w, theta, s, beta, a_ref[sl])
     dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :]
     dx, dw_t, ds_t = _tile_grad(cfg, dphi, tile, x, w, s)
     dq_ref[sl, :] = dx.astype(dq_ref.dtype)
@@ -401,7 +430,7 @@ def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, g_ref, w_ref, th_ref, s_r
 
 def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, beta_ref,
                   dkv_ref, dks_ref, dk_ref, dv_ref, dw_ref, ds_ref):
-  """Bidirectional backward, key side: ``dk, dv`` and this split's share of ``dW, ds``."""
+  """Bidirectional backward, key side, one feature tile: its share of ``dk, dv`` and of ``dW, ds``."""
   w, theta = _proj_params(w_ref, th_ref)
   s = s_ref[...].astype(jnp.float32)
   beta = beta_ref[...]
@@ -433,10 +462,10 @@ def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, be
     ds_ref[...] = ds
 
 
-def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, g_ref,
+def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, a_ref, g_ref,
                          w_ref, th_ref, sq_ref, sk_ref, m_ref, kv0_ref, ks0_ref, m0_ref,
                          dq_ref, dw_ref, ds_ref, pkv_ref, pks_ref):
-  """Causal backward, forward scan over one segment: ``dphi(q_i) = S_i gN_i + z_i gD_i``.
+  """Causal backward, forward scan over one segment and feature tile: ``dphi(q_i) = S_i gN_i + z_i gD_i``.
 
   Starts from the forward's segment prefix ``(kv0, ks0, m0)``. Also returns the segment's query-side
   sums for the key kernels' suffix states, relative to its first chunk's shift ``m_a``:
@@ -463,7 +492,7 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
     kv, ks = kv * alpha[:, None], ks * alpha
     tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t)
-    tq = _query_tile(cfg, xq, w, theta, sq, m_t)
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl])
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            o_ref[sl, :].astype(jnp.float32), den_ref[sl])
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
@@ -491,10 +520,11 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     ds_ref[...] = ds
 
 
-def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, g_ref,
+def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, a_ref, g_ref,
                          w_ref, th_ref, sq_ref, sk_ref, m_ref, rkv0_ref, rks0_ref, mnext_ref,
                          dk_ref, dv_ref, dw_ref, ds_ref):
-  """Causal backward, reverse scan over one segment: ``dphi(k_j) = R_j v_j + r_j``, ``dv_j = R_j^T phi(k_j)``.
+  """Causal backward, reverse scan over one segment and feature tile: ``dphi(k_j) = R_j v_j + r_j``,
+  ``dv_j = R_j^T phi(k_j)`` (the tile's share of ``dk, dv``).
 
   Starts from the suffix state of all later segments ``(rkv0, rks0)``, relative to ``mnext`` (the shift
   of the next segment's first chunk; zeros for the last segment).
@@ -507,7 +537,6 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
   sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
   c = cfg.block_k
   n_chunks, nm = m_ref.shape
-  dv = v_ref.shape[-1]
   d = k_ref.shape[-1]
   tril = _tril(c)
 
@@ -523,14 +552,14 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     alpha = jnp.exp(m_t - m_next)
     r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
     tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t)
-    tq = _query_tile(cfg, xq, w, theta, sq, m_t)
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl])
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            o_ref[sl, :].astype(jnp.float32), den_ref[sl])
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)
     dphi = _dot(cfg, vt, r_kv, 'nt') + r_ks[None, :] + _dot(cfg, cm, tq.phi, 'tn')
     dphi = jnp.where(valid[:, None], dphi, 0.0)
-    a = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
-    dv_t = _dot(cfg, tk.phi, r_kv, 'nn') + _dot(cfg, a, gn, 'tn')
+    att = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
+    dv_t = _dot(cfg, tk.phi, r_kv, 'nn') + _dot(cfg, att, gn, 'tn')
     dv_ref[sl, :] = dv_t.astype(dv_ref.dtype)
     dx, dw_t, ds_t = _tile_grad(cfg, dphi, tk, xk, w, sk)
     dk_ref[sl, :] = dx.astype(dk_ref.dtype)
@@ -540,7 +569,6 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
       dw = dw + dw_t
     return r_kv, r_ks, m_t, dw, ds + ds_t
 
-  del dv
   init = (rkv0_ref[...], rks0_ref[...], mnext_ref[...],
           jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
           jnp.zeros((nm,), jnp.float32))
@@ -606,16 +634,81 @@ def _f32(shape):
   return jax.ShapeDtypeStruct(shape, jnp.float32)
 
 
-def _param_ins(w, theta, s, bh_axis: int):
-  """Specs for W [H, M, d], theta [M] and one scale vector [H, M]; ``bh_axis`` = grid axis of h."""
-  h_of = lambda *g: g[bh_axis]
-  nm = s.shape[-1]
-  return [
-      (w, (None,) + w.shape[1:] if w is not None else None,
-       (lambda *g: (h_of(*g), 0, 0))),
-      (theta, (nm,), lambda *g: (0,)),
-      (s, (None, nm), lambda *g: (h_of(*g), 0)),
-  ]
+class _Specs:
+  """Operand specs on the grid ``(B, H, S, T)``: S programs along the sequence (splits, segments or
+  query chunks), T feature tiles of ``cfg.block_m`` columns. Index maps receive ``(i, j, s, t)``."""
+
+  def __init__(self, cfg: _Config, rows: int):
+    self.cfg, self.rows, self.mt = cfg, rows, cfg.block_m
+
+  def seq(self, x, width):            # [B, L, H, w]: the program's rows
+    return (x, (None, self.rows, None, width), lambda i, j, s, t: (i, s, j, 0))
+
+  def rowvec(self, x):                # [B, L, H]: den, row shift
+    return (x, (None, self.rows, None), lambda i, j, s, t: (i, s, j))
+
+  def mask(self, x):                  # [B, L]
+    return (x, (None, self.rows), lambda i, j, s, t: (i, s))
+
+  def params(self, w, theta, scale):
+    """W [H, M', d], theta [M'], a scale [H, M']: the program's feature tile (W, theta None for elu /
+    relu)."""
+    mt = self.mt
+    return [(w, (None, mt, w.shape[-1]) if w is not None else None, lambda i, j, s, t: (j, t, 0)),
+            (theta, (mt,), lambda i, j, s, t: (t,)),
+            (scale, (None, mt), lambda i, j, s, t: (j, t))]
+
+  def state(self, x, width=0):        # [B, H, S, M'(, w)]: per program and tile
+    if width:
+      return (x, (None, None, None, self.mt, width), lambda i, j, s, t: (i, j, s, t, 0))
+    return (x, (None, None, None, self.mt), lambda i, j, s, t: (i, j, s, t))
+
+  def merged(self, x, width=0):       # [B, H, M'(, w)]: one per (b, h), the tile's columns
+    if width:
+      return (x, (None, None, self.mt, width), lambda i, j, s, t: (i, j, t, 0))
+    return (x, (None, None, self.mt), lambda i, j, s, t: (i, j, t))
+
+  def chunk_shifts(self, x, inner):   # [B, H, N, M']: the segment's chunks' maxima, tile columns
+    return (x, (None, None, inner, self.mt), lambda i, j, s, t: (i, j, s, t))
+
+  def seq_out(self, shape, dtype):
+    """[B, L, H, w] in ``dtype``, or with several tiles [T, B, L, H, w] float32 partial sums."""
+    b, l, h, width = shape
+    if self.cfg.m_tiles == 1:
+      return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, width),
+              lambda i, j, s, t: (i, s, j, 0))
+    return (_f32((self.cfg.m_tiles, b, l, h, width)), (None, None, self.rows, None, width),
+            lambda i, j, s, t: (t, i, s, j, 0))
+
+  def rowvec_out(self, shape):
+    """[B, L, H] float32, or per tile [T, B, L, H]."""
+    if self.cfg.m_tiles == 1:
+      return (_f32(shape), (None, self.rows, None), lambda i, j, s, t: (i, s, j))
+    return (_f32((self.cfg.m_tiles,) + tuple(shape)), (None, None, self.rows, None),
+            lambda i, j, s, t: (t, i, s, j))
+
+  def state_out(self, b, h, n, nm, width=0, keep=True):
+    """[B, H, S, M'(, w)] float32 per program (None where ``keep`` is False: elu / relu dW)."""
+    shape = (b, h, n, nm) + ((width,) if width else ())
+    return (_f32(shape) if keep else None,) + self.state(None, width)[1:]
+
+
+def _tile_sum(x, dtype):
+  """The tiles' partial sums (leading axis) of a gradient, or the gradient itself for one tile."""
+  return x if x.ndim == 4 else jnp.sum(x, axis=0).astype(dtype)
+
+
+def _merge_rows(cfg: _Config, num, den, a, dtype):
+  """Outputs from the feature tiles' partial numerators and normalizers, each relative to its own
+  row shift ``a_T``: the flash-decoding merge onto ``a = max_T a_T`` (factors ``exp(a_T - a) <= 1``).
+  Returns ``(out, den, a)``, ``den`` relative to the merged ``a`` (what the backward recomputes)."""
+  if cfg.m_tiles == 1:
+    return num, den, a
+  a_all = jnp.max(a, axis=0)
+  f = jnp.exp(a - a_all[None])
+  num = jnp.sum(f[..., None] * num, axis=0)
+  den = jnp.sum(f * den, axis=0)
+  return (num / _safe(cfg, den)[..., None]).astype(dtype), den, a_all
 
 
 def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
@@ -626,20 +719,17 @@ def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   lk = k.shape[1]
   dv = v.shape[-1]
   nm = sq.shape[-1]
+  tiles = cfg.m_tiles
   splits_k = lk // (cfg.block_k * cfg.inner_k)
-  rows_k = cfg.block_k * cfg.inner_k
+  sp = _Specs(cfg, cfg.block_k * cfg.inner_k)
   w_in = w if cfg.projected else None
   th_in = theta if cfg.projected else None
 
   kv_p, ks_p, m_p = _pallas(
-      cfg, _fwd_kv_kernel, 'feature_attention_fwd_kv', (b, h, splits_k),
-      [(k, (None, rows_k, None, d), lambda i, j, s: (i, s, j, 0)),
-       (v, (None, rows_k, None, dv), lambda i, j, s: (i, s, j, 0)),
-       (mask, (None, rows_k), lambda i, j, s: (i, s)),
-       *_param_ins(w_in, th_in, sk, 1)],
-      [(_f32((b, h, splits_k, nm, dv)), (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
-       (_f32((b, h, splits_k, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
-       (_f32((b, h, splits_k, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0))])
+      cfg, _fwd_kv_kernel, 'feature_attention_fwd_kv', (b, h, splits_k, tiles),
+      [sp.seq(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
+      [sp.state_out(b, h, splits_k, nm, dv), sp.state_out(b, h, splits_k, nm),
+       sp.state_out(b, h, splits_k, nm)])
   # Merge the splits' partial states onto their common per-feature max (exp(m_s - beta) <= 1).
   beta = jnp.max(m_p, axis=2)
   scale = jnp.exp(m_p - beta[:, :, None, :])
@@ -647,17 +737,15 @@ def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   ks = jnp.sum(scale * ks_p, axis=2)
 
   c = cfg.block_q
-  out, den = _pallas(
-      cfg, _fwd_q_kernel, 'feature_attention_fwd_q', (b, h, lq // c),
-      [(q, (None, c, None, d), lambda i, j, t: (i, t, j, 0)),
-       *_param_ins(w_in, th_in, sq, 1),
-       (beta, (None, None, nm), lambda i, j, t: (i, j, 0)),
-       (kv, (None, None, nm, dv), lambda i, j, t: (i, j, 0, 0)),
-       (ks, (None, None, nm), lambda i, j, t: (i, j, 0))],
-      [(jax.ShapeDtypeStruct((b, lq, h, dv), v.dtype), (None, c, None, dv),
-        lambda i, j, t: (i, t, j, 0)),
-       (_f32((b, lq, h)), (None, c, None), lambda i, j, t: (i, t, j))])
-  return out, (q, k, v, w, theta, sq, sk, mask, out, den, beta, kv, ks)
+  sq_ = _Specs(cfg, c)
+  out, den, a = _pallas(
+      cfg, _fwd_q_kernel, 'feature_attention_fwd_q', (b, h, lq // c, tiles),
+      [sq_.seq(q, d), *sq_.params(w_in, th_in, sq), sq_.merged(beta), sq_.merged(kv, dv),
+       sq_.merged(ks)],
+      [sq_.seq_out((b, lq, h, dv), v.dtype), sq_.rowvec_out((b, lq, h)),
+       sq_.rowvec_out((b, lq, h))])
+  out, den, a = _merge_rows(cfg, out, den, a, v.dtype)
+  return out, (q, k, v, w, theta, sq, sk, mask, out, den, a, beta, kv, ks)
 
 
 def _merge(a, b):
@@ -695,90 +783,71 @@ def _causal_segments(cfg: _Config, length: int) -> tuple[int, int]:
 def _forward_causal(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   """Chunk-parallel causal forward: segment states, a prefix over segments, segment outputs.
 
-  (1) ``_fwd_kv_kernel`` on grid (B, H, P) -- P segments of G chunks -- gives each segment's key state
-  relative to its own running max; (2) ``_segment_scan`` merges them into exclusive prefixes;
-  (3) ``_fwd_causal_kernel`` on grid (B, H, P) runs the chunked form over its segment from its prefix.
-  With P = 1 (1) and (2) are skipped.
+  (1) ``_fwd_kv_kernel`` on grid (B, H, P, T) -- P segments of G chunks, T feature tiles -- gives each
+  segment's key state relative to its own running max; (2) ``_segment_scan`` merges them into exclusive
+  prefixes; (3) ``_fwd_causal_kernel`` on grid (B, H, P, T) runs the chunked form over its segment from
+  its prefix (several tiles: partial numerators merged by ``_merge_rows``). With P = 1 (1) and (2) are
+  skipped.
   """
   b, length, h, d = q.shape
   dv = v.shape[-1]
   nm = sq.shape[-1]
+  tiles = cfg.m_tiles
   n_seg, inner = _causal_segments(cfg, length)
-  rows = cfg.block_k * inner
+  sp = _Specs(cfg, cfg.block_k * inner)
   w_in = w if cfg.projected else None
   th_in = theta if cfg.projected else None
   if n_seg > 1:
     kv_p, ks_p, m_p = _pallas(
-        cfg, _fwd_kv_kernel, 'feature_attention_fwd_causal_states', (b, h, n_seg),
-        [(k, (None, rows, None, d), lambda i, j, s: (i, s, j, 0)),
-         (v, (None, rows, None, dv), lambda i, j, s: (i, s, j, 0)),
-         (mask, (None, rows), lambda i, j, s: (i, s)),
-         *_param_ins(w_in, th_in, sk, 1)],
-        [(_f32((b, h, n_seg, nm, dv)), (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
-         (_f32((b, h, n_seg, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
-         (_f32((b, h, n_seg, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0))])
+        cfg, _fwd_kv_kernel, 'feature_attention_fwd_causal_states', (b, h, n_seg, tiles),
+        [sp.seq(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
+        [sp.state_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm),
+         sp.state_out(b, h, n_seg, nm)])
     kv0, ks0, m0 = _segment_scan(kv_p, ks_p, m_p)
   else:
     kv0 = jnp.zeros((b, h, 1, nm, dv), jnp.float32)
     ks0 = jnp.zeros((b, h, 1, nm), jnp.float32)
     m0 = jnp.full((b, h, 1, nm), _NEG, jnp.float32)
-  seq = lambda width: (None, rows, None, width)
-  out, den, m = _pallas(
-      cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h, n_seg),
-      [(q, seq(d), lambda i, j, s: (i, s, j, 0)),
-       (k, seq(d), lambda i, j, s: (i, s, j, 0)),
-       (v, seq(dv), lambda i, j, s: (i, s, j, 0)),
-       (mask, (None, rows), lambda i, j, s: (i, s)),
-       *_param_ins(w_in, th_in, sq, 1)[:2],
-       (sq, (None, nm), lambda i, j, s: (j, 0)),
-       (sk, (None, nm), lambda i, j, s: (j, 0)),
-       (kv0, (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
-       (ks0, (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
-       (m0, (None, None, None, nm), lambda i, j, s: (i, j, s, 0))],
-      [(jax.ShapeDtypeStruct((b, length, h, dv), v.dtype), seq(dv), lambda i, j, s: (i, s, j, 0)),
-       (_f32((b, length, h)), (None, rows, None), lambda i, j, s: (i, s, j)),
-       (_f32((b, h, n_seg * inner, nm)), (None, None, inner, nm), lambda i, j, s: (i, j, s, 0))])
-  return out, (q, k, v, w, theta, sq, sk, mask, out, den, m, (kv0, ks0, m0), None)
+  out, den, a, m = _pallas(
+      cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h, n_seg, tiles),
+      [sp.seq(q, d), sp.seq(k, d), sp.seq(v, dv), sp.mask(mask),
+       *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2], sp.params(None, None, sk)[2],
+       sp.state(kv0, dv), sp.state(ks0), sp.state(m0)],
+      [sp.seq_out((b, length, h, dv), v.dtype), sp.rowvec_out((b, length, h)),
+       sp.rowvec_out((b, length, h)),
+       (_f32((b, h, n_seg * inner, nm)),) + sp.chunk_shifts(None, inner)[1:]])
+  out, den, a = _merge_rows(cfg, out, den, a, v.dtype)
+  return out, (q, k, v, w, theta, sq, sk, mask, out, den, a, m, (kv0, ks0, m0), None)
 
 
 def _backward(cfg: _Config, res, g):
   """Cotangents of (q, k, v, w, theta, sq, sk, mask); theta and mask get None (constants)."""
-  q, k, v, w, theta, sq, sk, mask, out, den, shift, kv, ks = res
+  q, k, v, w, theta, sq, sk, mask, out, den, a, shift, kv, ks = res
   b, lq, h, d = q.shape
   lk = k.shape[1]
   dv = v.shape[-1]
   nm = sq.shape[-1]
+  tiles = cfg.m_tiles
   w_in = w if cfg.projected else None
   th_in = theta if cfg.projected else None
   g = g.astype(v.dtype) if g.dtype != v.dtype else g
+  proj = cfg.projected
 
   if cfg.causal:
     n_seg, inner = _causal_segments(cfg, lq)
-    rows = cfg.block_k * inner
+    sp = _Specs(cfg, cfg.block_k * inner)
     kv0, ks0, m0 = kv
-    seq = lambda width: (None, rows, None, width)
-    at_seq = lambda i, j, s: (i, s, j, 0)
-    state = lambda width: ((None, None, None, nm) + ((width,) if width else ()),
-                           (lambda i, j, s: (i, j, s, 0, 0)) if width else
-                           (lambda i, j, s: (i, j, s, 0)))
     common = [
-        (q, seq(d), at_seq), (k, seq(d), at_seq), (v, seq(dv), at_seq),
-        (mask, (None, rows), lambda i, j, s: (i, s)),
-        (out, seq(dv), at_seq),
-        (den, (None, rows, None), lambda i, j, s: (i, s, j)),
-        (g, seq(dv), at_seq),
-        *_param_ins(w_in, th_in, sq, 1)[:2],
-        (sq, (None, nm), lambda i, j, s: (j, 0)),
-        (sk, (None, nm), lambda i, j, s: (j, 0)),
-        (shift, (None, None, inner, nm), lambda i, j, s: (i, j, s, 0))]
-    proj_only = (lambda x: x) if cfg.projected else (lambda x: None)
-    param_outs = [(proj_only(_f32((b, h, n_seg, nm, d))), *state(d)),
-                  (proj_only(_f32((b, h, n_seg, nm))), *state(0))]
+        sp.seq(q, d), sp.seq(k, d), sp.seq(v, dv), sp.mask(mask), sp.seq(out, dv), sp.rowvec(den),
+        sp.rowvec(a), sp.seq(g, dv),
+        *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2],
+        sp.params(None, None, sk)[2], sp.chunk_shifts(shift, inner)]
+    param_outs = [sp.state_out(b, h, n_seg, nm, d, keep=proj), sp.state_out(b, h, n_seg, nm, keep=proj)]
     q_outs = _pallas(
-        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h, n_seg),
-        common + [(kv0, *state(dv)), (ks0, *state(0)), (m0, *state(0))],
-        [(jax.ShapeDtypeStruct(q.shape, q.dtype), seq(d), at_seq), *param_outs,
-         (_f32((b, h, n_seg, nm, dv)), *state(dv)), (_f32((b, h, n_seg, nm)), *state(0))])
+        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h, n_seg, tiles),
+        common + [sp.state(kv0, dv), sp.state(ks0), sp.state(m0)],
+        [sp.seq_out(q.shape, q.dtype), *param_outs,
+         sp.state_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm)])
     # Suffix states for the key kernels: segment s's query sums are relative to its first chunk's
     # shift; merged over later segments (references -shift: a query carries +shift); segment s's
     # reverse scan starts relative to the next segment's first shift.
@@ -792,59 +861,40 @@ def _backward(cfg: _Config, res, g):
     else:
       r_kv, r_ks = jnp.zeros_like(q_outs[3]), jnp.zeros_like(q_outs[4])
     k_outs = _pallas(
-        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h, n_seg),
-        common + [(r_kv, *state(dv)), (r_ks, *state(0)), (m_next, *state(0))],
-        [(jax.ShapeDtypeStruct(k.shape, k.dtype), seq(d), at_seq),
-         (jax.ShapeDtypeStruct(v.shape, v.dtype), seq(dv), at_seq), *param_outs])
-    dq, dk, dvv = q_outs[0], k_outs[0], k_outs[1]
-    if not cfg.projected:
+        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h, n_seg, tiles),
+        common + [sp.state(r_kv, dv), sp.state(r_ks), sp.state(m_next)],
+        [sp.seq_out(k.shape, k.dtype), sp.seq_out(v.shape, v.dtype), *param_outs])
+    dq, dk, dvv = (_tile_sum(q_outs[0], q.dtype), _tile_sum(k_outs[0], k.dtype),
+                   _tile_sum(k_outs[1], v.dtype))
+    if not proj:
       return dq, dk, dvv, None, None, None, None, None
     dw = jnp.sum(q_outs[1] + k_outs[2], axis=(0, 2))
     dsq, dsk = jnp.sum(q_outs[2], axis=(0, 2)), jnp.sum(k_outs[3], axis=(0, 2))
     return dq, dk, dvv, dw.astype(w.dtype), None, dsq, dsk, None
 
   beta = shift
-  rows_q = cfg.block_q * cfg.inner_q
-  rows_k = cfg.block_k * cfg.inner_k
-  splits_q, splits_k = lq // rows_q, lk // rows_k
-
-  def split_outs(splits):
-    proj_only = (lambda x: x) if cfg.projected else (lambda x: None)
-    return [(proj_only(_f32((b, h, splits, nm, d))), (None, None, None, nm, d),
-             lambda i, j, s: (i, j, s, 0, 0)),
-            (proj_only(_f32((b, h, splits, nm))), (None, None, None, nm),
-             lambda i, j, s: (i, j, s, 0))]
+  splits_q = lq // (cfg.block_q * cfg.inner_q)
+  splits_k = lk // (cfg.block_k * cfg.inner_k)
+  spq = _Specs(cfg, cfg.block_q * cfg.inner_q)
+  spk = _Specs(cfg, cfg.block_k * cfg.inner_k)
 
   q_outs = _pallas(
-      cfg, _bwd_q_kernel, 'feature_attention_bwd_q', (b, h, splits_q),
-      [(q, (None, rows_q, None, d), lambda i, j, s: (i, s, j, 0)),
-       (out, (None, rows_q, None, dv), lambda i, j, s: (i, s, j, 0)),
-       (den, (None, rows_q, None), lambda i, j, s: (i, s, j)),
-       (g, (None, rows_q, None, dv), lambda i, j, s: (i, s, j, 0)),
-       *_param_ins(w_in, th_in, sq, 1),
-       (beta, (None, None, nm), lambda i, j, s: (i, j, 0)),
-       (kv, (None, None, nm, dv), lambda i, j, s: (i, j, 0, 0)),
-       (ks, (None, None, nm), lambda i, j, s: (i, j, 0))],
-      [(jax.ShapeDtypeStruct(q.shape, q.dtype), (None, rows_q, None, d), lambda i, j, s: (i, s, j, 0)),
-       (_f32((b, h, splits_q, nm, dv)), (None, None, None, nm, dv), lambda i, j, s: (i, j, s, 0, 0)),
-       (_f32((b, h, splits_q, nm)), (None, None, None, nm), lambda i, j, s: (i, j, s, 0)),
-       *split_outs(splits_q)])
-  dq = q_outs[0]
+      cfg, _bwd_q_kernel, 'feature_attention_bwd_q', (b, h, splits_q, tiles),
+      [spq.seq(q, d), spq.seq(out, dv), spq.rowvec(den), spq.rowvec(a), spq.seq(g, dv),
+       *spq.params(w_in, th_in, sq), spq.merged(beta), spq.merged(kv, dv), spq.merged(ks)],
+      [spq.seq_out(q.shape, q.dtype), spq.state_out(b, h, splits_q, nm, dv),
+       spq.state_out(b, h, splits_q, nm),
+       spq.state_out(b, h, splits_q, nm, d, keep=proj), spq.state_out(b, h, splits_q, nm, keep=proj)])
+  dq = _tile_sum(q_outs[0], q.dtype)
   dkv, dks = jnp.sum(q_outs[1], axis=2), jnp.sum(q_outs[2], axis=2)
   k_outs = _pallas(
-      cfg, _bwd_k_kernel, 'feature_attention_bwd_k', (b, h, splits_k),
-      [(k, (None, rows_k, None, d), lambda i, j, s: (i, s, j, 0)),
-       (v, (None, rows_k, None, dv), lambda i, j, s: (i, s, j, 0)),
-       (mask, (None, rows_k), lambda i, j, s: (i, s)),
-       *_param_ins(w_in, th_in, sk, 1),
-       (beta, (None, None, nm), lambda i, j, s: (i, j, 0)),
-       (dkv, (None, None, nm, dv), lambda i, j, s: (i, j, 0, 0)),
-       (dks, (None, None, nm), lambda i, j, s: (i, j, 0))],
-      [(jax.ShapeDtypeStruct(k.shape, k.dtype), (None, rows_k, None, d), lambda i, j, s: (i, s, j, 0)),
-       (jax.ShapeDtypeStruct(v.shape, v.dtype), (None, rows_k, None, dv), lambda i, j, s: (i, s, j, 0)),
-       *split_outs(splits_k)])
-  dk, dvv = k_outs[0], k_outs[1]
-  if not cfg.projected:
+      cfg, _bwd_k_kernel, 'feature_attention_bwd_k', (b, h, splits_k, tiles),
+      [spk.seq(k, d), spk.seq(v, dv), spk.mask(mask), *spk.params(w_in, th_in, sk),
+       spk.merged(beta), spk.merged(dkv, dv), spk.merged(dks)],
+      [spk.seq_out(k.shape, k.dtype), spk.seq_out(v.shape, v.dtype),
+       spk.state_out(b, h, splits_k, nm, d, keep=proj), spk.state_out(b, h, splits_k, nm, keep=proj)])
+  dk, dvv = _tile_sum(k_outs[0], k.dtype), _tile_sum(k_outs[1], v.dtype)
+  if not proj:
     return dq, dk, dvv, None, None, None, None, None
   dw = jnp.sum(q_outs[3], axis=(0, 2)) + jnp.sum(k_outs[2], axis=(0, 2))
   dsq = jnp.sum(q_outs[4], axis=(0, 2))
@@ -867,6 +917,36 @@ _core.defvjp(_core_fwd, _backward)
 # ------------------------------------------------------------------------------------------------
 # Public API.
 # ------------------------------------------------------------------------------------------------
+
+class Tiling(NamedTuple):
+  """Launch configuration of one call: sequence block (causal: chunk), feature tile, Triton params."""
+
+  block: int
+  block_m: int
+  num_warps: int
+  num_stages: int
+
+
+def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_dim: int,
+           dtype) -> Tiling:
+  """The block table: what ``feature_attention`` launches by default for padded sizes.
+
+  ``num_features`` is the padded feature count M' (2M rounded up for trig; d for elu / relu),
+  ``head_dim`` / ``value_dim`` the padded d and dv. Every entry was compiled for sm_90a and sm_80 by
+  ``kernelformer benchmark pallas-resources`` (docs/pallas.md, "Resources"): registers <= 255, no
+  spills, shared memory within the block limit. ``fits()`` says whether a shape is covered.
+  """
+  width = max(head_dim, value_dim)
+  if width > 64:
+    block, block_m = 16, 16
+  elif causal:
+    block, block_m = 16, 32
+  else:     # float32 operands (tf32x3: two parts each) need the smaller query block
+    block, block_m = (16 if jnp.dtype(dtype) == jnp.float32 else 32), 32
+  if feature not in _PROJECTED:
+    block_m = num_features                  # elu / relu: M = d, not tiled
+  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)
+
 
 def _pow2_at_least(n: int, floor: int = _MIN_TILE) -> int:
   return max(floor, 1 << max(0, int(n) - 1).bit_length())
@@ -933,7 +1013,8 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
                       mask: Optional[Array] = None, causal: bool = False,
                       block_q: Optional[int] = None, block_k: Optional[int] = None,
                       num_splits: Optional[int] = None, interpret: Optional[bool] = None,
-                      eps: float = 1e-6) -> Array:
+                      eps: float = 1e-6, block_m: Optional[int] = None,
+                      num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> Array:
   """Normalized random-feature attention in fused Pallas kernels (module docstring: design, math).
 
   Equals ``linear.linear_attention(*components.<map>(q, k, Projection(w, feature_weights)), v)`` per
@@ -960,6 +1041,10 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
     interpret: run the kernels in Pallas interpret mode; None = interpret unless the default backend
       is a GPU.
     eps: normalizer guard of linear.safe_normalizer.
+    block_m: feature columns per program (a power of two >= 16 dividing the padded feature count);
+      None = ``tiling()``'s choice. With fewer columns than features the kernels run one program per
+      tile and XLA merges the tiles' partial sums.
+    num_warps, num_stages: Triton launch parameters; None = ``tiling()``'s choice.
 
   Returns:
     ``[B, L, H, dv]`` in ``v.dtype``.
@@ -991,18 +1076,30 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
 
   dv = v.shape[-1]
   d_pad, dv_pad = _pow2_at_least(d), _pow2_at_least(dv)
+  if projected:
+    nm = _pow2_at_least(w.shape[1] * (2 if feature == 'trig' else 1))
+  else:
+    nm = d_pad
+  tl = tiling(feature, causal, nm, d_pad, dv_pad, v.dtype)
+  if block_m is None:
+    block_m = tl.block_m
+  if not projected and block_m != nm:
+    raise ValueError(f'feature {feature!r} is not tiled along the features: block_m must be {nm}')
+  _check_block('block_m', block_m)
+  if nm % block_m:
+    raise ValueError(f'block_m must divide the padded feature count {nm}; got {block_m}')
   if causal:
     if block_q is not None and block_k is not None and block_q != block_k:
       raise ValueError(f'causal attention uses one chunk length; got block_q={block_q}, '
                        f'block_k={block_k}')
-    chunk = block_k or block_q or _default_block(lq, _DEFAULT_CHUNK)
+    chunk = block_k or block_q or _default_block(lq, tl.block)
     block_q = block_k = _check_block('block_k', chunk)
     segments, inner_k = _causal_split(-(-lq // chunk), num_splits)
     lq_pad = lk_pad = segments * inner_k * chunk
     inner_q = inner_k
   else:
-    block_q = _check_block('block_q', block_q or _default_block(lq, _DEFAULT_BLOCK))
-    block_k = _check_block('block_k', block_k or _default_block(lk, _DEFAULT_BLOCK))
+    block_q = _check_block('block_q', block_q or _default_block(lq, tl.block))
+    block_k = _check_block('block_k', block_k or _default_block(lk, tl.block))
     splits_q, inner_q = _splits(-(-lq // block_q), b * h, num_splits)
     splits_k, inner_k = _splits(-(-lk // block_k), b * h, num_splits)
     lq_pad, lk_pad = splits_q * inner_q * block_q, splits_k * inner_k * block_k
@@ -1010,7 +1107,9 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   half = v.dtype in (jnp.bfloat16, jnp.float16)
   cfg = _Config(kind=feature, causal=causal, block_q=block_q, block_k=block_k, inner_q=inner_q,
                 inner_k=inner_k, eps=float(eps), interpret=bool(interpret),
-                operand_dtype=jnp.dtype(v.dtype).name if half else 'float32')
+                operand_dtype=jnp.dtype(v.dtype).name if half else 'float32',
+                num_warps=num_warps or tl.num_warps, num_stages=num_stages or tl.num_stages,
+                block_m=block_m, m_tiles=nm // block_m)
 
   qp = _pad_axis(_pad_axis(q, 3, d_pad), 1, lq_pad)
   kp = _pad_axis(_pad_axis(k, 3, d_pad), 1, lk_pad)
@@ -1039,15 +1138,47 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   return out[:, :lq, :, :dv]
 
 
-def supported(feature: str, q_shape, dtype, backend: Optional[str] = None) -> bool:
-  """Whether ``impl='auto'`` should take these kernels: compiled Triton on a GPU only.
+def fits(feature: str, causal: bool, num_features: Optional[int], head_dim: int, dtype) -> bool:
+  """Whether every kernel of this case, at ``tiling()``'s launch configuration, was compiled offline
+  and fits an H100 (registers <= 255, no spills, shared memory within the block limit).
+
+  Looked up in ``resources.json`` (written by ``kernelformer benchmark pallas-resources
+  --write_table``); an entry counts only if its tiling is the one ``tiling()`` chooses now, so a
+  changed block table sends 'auto' back to XLA until the check is re-run. ``num_features`` is M (the
+  rows of W; ignored for elu / relu). Value dim = head dim.
+  """
+  from kernelformer.pallas import resources  # pylint: disable=g-import-not-at-top
+  d = _pow2_at_least(head_dim)
+  if feature in _PROJECTED:
+    if num_features is None:
+      return False
+    nm = _pow2_at_least(num_features * (2 if feature == 'trig' else 1))
+  else:
+    nm = d
+  tl = list(tiling(feature, causal, nm, d, d, jnp.dtype(dtype)))
+  mode = 'causal' if causal else 'bidirectional'
+  name = jnp.dtype(dtype).name
+  return any(e['mode'] == mode and e['feature'] == feature and e['num_features'] == nm
+             and e['head_dim'] == d and e['dtype'] == name and e['tiling'] == tl and e['fits']
+             for e in resources.load_table())
+
+
+def supported(feature: str, q_shape, dtype, backend: Optional[str] = None, *,
+              num_features: Optional[int] = None, causal: Optional[bool] = None,
+              check_fit: bool = True) -> bool:
+  """Whether ``impl='auto'`` should take these kernels: compiled Triton on a GPU only, and only for
+  cases whose kernels fit the hardware (``fits``; ``causal=None`` = both modes must fit).
 
   On CPU the kernels run only in interpret mode (correct, slow) and on TPU they are not written for
-  Mosaic, so 'auto' keeps the XLA path there. Head dims above 256 are left to XLA (one tile holds a
-  ``[M, d]`` projection and ``[M, dv]`` state; larger ones were not considered).
+  Mosaic, so 'auto' keeps the XLA path there. Head dims above 256 are left to XLA.
+  ``check_fit=False`` skips the resource table (the shape and backend checks only).
   """
   backend = backend or jax.default_backend()
-  return (feature in FEATURES and backend in ('gpu', 'cuda') and len(q_shape) == 4
-          and q_shape[-1] <= 256
-          and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-                                   jnp.dtype(jnp.float16)))
+  ok = (feature in FEATURES and backend in ('gpu', 'cuda') and len(q_shape) == 4
+        and q_shape[-1] <= 256
+        and jnp.dtype(dtype) in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+                                 jnp.dtype(jnp.float16)))
+  if not ok or not check_fit:
+    return ok
+  modes = (False, True) if causal is None else (bool(causal),)
+  return all(fits(feature, c, num_features, q_shape[-1], dtype) for c in modes)

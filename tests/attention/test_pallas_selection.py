@@ -41,11 +41,14 @@ def test_auto_uses_xla_on_cpu_and_pallas_rejects_unsupported():
 DEVICE = 'NVIDIA H100 80GB HBM3'
 
 
-def _simulated_gpu(monkeypatch, tmp_path, entries):
+def _simulated_gpu(monkeypatch, tmp_path, entries, kernels_fit=True):
   """Pretend the default backend is a GPU of kind DEVICE, with ``entries`` as the validation table.
 
-  The kernels themselves still run in interpret mode (this is a CPU); calls are recorded.
+  ``kernels_fit``: every case counts as fitting the hardware (``feature_attention.fits``, the offline
+  resource table); False leaves the committed resources.json in charge. The kernels themselves still
+  run in interpret mode (this is a CPU); calls are recorded.
   """
+  import importlib
   import json
   import logging
 
@@ -57,6 +60,9 @@ def _simulated_gpu(monkeypatch, tmp_path, entries):
   monkeypatch.setattr(validated, 'TABLE_PATH', str(table))
   monkeypatch.setattr(validated, 'current_device_kind', lambda: DEVICE)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  if kernels_fit:
+    fa_module = importlib.import_module('kernelformer.pallas.feature_attention')
+    monkeypatch.setattr(fa_module, 'fits', lambda *a, **k: True)
   validated._reset_log_for_tests()
   calls = []
   real = pallas.feature_attention
@@ -113,6 +119,19 @@ def test_auto_on_gpu_takes_pallas_only_for_validated_entries(monkeypatch, tmp_pa
   assert not took_pallas('posrf-orf', True)       # causal exp: not validated -> XLA
   assert took_pallas('linear-elu', True)
   assert not took_pallas('linear-elu', False)     # bidirectional elu: not validated
+
+
+def test_auto_on_gpu_takes_xla_where_the_kernels_do_not_fit(monkeypatch, tmp_path):
+  """Validated on the device, but the offline resource table has no fitting entry: XLA path."""
+  import importlib
+  resources = importlib.import_module('kernelformer.pallas.resources')
+  table = tmp_path / 'resources.json'
+  table.write_text('{"entries": []}')
+  monkeypatch.setattr(resources, 'TABLE_PATH', str(table))
+  calls = _simulated_gpu(monkeypatch, tmp_path, [_entry('exp', 'bidirectional')], kernels_fit=False)
+  out, ref = _apply_auto('posrf-orf', False)
+  assert calls == []
+  np.testing.assert_array_equal(out, ref)
 
 
 def test_validation_entries_need_other_device_jax_and_dtype(monkeypatch, tmp_path):

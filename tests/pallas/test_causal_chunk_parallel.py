@@ -120,10 +120,11 @@ def _grids(fn, *args):
 
 @pytest.mark.parametrize('length,segments', [(64, 1), (200, 4), (1024, 16)])
 def test_grid_grows_with_length(length, segments):
-  """Grid (B, H, ceil(L / (C * 4))) for the default G = 4 chunks per program, forward and backward."""
+  """Grid (B, H, ceil(L / (C * 4)), feature tiles) for the default G = 4 chunks per program, forward
+  and backward (M' = 16 features: one tile)."""
   q = jnp.ones((B, length, H, D))
   w = jnp.ones((H, M, D))
   loss = lambda q: jnp.sum(feature_attention(q, q, q, w, causal=True, block_k=C))
   grids = _grids(jax.grad(loss), q)
-  assert grids and set(grids) == {(B, H, segments)}, grids
+  assert grids and set(grids) == {(B, H, segments, 1)}, grids
   assert segments == -(-length // (C * 4))

@@ -1,0 +1,71 @@
+"""Feature tiling (``block_m``): programs over column tiles of the features, merged by XLA, give the
+same outputs and gradients as one tile holding every feature (CPU, Pallas interpret mode).
+
+M = 24 features: exp pads to M' = 32 (two tiles of 16, the second partly padding); trig has 2M = 48
+features padded to 64 (four tiles, the last all padding). L = 40 with blocks of 16 (padding rows),
+a masked batch (all, 23 and 1 valid keys), causal at two segments. One tile is the configuration the
+rest of tests/pallas checks against the XLA path; the tiled one must agree with it to float32
+rounding of the changed summation order (the tiles' merge rescales by exp(a_T - a) <= 1).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernelformer.pallas import feature_attention
+
+B, L, H, D, DV, M = 3, 40, 2, 8, 8, 24
+JIT_OPTIONS = {'xla_backend_optimization_level': 0}
+
+
+@functools.lru_cache(maxsize=None)
+def _run(feature, causal):
+  def grads(block_m, q, k, v, w, fw, mask, g):
+    def f(q, k, v, w, fw):
+      return feature_attention(q, k, v, w, feature=feature, feature_weights=fw, mask=mask,
+                               causal=causal, block_q=16, block_k=16, num_splits=2,
+                               block_m=block_m)
+    out, vjp = jax.vjp(f, q, k, v, w, fw)
+    return out, vjp(g)
+
+  @functools.partial(jax.jit, compiler_options=JIT_OPTIONS)
+  def both(q, k, v, w, fw, mask, g):
+    full = 32 if feature == 'exp' else 64
+    return grads(16, q, k, v, w, fw, mask, g), grads(full, q, k, v, w, fw, mask, g)
+  return both
+
+
+@pytest.mark.parametrize('causal', [False, True], ids=['bidirectional', 'causal'])
+@pytest.mark.parametrize('feature', ['exp', 'trig'])
+def test_tiled_features_equal_one_tile(feature, causal):
+  ks = jax.random.split(jax.random.PRNGKey(7), 8)
+  scale = 0.25 if feature == 'trig' else 0.5
+  q = scale * jax.random.normal(ks[0], (B, L, H, D))
+  k = scale * jax.random.normal(ks[1], (B, L, H, D))
+  v = jax.random.normal(ks[2], (B, L, H, DV))
+  g = jax.random.normal(ks[3], (B, L, H, DV))
+  w = jax.random.normal(ks[4], (H, M, D))
+  fw = (1.0 + 0.5 * jax.random.uniform(ks[5], (H, M))) / M
+  mask = jnp.arange(L)[None, :] < jnp.asarray([40, 23, 1])[:, None]
+  (out_t, grads_t), (out_1, grads_1) = _run(feature, causal)(q, k, v, w, fw, mask, g)
+  np.testing.assert_allclose(out_t, out_1, rtol=2e-5, atol=2e-6)
+  for name, a, b in zip(('q', 'k', 'v', 'w', 'feature_weights'), grads_t, grads_1):
+    a, b = np.asarray(a), np.asarray(b)
+    scale = np.max(np.abs(b))
+    assert np.max(np.abs(a - b)) <= 1e-5 * scale, (name, np.max(np.abs(a - b)), scale)
+
+
+def test_block_m_checks():
+  q = jnp.zeros((1, 16, 1, 8))
+  w = jnp.zeros((1, 24, 8))
+  with pytest.raises(ValueError, match='divide'):
+    feature_attention(q, q, q, w, block_m=64)      # M' = 32
+  with pytest.raises(ValueError, match='power of two'):
+    feature_attention(q, q, q, w, block_m=24)
+  q = jnp.zeros((1, 16, 1, 32))
+  with pytest.raises(ValueError, match='not tiled'):
+    feature_attention(q, q, q, None, feature='elu', block_m=16)
