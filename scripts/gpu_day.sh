@@ -48,7 +48,7 @@ EOF
   (python3 -m kernelformer prepare-data --config "$cfg" --data_dir "$data" \
      > /tmp/prepare.log 2>&1; echo "prepare rc $?" >> /tmp/prepare.log) &
   prep=$!
-  timeout 420 python3 scripts/gpu_check.py --out_dir "$out" --budget_scale "$scale" 2>&1 \
+  timeout ${KF_CHECK_TIMEOUT:-420} python3 scripts/gpu_check.py --out_dir "$out" --budget_scale "$scale" 2>&1 \
     | tee "$out/gpu_check.log" | tail -n 60
   echo "gpu_check rc ${PIPESTATUS[0]}"
   cp kernelformer/pallas/validated.json "$out/validated.json" 2>/dev/null
@@ -60,6 +60,7 @@ EOF
   ;;
 listops)
   secs=${3:?SECONDS}; shift 3
+  python3 -m kernelformer prepare-data --config "$cfg" --data_dir "$data" 2>&1 | tail -n 2
   for kind in "$@"; do
     wd=/tmp/gpu_runs/$kind; mkdir -p /tmp/gpu_runs
     rm -rf "$wd"
