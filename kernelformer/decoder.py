@@ -6,8 +6,8 @@ blocks whose attention is the registry mechanism named by ``attention['kind']`` 
 the embedding, or its own Dense). Token id 0 is padding: the key padding mask is ``inputs != 0`` and the
 loss weights are ``targets != 0`` (``next_token_loss``; the trainer uses the same rule).
 
-Incremental generation (``decode=True``, one token per call, state in the ``cache`` collection; start
-from ``init_cache``):
+Incremental generation (``decode=True``, one token per call -- or, for linear kinds without RPE, a
+block of tokens -- state in the ``cache`` collection; start from ``init_cache``):
 
 * random-feature / deterministic feature kinds (linear attention): a recurrent state per head,
   ``S = sum_j phi(k_j) v_j^T`` ``[M', Dv]`` and ``z = sum_j phi(k_j)`` ``[M']``, and
@@ -19,16 +19,23 @@ from ``init_cache``):
   ``phi(q_t) sum_j c_{j-t} phi(k_j) v_j^T / phi(q_t) sum_j c_{j-t} phi(k_j)``.
 * ``softmax`` and ``gaussian`` (quadratic): a KV cache.
 
-Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind):
-the step draws W with the mechanism's own ``_projection`` under the same module path (``mechanism``),
-so it gets the same ``make_rng('features')`` key and the same learned-sampler parameters. The full
-forward stabilizes key features by a running max over chunks 0..n for the keys of chunk n, with the
-carried prefix state rescaled when that max grows (``features/components.py`` ``causal_chunk``,
-``attention/linear.py`` ``key_shift``); every shift cancels in the normalized output. The step computes
-key features without a shift and query features with their per-row shift (which cancels per row). The
-two are equal in exact arithmetic. Limit: unshifted key features can overflow where the full forward
-would not (exp of a key exponent above ~88 in float32: posrf/hyperbolic exponents are bounded by
-|w|^2/2, trigrf's ``|k|^2 / (2 sqrt d)`` is not).
+Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind, with the key
+projection scaled x1, x10 and x30): the step draws W with the mechanism's own ``_projection`` under the
+same module path (``mechanism``), so it gets the same ``make_rng('features')`` key and the same
+learned-sampler parameters. Both use the same running stabiliser: the full forward shifts the key
+features of chunk n by the running max of the key exponents over chunks 0..n (``features/components.py``
+``causal_chunk``) and rescales the carried prefix state when that max grows (``attention/linear.py``
+``key_shift``); the step carries that running max in the cache (``key_shift [B, H, M']``) next to the
+state, continues it over the new tokens (``components`` ``shift_init``) and rescales the state the same
+way (``linear.causal_linear_attention``). Every shift cancels in the normalized output. A step of one
+token is the forward with chunk size 1 (a step cannot see the later keys of a chunk); a block of T tokens
+(``decode=True`` with ``inputs [B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) uses the
+chunk size of the full forward, so blocks that start on chunk boundaries reproduce its shifts exactly.
+Under RPE (feature cache, one token per call) the cached key features are rescaled when the running
+max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound ``components.unit_key_shift``,
+the full forward's too. Limit, of the full forward: within a chunk its shift includes the chunk's later
+keys, so at large key norms (x10 here) a row whose visible keys all lie far below a later key of its
+chunk underflows, where the step (and chunk size 1) does not.
 
 Kinds refused with one line (``causal_problem``): those whose module raises for ``causal=True``
 (Nystromformer, Linformer, Skyformer: landmarks/projections mix all positions) and OPRF / SADERF, whose

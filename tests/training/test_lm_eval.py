@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 import pytest
 
 import lra_tasks
@@ -23,6 +22,7 @@ from kernelformer.training import lm_eval
 from kernelformer.training import validate
 from lra_tasks import enwik8
 from configs import enwik8 as enwik8_config
+from kernelformer.bench import eval_context
 
 L = 16
 
@@ -151,77 +151,17 @@ def test_stateful_equals_full_forward_over_the_whole_text_and_disjoint_within_on
   np.testing.assert_allclose(results[0]['loss'], results[1]['loss'], rtol=1e-6)
 
 
-def write_topic_fixture(data_dir: str, num_bytes: int, doc_bytes: int = 1000, letters: int = 10,
-                        seed: int = 0) -> None:
-  """``{data_dir}/enwik8/enwik8`` of documents of ``doc_bytes`` letters, each document drawing
-  uniformly from its own random ``letters`` of a..z: a byte is predictable only from the document's
-  earlier bytes, and the more of them a model sees the better (which letters the document uses)."""
-  import os  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(seed)
-  out = bytearray()
-  while len(out) < num_bytes:
-    alphabet = rng.choice(26, letters, replace=False) + ord('a')
-    out += bytes(rng.choice(alphabet, doc_bytes).astype(np.uint8))
-  os.makedirs(os.path.join(data_dir, 'enwik8'), exist_ok=True)
-  with open(os.path.join(data_dir, 'enwik8', enwik8.FILE), 'wb') as f:
-    f.write(bytes(out[:num_bytes]))
-
-
-def train_tiny(data, kind='linear-elu', steps=300, learning_rate=1e-2, seed=0):
-  """A 1-layer decoder trained ``steps`` Adam steps on random training windows of ``data``."""
-  length = int(data.max_length)
-  model = decoder.Decoder(vocab_size=enwik8.VOCAB_SIZE, emb_dim=32, num_layers=1, num_heads=2,
-                          qkv_dim=32, mlp_dim=64, max_length=length, pos_encoding='none',
-                          attention={'kind': kind, 'num_features': 16, 'chunk_size': 8})
-  fkey = jax.random.key(1)
-  params = model.init({'params': jax.random.key(seed), 'features': fkey},
-                      jnp.ones((1, length), jnp.int32))['params']
-  tx = optax.adam(learning_rate)
-
-  @jax.jit
-  def step(params, opt, inputs, targets):
-    def loss(p):
-      losses, _, w = decoder.next_token_loss(
-          model.apply({'params': p}, inputs, rngs={'features': fkey}), targets)
-      return jnp.sum(losses) / jnp.sum(w)
-    grads = jax.grad(loss)(params)
-    updates, opt = tx.update(grads, opt, params)
-    return optax.apply_updates(params, updates), opt
-
-  train = lra_tasks.get('enwik8').source(data, 'train')
-  rng = np.random.default_rng(seed)
-  opt = tx.init(params)
-  for _ in range(steps):
-    rows = [train[int(i)] for i in rng.integers(0, len(train), 16)]
-    params, opt = step(params, opt, np.stack([r['inputs'] for r in rows]),
-                       np.stack([r['targets'] for r in rows]))
-  return model, {'params': params}, fkey
-
-
-def bpb_by_scheme(data, model, variables, fkey) -> dict[str, float]:
-  """Test bits per byte of a trained model under each scheme (sliding at the default stride L/2)."""
-  task, out = lra_tasks.get('enwik8'), {}
-  for context in ('disjoint', 'sliding', 'stateful'):
-    d = ml_collections.ConfigDict({**data.to_dict(), 'eval_context': context, 'eval_stride': 0})
-    evaluate = lm_eval.evaluate_stateful if context == 'stateful' else lm_eval.evaluate_windows
-    r = evaluate(model, variables, task.source(d, 'test'), features_key=fkey)
-    assert r['examples'] == enwik8.split_bounds(int(data.num_bytes))['test'][1] - \
-        enwik8.split_bounds(int(data.num_bytes))['test'][0] - 1
-    out[context] = r['loss'] / float(np.log(2.0))
-  return out
-
-
 def test_trained_model_bpb_improves_disjoint_sliding_stateful(tmp_path):
-  """On text whose bytes depend on everything before them in their document (``write_topic_fixture``;
+  """On text whose bytes depend on everything before them in their document (``bench.eval_context.write_topic_fixture``;
   the test split is one document), a trained tiny linear-attention model scores better the more
   context each byte gets: disjoint > sliding (L/2) > stateful bits per byte.
 
   (On ``enwik8.write_fixture``'s text, i.i.d. words, the order is reversed for such a model: a
   position-free linear attention averages its whole prefix, so a longer prefix dilutes the last few
-  bytes that matter -- docs/data.md gives the numbers. The order is a property of model and text; the
+  bytes that matter -- docs/causal.md gives the numbers. The order is a property of model and text; the
   schemes only decide how much context each byte gets.)"""
   num_bytes = 20000
-  write_topic_fixture(str(tmp_path), num_bytes)
+  eval_context.write_topic_fixture(str(tmp_path), num_bytes)
   data = _data(tmp_path, num_bytes, max_length=32)
-  bpb = bpb_by_scheme(data, *train_tiny(data))
+  bpb = eval_context.bpb_by_scheme(data, *eval_context.train_tiny(data))
   assert bpb['disjoint'] > bpb['sliding'] + 0.02 and bpb['sliding'] > bpb['stateful'] + 0.02, bpb
