@@ -165,3 +165,30 @@ def test_trained_model_bpb_improves_disjoint_sliding_stateful(tmp_path):
   data = _data(tmp_path, num_bytes, max_length=32)
   bpb = eval_context.bpb_by_scheme(data, *eval_context.train_tiny(data))
   assert bpb['disjoint'] > bpb['sliding'] + 0.02 and bpb['sliding'] > bpb['stateful'] + 0.02, bpb
+
+
+def test_trainer_stateful_test_evaluation_named_in_results(tmp_path, monkeypatch):
+  """train_and_evaluate with eval_context='stateful': the test split goes through
+  ``lm_eval.evaluate_stateful`` (its result is what results.json reports), and results.json names the
+  scheme."""
+  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  calls = []
+  real = lm_eval.evaluate_stateful
+
+  def spy(*args, **kwargs):
+    calls.append(real(*args, **kwargs))
+    return calls[-1]
+
+  monkeypatch.setattr(lm_eval, 'evaluate_stateful', spy)
+  enwik8.write_fixture(str(tmp_path / 'data'), 20000)
+  c = enwik8_config.get_config('tiny')
+  c.unlock()
+  c.data.data_dir = str(tmp_path / 'data')
+  c.data.eval_context = 'stateful'
+  c.model.attention.kind = 'posrf-orf'
+  c.progress = False
+  results = trainer.train_and_evaluate(c, str(tmp_path / 'run'))
+  assert results['eval_context'] == 'stateful' and results['eval_stride'] == 32
+  assert results['test_examples'] == 1000 - 1
+  assert len(calls) == 1 and results['test_loss'] == calls[0]['loss']
+  assert np.isfinite(results['test_bits_per_byte']) and 0 < results['test_bits_per_byte'] < 12
