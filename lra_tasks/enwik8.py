@@ -7,11 +7,15 @@ LM experiments) is the first 90M bytes for training, the next 5M for validation,
 ``data.num_bytes`` (10^8) sets the split sizes as 90% / 5% / 5% of it, so a small fixture file
 (``write_fixture``) runs the same code.
 
-Examples: split ``s`` is cut into consecutive windows of ``L + 1`` bytes at stride ``L``
-(``L = data.max_length``); example i is ``inputs = w[:L]``, ``targets = w[1:]``, tokens = byte + 1
-(0 stays padding, vocabulary 257). Every byte of a split except the first is predicted exactly once, each
-with the context of its window (no carried-over memory, as in the vanilla-Transformer rows of
-Al-Rfou et al.). The file is memory-mapped; nothing is copied.
+Examples (``WindowSource``): windows of ``L + 1`` bytes (``L = data.max_length``); example i is
+``inputs = w[:L]``, ``targets = w[1:]``, tokens = byte + 1 (0 stays padding, vocabulary 257). Training:
+consecutive full windows at stride L. Validation: the same plus a zero-padded last window, so every byte
+of the split but the first is scored exactly once. Test: the windows of ``data.eval_context``
+(``eval_scheme``; ``kernelformer/training/lm_eval.py``): 'disjoint' (stride L, each byte sees only the
+bytes before it in its window: 0 to L - 1), 'sliding' (stride S = ``data.eval_stride``, each window
+scoring only its last S targets: every byte sees at least L - S) or 'stateful' (the disjoint windows run
+in order with the decoder's recurrent state carried across them). Every byte but the first is scored
+exactly once in each. The file is memory-mapped; nothing is copied.
 
 ``prepare_data``: downloads the zip once (``data.url``), extracts ``enwik8`` under a temporary name and
 renames it, writes ``MANIFEST.json`` (size + sha256) and verifies it; ``check`` reports a missing or
