@@ -100,6 +100,8 @@ def digest(fields: Mapping[str, Any]) -> str:
 # every earlier run): a resume whose config sets another value is a difference, not a new field.
 ADDED_FIELDS: dict[str, Any] = {
     'optim.decay_mask': 'matrices',   # kernelformer/training/optim.py DEFAULT_DECAY_MASK
+    'data.eval_context': 'disjoint',  # enwik8's test scheme before lm_eval.py (non-overlapping windows)
+    'data.eval_stride': 0,
 }
 
 
