@@ -192,3 +192,13 @@ def test_trainer_stateful_test_evaluation_named_in_results(tmp_path, monkeypatch
   assert results['test_examples'] == 1000 - 1
   assert len(calls) == 1 and results['test_loss'] == calls[0]['loss']
   assert np.isfinite(results['test_bits_per_byte']) and 0 < results['test_bits_per_byte'] < 12
+
+
+def test_runs_recorded_before_eval_context_were_disjoint():
+  """A workdir recorded before the fields existed scored its test with disjoint windows: resuming it
+  with the preset's 'sliding' is a config difference, with 'disjoint' it is not."""
+  from kernelformer.training import fingerprint  # pylint: disable=g-import-not-at-top
+  old = {'data.task': 'enwik8'}
+  assert fingerprint.differences(old, {**old, 'data.eval_context': 'sliding', 'data.eval_stride': 0}) \
+      == ['data.eval_context: disjoint -> sliding']
+  assert fingerprint.differences(old, {**old, 'data.eval_context': 'disjoint', 'data.eval_stride': 0}) == []
