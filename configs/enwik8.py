@@ -15,8 +15,16 @@ Presets (``--config configs/enwik8.py:<preset>``):
          number of theirs is reproduced by this preset.
   quick  a 2-core CPU in minutes: 2 layers of 64 dims, 128-byte context (a sanity run, not a result).
   tiny   seconds; the smoke tests (with data.num_bytes of a small fixture file).
-The test metric is ``test_bits_per_byte`` in results.json (mean next-byte cross-entropy / ln 2 over the
-test split's non-overlapping windows, each byte predicted from its window only).
+The test metric is ``test_bits_per_byte`` in results.json: mean next-byte cross-entropy / ln 2 over the
+test split, every byte but the first scored once, with the context scheme ``data.eval_context``
+(recorded in results.json with ``eval_stride``; kernelformer/training/lm_eval.py):
+  'sliding' (default)  windows at stride data.eval_stride (0 = max_length // 2) scoring their last
+                       stride bytes: every byte sees >= max_length - stride bytes of context;
+  'disjoint'           non-overlapping windows, a byte sees 0..max_length-1 bytes (half on average);
+  'stateful'           causal linear kernels without RPE: the windows in order with the decoder's
+                       recurrent state carried across them (every byte sees the whole preceding test
+                       text); refused in one line for softmax, gaussian and nprf-rpe.
+Periodic validation uses non-overlapping windows (it only selects the checkpoint).
 """
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ def get_config(preset: str = 'luo'):
   c.data.task = 'enwik8'
   c.data.max_length = 512           # bytes of context per example (Luo et al.: 512)
   c.data.num_bytes = 10 ** 8        # first 10^8 bytes: 90M / 5M / 5M train / val / test
+  c.data.eval_context = 'sliding'   # test context scheme: 'disjoint' | 'sliding' | 'stateful'
+  c.data.eval_stride = 0            # sliding stride S (0 = max_length // 2): >= L - S bytes of context
   c.model.tie_embeddings = True
   c.model.pos_encoding = 'none'     # NPRF-RPE carries positions (Luo et al. eq. 6)
   c.model.attention.kind = 'nprf-rpe'

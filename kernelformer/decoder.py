@@ -15,8 +15,8 @@ blocks 1, 3, ... attention, as Zoology's ``Hybrid([BaseConv, mixer])`` picks one
 step carries the convolution's last K - 1 inputs in the cache, so incremental decoding equals the
 full forward with the convolution too.
 
-Incremental generation (``decode=True``, one token per call, state in the ``cache`` collection; start
-from ``init_cache``):
+Incremental generation (``decode=True``, one token per call -- or, for linear kinds without RPE, a
+block of tokens -- state in the ``cache`` collection; start from ``init_cache``):
 
 * random-feature / deterministic feature kinds (linear attention): a recurrent state per head,
   ``S = sum_j phi(k_j) v_j^T`` ``[M', Dv]`` and ``z = sum_j phi(k_j)`` ``[M']``, and
@@ -28,16 +28,23 @@ from ``init_cache``):
   ``phi(q_t) sum_j c_{j-t} phi(k_j) v_j^T / phi(q_t) sum_j c_{j-t} phi(k_j)``.
 * ``softmax`` and ``gaussian`` (quadratic): a KV cache.
 
-Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind):
-the step draws W with the mechanism's own ``_projection`` under the same module path (``mechanism``),
-so it gets the same ``make_rng('features')`` key and the same learned-sampler parameters. The full
-forward stabilizes key features by a running max over chunks 0..n for the keys of chunk n, with the
-carried prefix state rescaled when that max grows (``features/components.py`` ``causal_chunk``,
-``attention/linear.py`` ``key_shift``); every shift cancels in the normalized output. The step computes
-key features without a shift and query features with their per-row shift (which cancels per row). The
-two are equal in exact arithmetic. Limit: unshifted key features can overflow where the full forward
-would not (exp of a key exponent above ~88 in float32: posrf/hyperbolic exponents are bounded by
-|w|^2/2, trigrf's ``|k|^2 / (2 sqrt d)`` is not).
+Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind, with the key
+projection scaled x1, x10 and x30): the step draws W with the mechanism's own ``_projection`` under the
+same module path (``mechanism``), so it gets the same ``make_rng('features')`` key and the same
+learned-sampler parameters. Both use the same running stabiliser: the full forward shifts the key
+features of chunk n by the running max of the key exponents over chunks 0..n (``features/components.py``
+``causal_chunk``) and rescales the carried prefix state when that max grows (``attention/linear.py``
+``key_shift``); the step carries that running max in the cache (``key_shift [B, H, M']``) next to the
+state, continues it over the new tokens (``components`` ``shift_init``) and rescales the state the same
+way (``linear.causal_linear_attention``). Every shift cancels in the normalized output. A step of one
+token is the forward with chunk size 1 (a step cannot see the later keys of a chunk); a block of T tokens
+(``decode=True`` with ``inputs [B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) uses the
+chunk size of the full forward, so blocks that start on chunk boundaries reproduce its shifts exactly.
+Under RPE (feature cache, one token per call) the cached key features are rescaled when the running
+max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound ``components.unit_key_shift``,
+the full forward's too. Limit, of the full forward: within a chunk its shift includes the chunk's later
+keys, so at large key norms (x10 here) a row whose visible keys all lie far below a later key of its
+chunk underflows, where the step (and chunk size 1) does not.
 
 Kinds refused with one line (``causal_problem``): those whose module raises for ``causal=True``
 (Nystromformer, Linformer, Skyformer: landmarks/projections mix all positions) and OPRF / SADERF, whose
@@ -126,15 +133,19 @@ def _mechanism_kwargs(options: Mapping[str, Any]) -> tuple[registry.AttentionSpe
 
 
 class _FeatureStep(rf_lib.RandomFeatureAttention):
-  """``phi(q_t), phi(k_t)`` of new tokens with the W of the full forward (see the module docstring).
+  """``phi(q), phi(k)`` of a block of new tokens with the W of the full forward (module docstring).
 
   Same fields, parameters and ``_projection`` as ``RandomFeatureAttention``; only the call differs.
-  Query features keep their per-row shift (it cancels row by row); key features are unshifted, so they
-  can be summed into a running state across calls.
+  Maps with a key shift (``components.CAUSAL_SHIFTED``) continue the running key max ``shift_init``
+  ``[B, H, M']`` (``-inf`` before the first token) over the block's chunks of ``chunk`` rows (1 for
+  token-by-token decoding) and also return the block's per-chunk shifts ``[B, N, H, M']``; under
+  ``unit_keys`` (l2-normalized keys) the shift is W's bound, as in the full forward. Other maps have
+  no key-dependent shift: their queries are stabilized per row only (which cancels), keys unshifted.
   """
 
   @nn.compact
-  def __call__(self, q: Array, k: Array, *, step: Optional[Array] = None):  # pylint: disable=arguments-differ
+  def __call__(self, q: Array, k: Array, *, shift_init: Array, chunk: int,  # pylint: disable=arguments-differ
+               unit_keys: bool = False, step: Optional[Array] = None):
     head_dim, num_heads = q.shape[-1], q.shape[-2]
     qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     # As RandomFeatureAttention.__call__: l2 normalization (NPRF) or the d^-1/4 input scale.
@@ -145,17 +156,27 @@ class _FeatureStep(rf_lib.RandomFeatureAttention):
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
     fn = components_lib.COMPONENTS[self.component]
+    proj_axis = None if (self.share_heads or proj is None) else 0
 
-    # Queries: stabilized with every key masked, so no key statistic enters their shift (any shift
-    # that involves keys must be common to all of them, which a step cannot know). Keys: unshifted.
+    if self.component in components_lib.CAUSAL_SHIFTED:
+      def shifted(qh, kh, p, s0):
+        init = s0[:, None, :]
+        if unit_keys:
+          init = jnp.maximum(init, components_lib.unit_key_shift(self.component, p, jnp.float32))
+        return fn(qh, kh, p, mask=None, causal_chunk=chunk, shift_init=init)
+
+      return jax.vmap(shifted, in_axes=(2, 2, proj_axis, 1), out_axes=(2, 2, 2))(qf, kf, proj,
+                                                                                shift_init)
+    # Queries stabilized with every key masked, so no key statistic enters their shift; keys unshifted
+    # (these maps have nothing to shift: elu, relu, grelu, rks, and registered maps without a shift).
     no_keys = jnp.zeros(kf.shape[:2], bool)
 
     def one_head(qh, kh, p):
       return (fn(qh, kh, p, mask=no_keys, stabilize=True)[0],
               fn(qh, kh, p, mask=None, stabilize=False)[1])
 
-    proj_axis = None if (self.share_heads or proj is None) else 0
-    return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=(2, 2))(qf, kf, proj)
+    phi_q, phi_k = jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=(2, 2))(qf, kf, proj)
+    return phi_q, phi_k, None
 
 
 def _bias_window(position_bias: Array, length: int, max_length: int) -> Array:
@@ -203,32 +224,56 @@ class CausalSelfAttention(nn.Module):
     return jnp.exp(row - shift)
 
   def _feature_step(self, kwargs, q, k, v, position_bias):
-    """One token of linear attention: recurrent state, or a feature cache under RPE."""
-    if q.shape[1] != 1:
-      raise ValueError(f'decode=True takes one token per call, got {q.shape[1]}')
+    """Linear attention for new tokens: the recurrent state, or a feature cache under RPE.
+
+    Without RPE a block of any length T continues the cached state (``linear.causal_linear_attention``
+    with the chunk size of the full forward; T = 1 is token-by-token decoding). Under RPE one token per
+    call.
+    """
     eps = kwargs['feature_eps']
-    phi_q, phi_k = _FeatureStep(**kwargs, name='mechanism')(q, k, step=None)   # [B, 1, H, M']
-    b, _, h, m = phi_k.shape
-    dv = v.shape[-1]
     index = self._index()
     idx = index.value
-    if position_bias is None:
+    b, t, h, _ = q.shape
+    dv = v.shape[-1]
+    rpe = position_bias is not None
+    if rpe and t != 1:
+      raise ValueError(f'decode=True takes one token per call under a position bias, got {t}')
+    # Running key max per feature column; the cache holds zeros before the first token, which stand
+    # for -inf ("no key yet") so the first key sets the shift.
+    m = components_lib.feature_count(kwargs['component'], kwargs['num_features'], q.shape[-1])
+    shift = self.variable('cache', 'key_shift', jnp.zeros, (b, h, m), jnp.float32)
+    shift_in = jnp.where(idx == 0, -jnp.inf, shift.value)
+    unit_keys = (rpe and kwargs['normalize_qk']
+                 and components_lib.has_unit_key_shift(kwargs['component']))
+    chunk = 1 if rpe else kwargs['chunk_size']
+    phi_q, phi_k, key_shift = _FeatureStep(**kwargs, name='mechanism')(
+        q, k, shift_init=shift_in, chunk=chunk, unit_keys=unit_keys, step=None)   # [B, T, H, M']
+    if not rpe:
       state = self.variable('cache', 'state', jnp.zeros, (b, h, m, dv), jnp.float32)
       norm = self.variable('cache', 'normalizer', jnp.zeros, (b, h, m), jnp.float32)
-      s = state.value + linear_lib.einsum_f32('bshm,bshd->bhmd', phi_k, v)
-      z = norm.value + phi_k[:, 0].astype(jnp.float32)
-      num = linear_lib.einsum_f32('blhm,bhmd->blhd', phi_q, s)
-      den = linear_lib.einsum_f32('blhm,bhm->blh', phi_q, z)
+      out, (s, z, beta) = linear_lib.causal_linear_attention(
+          phi_q, phi_k, v, (state.value, norm.value, shift_in), chunk_size=chunk,
+          key_shift=key_shift, eps=eps)
       state.value, norm.value = s, z
-    else:
-      ck = self.variable('cache', 'phi_k', jnp.zeros, (b, self.max_length, h, m), jnp.float32)
-      cv = self.variable('cache', 'cached_value', jnp.zeros, (b, self.max_length, h, dv), jnp.float32)
-      ck.value = jax.lax.dynamic_update_slice(ck.value, phi_k.astype(jnp.float32), (0, idx, 0, 0))
-      cv.value = jax.lax.dynamic_update_slice(cv.value, v.astype(jnp.float32), (0, idx, 0, 0))
-      c = self._row_weights(position_bias, idx)                               # [H, Lmax]
-      a = linear_lib.einsum_f32('blhm,bshm->bhls', phi_q, ck.value) * c[None, :, None, :]
-      num = jnp.einsum('bhls,bshd->blhd', a, cv.value)
-      den = jnp.einsum('bhls->blh', a)
+      if key_shift is not None:
+        shift.value = beta
+      index.value = idx + t
+      return out
+    ck = self.variable('cache', 'phi_k', jnp.zeros, (b, self.max_length, h, m), jnp.float32)
+    cv = self.variable('cache', 'cached_value', jnp.zeros, (b, self.max_length, h, dv), jnp.float32)
+    cached = ck.value
+    if key_shift is not None:
+      # Earlier keys' features move from the old running max to the new one (factor <= 1).
+      new_shift = key_shift[:, 0]                                              # [B, H, M']
+      factor = jnp.exp(jnp.minimum(shift_in - new_shift, 0.0))               # 0 before any key
+      cached = cached * factor[:, None]
+      shift.value = new_shift
+    ck.value = jax.lax.dynamic_update_slice(cached, phi_k.astype(jnp.float32), (0, idx, 0, 0))
+    cv.value = jax.lax.dynamic_update_slice(cv.value, v.astype(jnp.float32), (0, idx, 0, 0))
+    c = self._row_weights(position_bias, idx)                                 # [H, Lmax]
+    a = linear_lib.einsum_f32('blhm,bshm->bhls', phi_q, ck.value) * c[None, :, None, :]
+    num = jnp.einsum('bhls,bshd->blhd', a, cv.value)
+    den = jnp.einsum('bhls->blh', a)
     index.value = idx + 1
     return (num / linear_lib.safe_normalizer(den, eps)[..., None]).astype(v.dtype)
 

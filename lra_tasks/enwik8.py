@@ -7,11 +7,15 @@ LM experiments) is the first 90M bytes for training, the next 5M for validation,
 ``data.num_bytes`` (10^8) sets the split sizes as 90% / 5% / 5% of it, so a small fixture file
 (``write_fixture``) runs the same code.
 
-Examples: split ``s`` is cut into consecutive windows of ``L + 1`` bytes at stride ``L``
-(``L = data.max_length``); example i is ``inputs = w[:L]``, ``targets = w[1:]``, tokens = byte + 1
-(0 stays padding, vocabulary 257). Every byte of a split except the first is predicted exactly once, each
-with the context of its window (no carried-over memory, as in the vanilla-Transformer rows of
-Al-Rfou et al.). The file is memory-mapped; nothing is copied.
+Examples (``WindowSource``): windows of ``L + 1`` bytes (``L = data.max_length``); example i is
+``inputs = w[:L]``, ``targets = w[1:]``, tokens = byte + 1 (0 stays padding, vocabulary 257). Training:
+consecutive full windows at stride L. Validation: the same plus a zero-padded last window, so every byte
+of the split but the first is scored exactly once. Test: the windows of ``data.eval_context``
+(``eval_scheme``; ``kernelformer/training/lm_eval.py``): 'disjoint' (stride L, each byte sees only the
+bytes before it in its window: 0 to L - 1), 'sliding' (stride S = ``data.eval_stride``, each window
+scoring only its last S targets: every byte sees at least L - S) or 'stateful' (the disjoint windows run
+in order with the decoder's recurrent state carried across them). Every byte but the first is scored
+exactly once in each. The file is memory-mapped; nothing is copied.
 
 ``prepare_data``: downloads the zip once (``data.url``), extracts ``enwik8`` under a temporary name and
 renames it, writes ``MANIFEST.json`` (size + sha256) and verifies it; ``check`` reports a missing or
@@ -57,11 +61,37 @@ def split_bounds(num_bytes: int) -> dict[str, tuple[int, int]]:
 
 
 class WindowSource:
-  """Consecutive ``L + 1``-byte windows at stride L of ``mm[start:stop]`` as LM examples."""
+  """Windows of ``L`` inputs (``L + 1`` bytes) of ``mm[start:stop]`` at stride ``S`` as LM examples.
 
-  def __init__(self, mm: np.ndarray, start: int, stop: int, length: int):
-    self._mm, self._start, self._length = mm, start, length
-    self._n = max(0, (stop - start - 1) // length)
+  Window i starts at byte ``a_i = start + i S``: ``inputs = bytes[a_i, a_i + L)``,
+  ``targets = bytes[a_i + 1, a_i + L]`` (tokens = byte + 1). Window 0 scores all its L targets; window
+  i > 0 only its last S (the others were scored by window i - 1): the unscored targets are written as 0,
+  which every loss weights 0. So each target byte is scored exactly once, by the first window that
+  reaches it, and with ``S <= L/2`` it sees at least ``L - S >= L/2`` bytes of context (window 0's
+  bytes: all bytes of the split before them). ``S = L`` gives non-overlapping windows.
+
+  ``pad_tail``: a last window padded with 0 past ``stop`` so the split's final bytes are scored too
+  (every byte but the first, exactly once); without it only full windows are made (training).
+  """
+
+  def __init__(self, mm: np.ndarray, start: int, stop: int, length: int, stride: int | None = None,
+               pad_tail: bool = False):
+    stride = length if stride is None else int(stride)
+    if not 1 <= stride <= length:
+      raise ValueError(f'window stride {stride} must lie in [1, {length}]')
+    self._mm, self._start, self._stop = mm, start, stop
+    self._length, self._stride = length, stride
+    targets = max(0, stop - start - 1)          # bytes start+1 .. stop-1 are predicted
+    if targets == 0:
+      self._n = 0
+    elif pad_tail:
+      self._n = 1 + -(-max(0, targets - length) // stride)
+    else:
+      self._n = 0 if targets < length else 1 + (targets - length) // stride
+
+  @property
+  def stride(self) -> int:
+    return self._stride
 
   def __len__(self) -> int:
     return self._n
@@ -69,15 +99,21 @@ class WindowSource:
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     if not 0 <= int(i) < self._n:
       raise IndexError(i)
-    a = self._start + int(i) * self._length
-    w = self._mm[a:a + self._length + 1].astype(np.int32) + 1
-    return {'inputs': w[:-1], 'targets': w[1:]}
+    a = self._start + int(i) * self._stride
+    w = np.zeros(self._length + 1, np.int32)
+    real = self._mm[a:min(a + self._length + 1, self._stop)].astype(np.int32) + 1
+    w[:len(real)] = real
+    targets = w[1:].copy()
+    if int(i) > 0:
+      targets[:self._length - self._stride] = 0   # scored by the previous window
+    return {'inputs': w[:-1], 'targets': targets}
 
 
 class Enwik8Task:
   name = 'enwik8'
 
   def info(self, data: Any) -> LMTaskInfo:
+    eval_scheme(data)   # a bad eval_context / eval_stride is reported with the other data fields
     return LMTaskInfo(num_classes=VOCAB_SIZE, vocab_size=VOCAB_SIZE,
                       max_length=common.positive_max_length(data, 'enwik8'),
                       metric='bits_per_byte')
@@ -96,15 +132,47 @@ class Enwik8Task:
     del data   # downloading is explicit: scripts/prepare_data.py --task enwik8
 
   def source(self, data: Any, split: str) -> WindowSource:
+    """Training: full non-overlapping windows. Validation: non-overlapping windows plus a padded last
+    one. Test: the windows of ``data.eval_context`` (``kernelformer/training/lm_eval.py``): stride
+    ``data.eval_stride`` for 'sliding', non-overlapping for 'disjoint' and 'stateful' (the latter runs
+    them in order carrying the decoder's state)."""
     common.require(self, data)
     if split not in common.SPLITS:
       raise ValueError(f'unknown split {split!r}')
     mm = np.memmap(path(data), dtype=np.uint8, mode='r')
     start, stop = split_bounds(int(data.num_bytes))[split]
-    return WindowSource(mm, start, stop, common.positive_max_length(data, 'enwik8'))
+    length = common.positive_max_length(data, 'enwik8')
+    if split == 'train':
+      return WindowSource(mm, start, stop, length)
+    stride = eval_scheme(data)[1] if split == 'test' else length
+    return WindowSource(mm, start, stop, length, stride, pad_tail=True)
 
 
 TASK = Enwik8Task()
+
+EVAL_CONTEXTS = ('disjoint', 'sliding', 'stateful')
+
+
+def eval_scheme(data: Any) -> tuple[str, int]:
+  """``(data.eval_context, stride)`` of the test evaluation; configs without the fields: disjoint.
+
+  'disjoint': non-overlapping windows, stride L (a byte sees 0 to L - 1 bytes of context, L/2 on
+  average). 'sliding': stride ``data.eval_stride`` (0 = L // 2), each window scores its last S
+  targets, so every byte sees at least L - S bytes. 'stateful': the disjoint windows in order with the
+  decoder's recurrent state carried across them (every byte sees the whole test text before it).
+  """
+  context = data.get('eval_context', 'disjoint') if hasattr(data, 'get') else 'disjoint'
+  length = common.positive_max_length(data, 'enwik8')
+  if context not in EVAL_CONTEXTS:
+    raise common.DataError(f'data.eval_context={context!r} is invalid: must be one of '
+                           f"{', '.join(repr(c) for c in EVAL_CONTEXTS)}")
+  if context != 'sliding':
+    return context, length
+  stride = data.get('eval_stride', 0)
+  if isinstance(stride, bool) or not isinstance(stride, (int, np.integer)) or not 0 <= stride <= length:
+    raise common.DataError(f'data.eval_stride={stride!r} is invalid: must be an integer in [1, '
+                           f'data.max_length={length}] (0 = max_length // 2)')
+  return context, int(stride) or max(1, length // 2)
 
 
 def write_fixture(data_dir: str, num_bytes: int, seed: int = 0) -> bytes:

@@ -72,9 +72,42 @@ def linear_attention(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None
   return out.astype(v.dtype)
 
 
+def causal_linear_attention(phi_q: Array, phi_k: Array, v: Array, state, *, chunk_size: int = 64,
+                            key_shift: Array | None = None, eps: float = DEFAULT_EPS):
+  """Causal linear attention of a block that continues a sequence: ``(out, new_state)``.
+
+  The recurrent form of eq. 9 of Katharopoulos et al. (2020, §3.4) computed a block at a time: the
+  block's queries see every key of the block up to themselves and, through ``state``, every key before
+  the block. ``state = (kv [B, H, M, Dv], ksum [B, H, M], beta [B, H, M])``, all float32: the sums
+  ``sum_j phi(k_j) v_j^T`` and ``sum_j phi(k_j)`` over the earlier keys, formed relative to the running
+  key max ``beta`` (their features are ``e^{-beta}`` times the unshifted ones; zero sums and
+  ``beta = -inf`` for an empty prefix, ``empty_causal_state``; maps without a key shift ignore beta). ``key_shift [B, N, H, M]``: the block's
+  per-chunk running maxima from ``components`` with ``causal_chunk=chunk_size, shift_init=beta`` (so
+  ``key_shift >= beta``); None for maps without a shift. The carried sums are rescaled by
+  ``exp(beta - key_shift_n)`` into each chunk's shift, exactly as the chunks of one forward pass
+  (``_shifted_exclusive_prefix``), so running a sequence block by block gives the chunked forward of
+  the whole sequence up to rounding. Returns ``out [B, L, H, Dv]`` in ``v.dtype`` and the state after
+  the block (relative to the last chunk's shift). No padding mask: every row of the block is a token.
+  """
+  num, den, new_state = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
+  out = num / safe_normalizer(den, eps)[..., None]
+  return out.astype(v.dtype), new_state
+
+
+def empty_causal_state(batch: int, heads: int, features: int, value_dim: int):
+  """The state of ``causal_linear_attention`` before any key: zero sums, running max ``-inf``."""
+  return (jnp.zeros((batch, heads, features, value_dim), jnp.float32),
+          jnp.zeros((batch, heads, features), jnp.float32),
+          jnp.full((batch, heads, features), -jnp.inf, jnp.float32))
+
+
 def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
-                    key_shift: Array | None = None):
-  """Numerator and normalizer of causal linear attention in chunked form."""
+                    key_shift: Array | None = None, state=None):
+  """Numerator and normalizer of causal linear attention in chunked form.
+
+  With ``state`` (see ``causal_linear_attention``) the carried sums enter every chunk's prefix and the
+  state after the last chunk is returned as a third value.
+  """
   b, length, h, m = phi_q.shape
   dv = v.shape[-1]
   c = max(1, min(chunk_size, length))
@@ -90,11 +123,26 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   # Inter-chunk part: exclusive prefix sum of per-chunk states.
   kv_chunk = einsum_f32('bnchm,bnchd->bnhmd', kc, vc)               # [B, N, H, M, Dv]
   ks_chunk = jnp.sum(kc.astype(jnp.float32), axis=2)              # [B, N, H, M]
+  if state is not None:
+    # The carried sums as a chunk "-1" in front (shift beta0), dropped again after the prefix sums.
+    kv0, ks0, beta0 = (x.astype(jnp.float32) for x in state)
+    kv_chunk = jnp.concatenate([kv0[:, None], kv_chunk], axis=1)
+    ks_chunk = jnp.concatenate([ks0[:, None], ks_chunk], axis=1)
+    if key_shift is not None:
+      key_shift = jnp.concatenate([beta0[:, None].astype(key_shift.dtype), key_shift], axis=1)
+  n_all = kv_chunk.shape[1]
   if key_shift is None:
     kv_prev = jnp.cumsum(kv_chunk, axis=1) - kv_chunk
     ks_prev = jnp.cumsum(ks_chunk, axis=1) - ks_chunk
+    if state is not None:
+      final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta0)
   else:
-    kv_prev, ks_prev = _shifted_exclusive_prefix(kv_chunk, ks_chunk, key_shift, n_chunks)
+    kv_prev, ks_prev = _shifted_exclusive_prefix(kv_chunk, ks_chunk, key_shift, n_all)
+    if state is not None:
+      beta_last = jax.lax.stop_gradient(key_shift[:, -1].astype(jnp.float32))
+      final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta_last)
+  if state is not None:
+    kv_prev, ks_prev = kv_prev[:, 1:], ks_prev[:, 1:]
   num = einsum_f32('bnchm,bnhmd->bnchd', qc, kv_prev)
   den = einsum_f32('bnchm,bnhm->bnch', qc, ks_prev)
   # Intra-chunk part: masked quadratic C x C.
@@ -105,6 +153,8 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   den = den + jnp.einsum('bnhij->bnih', scores)
   num = num.reshape(b, n_chunks * c, h, dv)[:, :length]
   den = den.reshape(b, n_chunks * c, h)[:, :length]
+  if state is not None:
+    return num, den, final
   return num, den
 
 

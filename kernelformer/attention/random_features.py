@@ -75,22 +75,28 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
 
 
 def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[Array], *,
-                      heads_share_proj: bool, causal_chunk: Optional[int] = None
-                      ) -> tuple[Array, ...]:
+                      heads_share_proj: bool, causal_chunk: Optional[int] = None,
+                      unit_keys: bool = False) -> tuple[Array, ...]:
   """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']``: the component applied one head at a time.
 
   ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu). With
   ``causal_chunk`` (components in ``components.CAUSAL_SHIFTED`` only) also ``key_shift [B, N, H, M']``,
-  the per-chunk running key maxima for ``linear.linear_attention(..., key_shift=)``.
+  the per-chunk running key maxima for ``linear.linear_attention(..., key_shift=)``. ``unit_keys``
+  (l2-normalized keys, ``components.has_unit_key_shift(component)``): every key is shifted by the bound
+  ``components.unit_key_shift`` that W alone sets (one chunk spanning the sequence, no key statistic);
+  the returned ``key_shift [B, 1, H, M']`` is that bound.
   """
   fn = components_lib.COMPONENTS[component]
   extra = {} if causal_chunk is None else {'causal_chunk': causal_chunk}
 
   def one_head(qh, kh, p):
+    if unit_keys:
+      return fn(qh, kh, p, mask=mask, stabilize=True, causal_chunk=max(1, kh.shape[-2]),
+                shift_init=components_lib.unit_key_shift(component, p, jnp.float32))
     return fn(qh, kh, p, mask=mask, stabilize=True, **extra)
 
   proj_axis = None if (heads_share_proj or proj is None) else 0
-  outs = (2, 2) if causal_chunk is None else (2, 2, 2)
+  outs = (2, 2) if (causal_chunk is None and not unit_keys) else (2, 2, 2)
   return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=outs)(q, k, proj)
 
 
@@ -230,9 +236,13 @@ class RandomFeatureAttention(nn.Module):
     # Causal exp-maps: key shifts are running maxima per chunk (no later key enters an earlier row).
     chunked = (causal and position_bias is None
                and self.component in components_lib.CAUSAL_SHIFTED)
+    # Causal RPE on l2-normalized keys (nprf-rpe): one key shift from W alone, set by no key
+    # (``components.unit_key_shift``); the decoder's step uses the same one.
+    unit_keys = (causal and position_bias is not None and self.normalize_qk
+                 and components_lib.has_unit_key_shift(self.component))
     phi_q, phi_k, *key_shift = per_head_features(
         self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
-        causal_chunk=self.chunk_size if chunked else None)
+        causal_chunk=self.chunk_size if chunked else None, unit_keys=unit_keys)
     # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise. Chunk-shifted
     # features pair up only with the core's rescaling, so the sown ones use one shift for all keys.
     sown = (per_head_features(self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads)

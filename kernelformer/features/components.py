@@ -99,11 +99,13 @@ def _side_scales(proj: Projection, parts: int, dtype) -> tuple[Array, Array]:
   return jnp.tile(q_scale, parts), jnp.tile(mag, parts)
 
 
-def _chunk_prefix_max(zk: Array, chunk: int) -> Array:
+def _chunk_prefix_max(zk: Array, chunk: int, init: Optional[Array] = None) -> Array:
   """``beta_nr = max {zk_jr : j in chunks 0..n}``, ``[..., N, F]`` for chunks of ``chunk`` rows.
 
   The running (prefix) maximum over chunks of the key log-magnitudes (masked keys are ``-inf``); a
-  column with no valid key yet gets 0 (its features are all 0, any shift is correct).
+  column with no valid key yet gets 0 (its features are all 0, any shift is correct). ``init``
+  (broadcastable to ``[..., 1, F]``, may be ``-inf``): the running maximum carried in from keys before
+  this block (incremental decoding, stateful evaluation), included in every ``beta_n``.
   """
   s, f = zk.shape[-2], zk.shape[-1]
   c = max(1, min(chunk, s))
@@ -111,11 +113,13 @@ def _chunk_prefix_max(zk: Array, chunk: int) -> Array:
   z = jnp.pad(zk, [(0, 0)] * (zk.ndim - 2) + [(0, n * c - s), (0, 0)], constant_values=-jnp.inf)
   m = jnp.max(z.reshape(zk.shape[:-2] + (n, c, f)), axis=-2)
   m = jax.lax.cummax(m, axis=m.ndim - 2)
+  if init is not None:
+    m = jnp.maximum(m, init)
   return jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
 
 
 def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
-                 causal_chunk: Optional[int] = None):
+                 causal_chunk: Optional[int] = None, shift_init: Optional[Array] = None):
   """``exp`` of query and key log-magnitudes, shifted as the module docstring explains.
 
   ``zq [..., L, F]`` and ``zk [..., S, F]`` (F = M' or 1 for a per-row factor). Keys are shifted per
@@ -128,16 +132,23 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
   own chunk. Returns ``(exp_q, exp_k, beta [..., N, F])``: the causal core
   (``linear.linear_attention(..., key_shift=beta)``) rescales its carried state by
   ``exp(beta_{n-1} - beta_n)`` between chunks, so no later key enters an earlier chunk's shift.
+
+  ``shift_init`` (with ``causal_chunk`` only; broadcastable to ``[..., 1, F]``, ``-inf`` = no key yet):
+  the running key max of the keys before this block, so a block continues a sequence: incremental
+  decoding (one token per block, ``causal_chunk=1``: the shift of token t is the running max over keys
+  0..t) and stateful evaluation carry it with their recurrent state (``linear.causal_linear_attention``).
   """
   if mask is not None:
     zk = jnp.where(mask[..., None], zk, -jnp.inf)
+  if shift_init is not None and causal_chunk is None:
+    raise ValueError('shift_init (a carried running key max) needs causal_chunk')
   if causal_chunk is not None:
     if zq.shape[-2] != zk.shape[-2]:
       raise ValueError(f'causal features need as many queries as keys; got {zq.shape[-2]} and '
                        f'{zk.shape[-2]}')
     s = zk.shape[-2]
     c = max(1, min(causal_chunk, s))
-    beta = _chunk_prefix_max(zk, c)                                      # [..., N, F]
+    beta = _chunk_prefix_max(zk, c, shift_init)                          # [..., N, F]
     rows = jnp.repeat(beta, c, axis=-2)[..., :s, :]                     # each row's chunk shift
     zq = zq + rows
     a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
@@ -189,8 +200,8 @@ def _row_sq_norms(proj: Projection, dtype) -> Array:
 # ----------------------------------------------------------------------------------------------
 
 def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-           stabilize: bool = True, causal_chunk: Optional[int] = None
-           ) -> tuple[Array, ...]:
+           stabilize: bool = True, causal_chunk: Optional[int] = None,
+           shift_init: Optional[Array] = None) -> tuple[Array, ...]:
   """TrigRF for the softmax kernel: ``exp(|x|^2/2) [cos(W x), sin(W x)]``, estimates ``exp(q.k)``.
 
   Rahimi-Recht features (Spectraformer eq. 10, kernel-learning paper eq. 3) estimate the Gaussian
@@ -207,7 +218,8 @@ def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   q, k = q.astype(dt), k.astype(dt)
   mask = _key_mask(mask, k)
   pq, pk = project(q, proj), project(k, proj)
-  eq, ek, *shift = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize, causal_chunk)
+  eq, ek, *shift = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize, causal_chunk,
+                               shift_init)
   sq, sk = _side_scales(proj, 2, dt)
   phi_q = eq * jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
   phi_k = ek * jnp.concatenate([jnp.cos(pk), jnp.sin(pk)], axis=-1) * sk
@@ -236,8 +248,8 @@ def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
 
 
 def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-          stabilize: bool = True, causal_chunk: Optional[int] = None
-          ) -> tuple[Array, ...]:
+          stabilize: bool = True, causal_chunk: Optional[int] = None,
+          shift_init: Optional[Array] = None) -> tuple[Array, ...]:
   """Positive random features ``exp(omega_r.x - |x|^2/2)`` (Performer FAVOR+; Spectraformer eq. 32).
 
   ``E_omega[exp(omega.q - |q|^2/2) exp(omega.k - |k|^2/2)] = exp(|q+k|^2/2 - |q|^2/2 - |k|^2/2) =
@@ -252,7 +264,7 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   mask = _key_mask(mask, k)
   zq = project(q, proj) - 0.5 * _sq_norm(q)
   zk = project(k, proj) - 0.5 * _sq_norm(k)
-  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk)
+  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
   sq, sk = _side_scales(proj, 1, dt)
   return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
 
@@ -306,8 +318,8 @@ def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = N
 
 
 def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-               stabilize: bool = True, causal_chunk: Optional[int] = None
-               ) -> tuple[Array, ...]:
+               stabilize: bool = True, causal_chunk: Optional[int] = None,
+               shift_init: Optional[Array] = None) -> tuple[Array, ...]:
   """Hyperbolic positive features ``exp(+-omega_r.x - |x|^2/2) / sqrt(2)`` (Performer FAVOR+ paper).
 
   The two-part PRF (Spectraformer eq. 11 with l = 2, eq. 33 there with the Performer's ``|x|^2/2``):
@@ -324,7 +336,7 @@ def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = 
   half_log2 = 0.5 * math.log(2.0)   # the 1/sqrt(2) on each side, kept in the exponent
   zq = jnp.concatenate([pq, -pq], axis=-1) - 0.5 * _sq_norm(q) - half_log2
   zk = jnp.concatenate([pk, -pk], axis=-1) - 0.5 * _sq_norm(k) - half_log2
-  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk)
+  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
   sq, sk = _side_scales(proj, 2, dt)
   return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
 
@@ -363,7 +375,8 @@ def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
 
 
 def _gerf_features(q: Array, k: Array, proj: Projection, a: Array, mask: Optional[Array],
-                   stabilize: bool, causal_chunk: Optional[int] = None) -> tuple[Array, ...]:
+                   stabilize: bool, causal_chunk: Optional[int] = None,
+                   shift_init: Optional[Array] = None) -> tuple[Array, ...]:
   """Positive GERF (Spectraformer eq. 34, s = +1) for the softmax kernel, given A ``[...]``.
 
   ``f(omega, x) = D exp(A |omega|^2 + B omega.x - |x|^2/2)`` with ``B = sqrt(1 - 4A)`` and
@@ -381,14 +394,14 @@ def _gerf_features(q: Array, k: Array, proj: Projection, a: Array, mask: Optiona
   aw = a[..., None, None] * _row_sq_norms(proj, dt)           # [..., 1, M]
   zq = aw + bcoef * project(q, proj) - 0.5 * _sq_norm(q) + log_d
   zk = aw + bcoef * project(k, proj) - 0.5 * _sq_norm(k) + log_d
-  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk)
+  eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
   sq, sk = _side_scales(proj, 1, dt)
   return _with_shift(eq * sq, _zero_masked(ek * sk, mask), shift)
 
 
 def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-         stabilize: bool = True, causal_chunk: Optional[int] = None
-         ) -> tuple[Array, ...]:
+         stabilize: bool = True, causal_chunk: Optional[int] = None,
+         shift_init: Optional[Array] = None) -> tuple[Array, ...]:
   """Optimized positive random features (FAVOR++; Spectraformer eqs. 34-35), estimate ``exp(q.k)``.
 
   GERF with s = +1 and A from ``oprf_parameter`` (one A per batch element/head, from the moments of
@@ -400,7 +413,7 @@ def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   q, k = q.astype(dt), k.astype(dt)
   mask = _key_mask(mask, k)
   a = oprf_parameter(q, k, mask)
-  phi_q, phi_k, *shift = _gerf_features(q, k, proj, a, mask, stabilize, causal_chunk)
+  phi_q, phi_k, *shift = _gerf_features(q, k, proj, a, mask, stabilize, causal_chunk, shift_init)
   return _with_shift(phi_q.astype(out_q), phi_k.astype(out_k), shift)
 
 
@@ -425,8 +438,8 @@ def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
 
 
 def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
-           stabilize: bool = True, causal_chunk: Optional[int] = None
-           ) -> tuple[Array, ...]:
+           stabilize: bool = True, causal_chunk: Optional[int] = None,
+           shift_init: Optional[Array] = None) -> tuple[Array, ...]:
   """Simplified asymmetric dense-exponential RF (FAVOR#; Spectraformer eq. 36), estimate ``exp(q.k)``.
 
   ``f^(1)(omega, q) = f_GE^(1)(omega, Psi q)`` and ``f^(2)(omega, k) = f_GE^(2)(omega, Psi^-1 k)`` with Psi
@@ -441,7 +454,7 @@ def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   psi = saderf_scaling(q, k, mask)[..., None, :]
   qt, kt = q * psi, k / psi
   a = oprf_parameter(qt, kt, mask)
-  phi_q, phi_k, *shift = _gerf_features(qt, kt, proj, a, mask, stabilize, causal_chunk)
+  phi_q, phi_k, *shift = _gerf_features(qt, kt, proj, a, mask, stabilize, causal_chunk, shift_init)
   return _with_shift(phi_q.astype(out_q), phi_k.astype(out_k), shift)
 
 
@@ -593,6 +606,46 @@ LOG_SPACE_FORMS: dict[str, LogSpaceForm] = {
     'posrf': LogSpaceForm(_posrf_logits, parts=1),
     'hyperbolic': LogSpaceForm(_hyperbolic_logits, parts=2),
 }
+
+
+def _posrf_unit_key_shift(proj: Projection, dtype) -> Array:
+  """``|omega_r| - 1/2 >= omega_r.k - |k|^2/2`` for every unit k (Cauchy-Schwarz), ``[..., 1, M]``."""
+  return (jnp.sqrt(_row_sq_norms(proj, dtype)) - 0.5)[..., None, :]
+
+
+def _hyperbolic_unit_key_shift(proj: Projection, dtype) -> Array:
+  """``|omega_r| - 1/2 - log(2)/2`` for both parts ``+-omega_r``, ``[..., 1, 2M]``."""
+  r = jnp.sqrt(_row_sq_norms(proj, dtype))
+  return (jnp.concatenate([r, r], axis=-1) - 0.5 - 0.5 * math.log(2.0))[..., None, :]
+
+
+# A relative margin on the bound: ``l2_normalize`` leaves |k| = 1 only up to rounding.
+_UNIT_KEY_MARGIN = 1e-3
+
+
+def unit_key_shift(name: str, proj: Projection, dtype=jnp.float32) -> Optional[Array]:
+  """A key shift for unit-norm keys (NPRF's l2-normalized k) from W alone, or None for other maps.
+
+  For ``|k| = 1`` the key exponents of ``posrf`` and ``hyperbolic`` are bounded by the row norms of W
+  (``omega.k <= |omega|``), so ``beta_r = (1 + 1e-3) |omega_r| - 1/2 (- log(2)/2) + 1e-3`` is >= every
+  key exponent: passed as ``shift_init`` (with ``causal_chunk`` the whole length) it is the shift of
+  every key, no key enters any shift, and features stay <= 1 (no overflow). A visible key's exponent
+  lies within ``2 |omega_r|`` of it (~2 sqrt(d) for Gaussian rows), far from float32 underflow for
+  any head dimension in use. Causal RPE uses it (``random_features``): the FFT path of Luo et al.'s
+  eq. 10 cannot take a per-chunk running shift (the factor ``exp(beta_n' - beta_n)`` between a key
+  chunk n' and a query chunk n is not a Toeplitz weight), and a shift that no key sets needs none, so
+  the full forward and the decoder's step use the very same shift.
+  """
+  fn = {'posrf': _posrf_unit_key_shift, 'hyperbolic': _hyperbolic_unit_key_shift}.get(name)
+  if fn is None or proj is None:
+    return None
+  b = fn(proj, dtype)
+  return b + _UNIT_KEY_MARGIN * (jnp.abs(b) + 1.0)
+
+
+def has_unit_key_shift(name: str) -> bool:
+  """Whether ``unit_key_shift`` gives a bound for component ``name``."""
+  return name in ('posrf', 'hyperbolic')
 
 
 # Components taking ``causal_chunk=C``: with it they return ``(phi_q, phi_k, key_shift [..., N, M'])``,

@@ -105,6 +105,8 @@ ADDED_FIELDS: dict[str, Any] = {
     # Absent: a run of the MQAR task before issue 22, which is now ``mqar_legacy`` (lra_tasks/mqar.py);
     # Zoology's ``mqar`` sets True or False, so resuming such a run on today's ``mqar`` is a difference.
     'data.query_targets': None,
+    'data.eval_context': 'disjoint',  # enwik8's test scheme before lm_eval.py (non-overlapping windows)
+    'data.eval_stride': 0,
 }
 
 

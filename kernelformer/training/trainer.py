@@ -33,6 +33,7 @@ from kernelformer import registry
 from kernelformer.encoder import Classifier
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
+from kernelformer.training import lm_eval
 from kernelformer.training import metrics as metrics_lib
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
@@ -451,8 +452,14 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
         restored_best = best.restore_latest(ckpt_lib.abstract_like(state))
         if restored_best is not None:
           best_state = restored_best[0]
-      test = evaluate(eval_step, best_state, task.source(config.data, 'test'), config, mesh,
-                      max_batches=0, on_batch=eval_progress('testing the best checkpoint'))
+      test_source = task.source(config.data, 'test')
+      if lm_eval.is_stateful(config):   # enwik8: windows in order, the decoder's state carried
+        test = lm_eval.evaluate_stateful(
+            model, {'params': best_state.params, **best_state.model_state}, test_source,
+            features_key=keys['features'], on_batch=eval_progress('testing the best checkpoint'))
+      else:
+        test = evaluate(eval_step, best_state, test_source, config, mesh,
+                        max_batches=0, on_batch=eval_progress('testing the best checkpoint'))
       watchdog.disarm()
       if stop.requested:
         raise stop.stop_error(last_saved, workdir)
@@ -502,6 +509,7 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
   if getattr(info, 'metric', None) == 'bits_per_byte':
     # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
     results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
+    results.update(lm_eval.describe(config))   # the context scheme of the test (eval_context, stride)
   writer.write_results(results)
   writer.close()
   checkpoints.close()

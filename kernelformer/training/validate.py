@@ -289,6 +289,8 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
       v = _get(config, f'data.num_{split}')
       if not _is_int(v) or v < 1:
         _fail(f'data.num_{split}', v, f'an integer >= 1 (the {split} split would be empty)')
+  from kernelformer.training import lm_eval  # pylint: disable=g-import-not-at-top
+  lm_eval.check_config(config)   # eval_context='stateful' with a model that has no recurrent state
   if task == 'listops':
     from lra_tasks import listops  # pylint: disable=g-import-not-at-top
     listops.GeneratorParams.from_data(config.data).validate()

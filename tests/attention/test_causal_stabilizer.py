@@ -134,3 +134,32 @@ def test_gradients_match_the_global_shift():
   for a, b_ in zip(g_new, g_old):
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(np.asarray(a), np.asarray(b_), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('component', ['posrf', 'hyperbolic'])
+def test_unit_key_shift_bounds_every_unit_key(component):
+  """``components.unit_key_shift`` (causal RPE on l2-normalized keys, nprf-rpe): W's bound is above
+  every unit key's exponent -- including the key w_r / |w_r| that attains it -- so it is the shift of
+  every key (no key statistic enters), and the features stay <= sqrt|c_r| (no overflow)."""
+  d, m = 16, 8
+  kw, kk, kq = jax.random.split(jax.random.PRNGKey(7), 3)
+  proj = weights_lib.SAMPLERS['orf'](kw, m, d)
+  w = projection_lib.dense_matrix(proj)
+  k = jnp.concatenate([w / jnp.linalg.norm(w, axis=-1, keepdims=True),
+                       rf.l2_normalize(jax.random.normal(kk, (5, d)))])[None]     # [1, 13, d]
+  q = rf.l2_normalize(jax.random.normal(kq, (1, k.shape[1], d)))
+  bound = components.unit_key_shift(component, proj)
+  fn = components.COMPONENTS[component]
+  phi_q, phi_k, shift = fn(q, k, proj, causal_chunk=k.shape[1], shift_init=bound)
+  np.testing.assert_array_equal(np.asarray(shift), np.asarray(jnp.broadcast_to(bound, shift.shape)))
+  scale = np.sqrt(np.abs(np.asarray(projection_lib.row_weights(proj, jnp.float32)))).max()
+  assert float(phi_k.max()) <= scale * (1 + 1e-6) and float(phi_q.max()) <= scale * (1 + 1e-6)
+  # The keys at w_r / |w_r| come within the margin of the bound: the bound is tight, not loose.
+  assert float(phi_k.max()) > 0.9 * scale
+  # Same products as the unshifted features (the shift cancels).
+  eq, ek = fn(q, k, proj, stabilize=False)
+  v = jax.random.normal(jax.random.PRNGKey(8), (1, k.shape[1], 1, 3))
+  np.testing.assert_allclose(
+      np.asarray(linear.quadratic_reference(phi_q[:, :, None], phi_k[:, :, None], v, causal=True)),
+      np.asarray(linear.quadratic_reference(eq[:, :, None], ek[:, :, None], v, causal=True)),
+      rtol=1e-4, atol=1e-5)

@@ -36,15 +36,18 @@ def test_windows_are_next_byte_pairs(tmp_path):
   info = task.info(data)
   assert info.language_model and info.metric == 'bits_per_byte' and info.vocab_size == 257
   val = task.source(data, 'val')           # bytes 1800..1900 of 2000 (the file is longer)
-  assert len(val) == (100 - 1) // 16
+  assert len(val) == -(-(100 - 1) // 16)   # the last window padded: all 99 targets scored
   ex = val[2]
   start = 1800 + 2 * 16
   raw = np.frombuffer(blob, np.uint8).astype(np.int32) + 1
   np.testing.assert_array_equal(ex['inputs'], raw[start:start + 16])
   np.testing.assert_array_equal(ex['targets'], raw[start + 1:start + 17])
-  test = task.source(data, 'test')
+  test = task.source(data, 'test')         # bytes 1900..2000: 99 targets in 7 windows, the last padded
   last = test[len(test) - 1]
-  assert 1900 + len(test) * 16 + 1 <= 2000 and last['targets'][-1] == raw[1900 + len(test) * 16]
+  assert len(test) == 7 and len(task.source(data, 'train')) == (1800 - 1) // 16   # train: full ones
+  real = 99 - 6 * 16
+  np.testing.assert_array_equal(last['targets'][:real], raw[1900 + 6 * 16 + 1:2000])
+  assert (last['targets'][real:] == 0).all() and (last['inputs'][real + 1:] == 0).all()
 
 
 def test_missing_and_short_data_name_path_and_command(tmp_path):
@@ -96,8 +99,10 @@ def test_train_cli_tiny_reports_bits_per_byte(tmp_path):
   # Cross-entropy in bits: positive, and at most ~log2(257) plus slack for a 6-step model.
   assert 0.0 < bpb < 12.0
   assert abs(bpb - results['test_loss'] / np.log(2.0)) < 1e-9
-  # every test window predicts max_length bytes: 4 eval batches of 8 windows x 32 bytes at most
-  assert results['test_examples'] == min(4 * 8, (1000 - 1) // 32) * 32
+  # The whole test split (1000 bytes), every byte but the first scored once, with the preset's
+  # sliding windows at stride max_length / 2.
+  assert results['test_examples'] == 1000 - 1
+  assert results['eval_context'] == 'sliding' and results['eval_stride'] == 16
 
 
 def test_train_cli_missing_enwik8_one_line(tmp_path):
