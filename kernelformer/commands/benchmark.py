@@ -5,6 +5,7 @@ usage:
   kernelformer benchmark approximation [flags]  # approximation quality of the kernels (four paper plots)
   kernelformer benchmark loader [flags]         # Pathfinder loader speed, raw PNGs vs decoded cache
   kernelformer benchmark train_step [flags]     # train-step time per kind, reusing vs redrawing W
+  kernelformer benchmark loop [flags]           # the trainer's steps/s vs a bare loop of the same step
   kernelformer benchmark NAME --help            # the flags of one
 
 attention and approximation write into runs/benchmarks/ unless --out_dir says otherwise (the committed
@@ -16,7 +17,8 @@ import importlib
 import sys
 
 BENCHMARKS = {'attention': 'benchmark_attention', 'approximation': 'approximation',
-              'loader': 'benchmark_loader', 'train_step': 'benchmark_train_step'}
+              'loader': 'benchmark_loader', 'train_step': 'benchmark_train_step',
+              'loop': 'benchmark_loop'}
 
 
 def run(args) -> int:
