@@ -3,10 +3,12 @@
 Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step``: the train step
 plus the on-device window of sums and the non-finite check), on the same model and batches:
 
-* **trainer**: ``trainer._Run.train`` for ``steps`` steps -- batches read by the input pipeline
-  (grain) and placed on the devices ``trainer.PREFETCH`` ahead, at most ``trainer.MAX_IN_FLIGHT``
-  steps in flight, the watchdog armed per step, the progress bar, and a logging boundary every
-  ``log_every`` steps (one read of the window) plus one read at the end;
+* **trainer**: ``trainer._Run.train`` for ``steps`` steps -- host batches placed on the devices
+  ``trainer.PREFETCH`` ahead, at most ``trainer.MAX_IN_FLIGHT`` steps in flight, the watchdog armed
+  per step, the progress bar, and a logging boundary every ``log_every`` steps (one read of the
+  window) plus one read at the end. The round's host batches are read before it starts, so the
+  figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
+  batches through the input pipeline (grain) as a run does -- that one also measures the pipeline;
 * **bare**: ``for batch in placed: state, window = step(state, window, batch)`` over batches placed on
   the devices beforehand, then one ``block_until_ready``.
 
@@ -53,6 +55,7 @@ class LoopTiming:
   rounds: int
   trainer_steps_per_s: float
   bare_steps_per_s: float
+  pipeline_steps_per_s: Optional[float]
 
   @property
   def ratio(self) -> float:
@@ -89,6 +92,19 @@ class _RandomTokens:
     return self._rows[i]
 
 
+class _Preloaded:
+  """``TrainBatches``' interface over batches read beforehand (numpy, not yet on the devices)."""
+
+  def __init__(self, batches: dict):
+    self._batches = batches
+
+  def batch(self, step: int) -> dict:
+    return self._batches[step]
+
+  def iterate(self, start: int, stop: int):
+    return (self._batches[s] for s in range(start, stop))
+
+
 class _Bench:
   """One setting: a ``trainer._Run`` set up without a workdir's files, and the bare loop beside it."""
 
@@ -104,27 +120,36 @@ class _Bench:
     run.start_step, run.last_saved = 0, None
     run.meta = {'steps_trained': 0, 'timed_steps': 0, 'train_seconds': 0.0}
     run.writer = metrics_lib.MetricsWriter(self.tmp, enabled=False)
+    run.committed, run.pending_events = True, []
     run.progress = metrics_lib.Progress(0, 0, enabled=False)
     run.timer = metrics_lib.StepTimer()
-    run.batches = input_pipeline.TrainBatches(_RandomTokens(info, 4 * config.batch_size),
-                                              config.batch_size, config.seed)
+    self.pipeline = input_pipeline.TrainBatches(_RandomTokens(info, 4 * config.batch_size),
+                                                config.batch_size, config.seed)
+    run.batches = self.pipeline
     run.train(until=2)               # compiles, warms up
     run.start_step = 2
-    self.trainer_rates, self.bare_rates = [], []
+    self.trainer_rates, self.bare_rates, self.pipeline_rates = [], [], []
 
-  def trainer_round(self) -> None:
+  def _round_batches(self):
+    start = self.run.start_step
+    return start, {s: self.pipeline.batch(s) for s in range(start, start + self.steps)}
+
+  def trainer_round(self, with_pipeline: bool = False) -> None:
+    """``_Run.train`` over this round's steps; its batches read beforehand (the loop alone), or by
+    the input pipeline as in a run (``with_pipeline``)."""
     run = self.run
-    start = run.start_step
+    start, numpy_batches = (run.start_step, None) if with_pipeline else self._round_batches()
+    run.batches = self.pipeline if with_pipeline else _Preloaded(numpy_batches)
     t0 = time.perf_counter()
     run.train(until=start + self.steps)
-    self.trainer_rates.append(self.steps / (time.perf_counter() - t0))
+    rate = self.steps / (time.perf_counter() - t0)
+    (self.pipeline_rates if with_pipeline else self.trainer_rates).append(rate)
     run.start_step = start + self.steps
 
   def bare_round(self) -> None:
     run = self.run
-    start = run.start_step
-    placed = [sharding.shard_batch(run.batches.batch(s), run.mesh)
-              for s in range(start, start + self.steps)]
+    start, numpy_batches = self._round_batches()
+    placed = [sharding.shard_batch(numpy_batches[s], run.mesh) for s in sorted(numpy_batches)]
     jax.block_until_ready(placed)
     step, state, window = run.compiled, run.state, run.window
     t0 = time.perf_counter()
@@ -138,27 +163,28 @@ class _Bench:
   def result(self) -> LoopTiming:
     return LoopTiming(self.setting, SETTINGS[self.setting][3], self.steps, int(self.config.log_every),
                       len(self.trainer_rates), statistics.median(self.trainer_rates),
-                      statistics.median(self.bare_rates))
+                      statistics.median(self.bare_rates),
+                      statistics.median(self.pipeline_rates) if self.pipeline_rates else None)
 
   def close(self) -> None:
     shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def measure(settings: Sequence[str], *, steps: Optional[dict] = None, rounds: int = 3,
-            kind: Optional[str] = None, time_limit_s: float = 0.0) -> list[LoopTiming]:
-  """Interleaved rounds (trainer, bare) of each setting; stops adding rounds after ``time_limit_s``
-  (every setting still gets at least one round of each side)."""
+            kind: Optional[str] = None, time_limit_s: float = 0.0,
+            with_pipeline: bool = False) -> list[LoopTiming]:
+  """Interleaved rounds (trainer, bare; and the trainer with its input pipeline if asked) of each
+  setting; stops adding rounds after ``time_limit_s`` (every setting still gets one round of each)."""
   t_start = time.monotonic()
   benches = [_Bench(s, (steps or {}).get(s) or SETTINGS[s][2], kind) for s in settings]
   try:
     for r in range(rounds):
       for b in benches:
-        if r % 2:
-          b.bare_round()
-          b.trainer_round()
-        else:
-          b.trainer_round()
-          b.bare_round()
+        sides = [b.trainer_round, b.bare_round]
+        if with_pipeline:
+          sides.append(lambda b=b: b.trainer_round(with_pipeline=True))
+        for side in (sides[r % len(sides):] + sides[:r % len(sides)]):
+          side()
       if time_limit_s and time.monotonic() - t_start > time_limit_s:
         break
     return [b.result() for b in benches]
@@ -170,11 +196,12 @@ def measure(settings: Sequence[str], *, steps: Optional[dict] = None, rounds: in
 def markdown(results: Sequence[LoopTiming], header: str) -> str:
   lines = [header, '',
            '| setting | config | steps per round | log every | rounds | trainer (steps/s) | '
-           'bare loop (steps/s) | trainer / bare |',
-           '|---|---|---:|---:|---:|---:|---:|---:|']
+           'bare loop (steps/s) | trainer / bare | trainer with input pipeline (steps/s) |',
+           '|---|---|---:|---:|---:|---:|---:|---:|---:|']
   for t in results:
+    pipe = f'{t.pipeline_steps_per_s:.2f}' if t.pipeline_steps_per_s else '-'
     lines.append(f'| {t.setting} | {t.source} | {t.steps} | {t.log_every} | {t.rounds} | '
-                 f'{t.trainer_steps_per_s:.2f} | {t.bare_steps_per_s:.2f} | {t.ratio:.3f} |')
+                 f'{t.trainer_steps_per_s:.2f} | {t.bare_steps_per_s:.2f} | {t.ratio:.3f} | {pipe} |')
   return '\n'.join(lines) + '\n'
 
 

@@ -28,6 +28,8 @@ def main(argv) -> int:
   parser.add_argument('--kind', default='', help="attention kind (default: the preset's)")
   parser.add_argument('--time_limit_s', type=float, default=0.0,
                       help='no new round after this many seconds (0: none)')
+  parser.add_argument('--with_pipeline', action='store_true',
+                      help='also time the loop reading batches through the input pipeline')
   parser.add_argument('--out_dir', default=os.path.join('runs', 'benchmarks'))
   args = parser.parse_args(argv)
   settings = [s.strip() for s in args.settings.split(',') if s.strip()]
@@ -61,7 +63,7 @@ def main(argv) -> int:
       return 2
   before = loop.load_average()
   results = loop.measure(settings, steps=steps, rounds=args.rounds, kind=args.kind or None,
-                         time_limit_s=args.time_limit_s)
+                         time_limit_s=args.time_limit_s, with_pipeline=args.with_pipeline)
   import jax  # pylint: disable=g-import-not-at-top
   header = (f'`kernelformer benchmark loop {" ".join(argv)}`; {jax.devices()[0].device_kind} '
             f'({platform.processor() or platform.machine()}, {os.cpu_count()} cores), jax '

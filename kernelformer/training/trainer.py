@@ -232,6 +232,8 @@ ON_NONFINITE = ('stop', 'skip')
 MAX_IN_FLIGHT = 2
 # Training batches placed on the devices ahead of their step (flax's prefetch_to_device).
 PREFETCH = 2
+# best/ keeps the last two bests: the test falls back to the earlier if the newest does not restore.
+KEEP_BEST = 2
 
 
 class RunResults(dict):
@@ -363,8 +365,10 @@ def next_window(window: dict) -> dict:
 def prefetch_to_device(batches: Iterable[dict], mesh, size: int = PREFETCH):
   """Yields ``batches`` placed on ``mesh`` (batch-sharded), ``size`` batches ahead of the consumer."""
   queue = collections.deque()
+  place = ((lambda b: jax.device_put(b, sharding.batch_sharded(mesh))) if jax.process_count() == 1
+           else (lambda b: sharding.shard_batch(b, mesh)))  # one process: one call, half the time
   for batch in batches:
-    queue.append(sharding.shard_batch(batch, mesh))
+    queue.append(place(batch))
     if len(queue) > size:
       yield queue.popleft()
   while queue:
@@ -448,16 +452,20 @@ class _Run:
     self.next_window = jax.jit(next_window, out_shardings=repl)
 
   def restore(self) -> None:
-    """The newest checkpoint that restores (damaged newer ones set aside), or step 0."""
+    """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
+    silently when checkpoints existed: that stops with one line unless ``config.start_over``."""
     config, workdir = self.config, self.workdir
     self.checkpoints = ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'),
                                             config.keep_checkpoints)
-    self.best = ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), 1)
+    # Two bests: the test falls back to the earlier one if the newest does not restore.
+    self.best = ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), KEEP_BEST)
     meta = {'best_val_accuracy': -1.0, 'best_step': -1}
     restored = self.checkpoints.restore_latest(ckpt_lib.abstract_like(self.state))
     if restored is not None:
       self.state, meta = restored
       logging.warning('resumed from %s at step %d', self.checkpoints.directory, int(self.state.step))
+    else:
+      self.refuse_silent_restart()
     self.start_step = start = int(self.state.step)
     if start > self.num_steps:
       raise workdir_lib.RunError(
@@ -470,14 +478,7 @@ class _Run:
                  'wall_seconds': float(meta.get('wall_seconds', 0.0))}
     self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started}
     self.compiled_memory = meta.get('compiled_memory_bytes')
-    # From here the workdir is written: the config record, then metrics without the events after the
-    # restored step (the resumed run logs them again).
-    if self.is_lead:
-      self.record.write(config, self.allowed, start)
-      workdir_lib.truncate_metrics(workdir, start)
-    self.writer = metrics_lib.MetricsWriter(workdir, enabled=self.is_lead)
-    if start == 0 or self.allowed:
-      self.writer.write_config(config)
+    self.committed, self.pending_events = False, []
     self.val_source = self.task.source(config.data, 'val')
     self.batches = input_pipeline.TrainBatches(self.task.source(config.data, 'train'),
                                                config.batch_size, config.seed)
@@ -485,12 +486,63 @@ class _Run:
                                          enabled=self.is_lead and config.progress)
     self.timer = metrics_lib.StepTimer()
 
+  def refuse_silent_restart(self) -> None:
+    """No checkpoint restores: if some existed (set aside as damaged) or the run had finished, stop
+    with one line; with ``start_over`` the earlier best/ is moved aside (never overwritten)."""
+    damaged = self.checkpoints.damaged()
+    if not damaged and self.previous is None:
+      return  # a new workdir, or a run that stopped before its first checkpoint
+    what = (f"none of its checkpoints restores ({', '.join(damaged)} in "
+            f'{self.checkpoints.directory})' if damaged else
+            f'it holds results.json but no checkpoint in {self.checkpoints.directory}')
+    if not self.config.get('start_over', False):
+      raise workdir_lib.RunError(
+          f'workdir {self.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
+          f'back, or pass --config.start_over=True to train from step 0 (best/ is then moved aside)')
+    if self.is_lead and (self.best.all_steps() or self.best.damaged()):
+      self.best.close()
+      n = 1
+      while os.path.exists(f'{self.best.directory}.before-start-over-{n}'):
+        n += 1
+      os.rename(self.best.directory, f'{self.best.directory}.before-start-over-{n}')
+      workdir_lib.say(f'start_over: {what}; training from step 0; the earlier best/ is kept as '
+                      f'best.before-start-over-{n}')
+    _sync('start-over')
+    self.best = ckpt_lib.Checkpoints(self.best.directory, KEEP_BEST)
+
+  def commit(self) -> None:
+    """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
+    restored step (the resumed run logs them again) -- once this run has something to keep: its
+    first checkpoint or its results. A run that stops before (divergence, signal, error) leaves the
+    record of the workdir as it was, so the command that made it still runs."""
+    if self.committed:
+      return
+    self.committed = True
+    if self.is_lead:
+      self.record.write(self.config, self.allowed, self.start_step)
+      workdir_lib.truncate_metrics(self.workdir, self.start_step)
+    self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_lead)
+    if self.start_step == 0 or self.allowed:
+      self.writer.write_config(self.config)
+    for event in self.pending_events:
+      self.writer.write(*event)
+    self.pending_events = []
+
+  def write_event(self, split: str, step: int, values: dict) -> None:
+    """A metrics event: written once the run is committed, held until then."""
+    if self.committed:
+      self.writer.write(split, step, values)
+    else:
+      self.pending_events.append((split, step, values))
+
   # ---- the step loop --------------------------------------------------------------------------------
   def train(self, until: Optional[int] = None) -> None:
-    """Dispatches steps start..``until`` (default num_steps); the host reads the device only at
-    boundaries (and, without any, after step ``until``)."""
-    start, in_flight = self.start_step, collections.deque()
+    """Dispatches steps start..``until`` (default num_steps); the host waits for the device only at
+    validation and checkpoint boundaries (and after step ``until``). A log boundary queues the window
+    of its step and reads it once that step is done, while later steps run."""
+    start = self.start_step
     until = self.num_steps if until is None else until
+    self.in_flight, self.pending_logs = collections.deque(), collections.deque()
     batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
     for step, batch in zip(range(start, until), batches):
       done = step + 1
@@ -499,22 +551,26 @@ class _Run:
       with _maybe_profile(self.config, self.workdir, step, start):
         self.state, self.window = self.compiled(self.state, self.window, batch)
       self.meta['steps_trained'] += 1
-      in_flight.append((done, self.window))
-      self.wait(in_flight, 0 if done == start + 1 else MAX_IN_FLIGHT)
+      self.dispatched = done
+      self.in_flight.append((done, self.window))
+      self.wait(0 if done == start + 1 else MAX_IN_FLIGHT)
       if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
         self.span = (done, time.perf_counter())
         self.timer.tick(done)
       self.progress.update(done)
-      if self.is_boundary(done):
-        self.boundary(done, in_flight)
+      if self.needs_state(done):
+        self.boundary(done)
+      elif done % self.config.log_every == 0:
+        self.pending_logs.append((done, self.window))
+        self.window = self.next_window(self.window)
       elif done == until:
-        self.read_window(done, in_flight)
+        self.read_window(done)
       if self.hooks:
         self.watchdog.arm(f'after step {done} (hooks)', self.step_limit)
         for hook in self.hooks:
           hook(done, self.state)
       if self.stop.requested:
-        self.stop_now(done, in_flight)
+        self.stop_now(done)
     if self.stop.requested:
       raise self.stop.stop_error(self.last_saved, self.workdir)
 
@@ -526,23 +582,29 @@ class _Run:
     if self.stop.requested:
       raise self.stop.stop_error(self.last_saved, self.workdir)
 
-  def wait(self, in_flight, keep: int) -> None:
-    """Waits (no transfer) until at most ``keep`` steps are in flight, arming the watchdog per step."""
-    while len(in_flight) > keep:
-      done, window = in_flight.popleft()
+  def wait(self, keep: int) -> None:
+    """Waits (no transfer) until at most ``keep`` steps are in flight, arming the watchdog per step;
+    logs whose step is done are read and written."""
+    while len(self.in_flight) > keep:
+      done, window = self.in_flight.popleft()
       self.watchdog.arm(f'training step {done}', self.step_limit)
       jax.block_until_ready(window['applied'])
+      self.flush_logs(done)
 
-  def is_boundary(self, done: int) -> bool:
+  def flush_logs(self, upto: int) -> None:
+    while self.pending_logs and self.pending_logs[0][0] <= upto:
+      done, window = self.pending_logs.popleft()
+      self.log(done, self.read(done, window))
+
+  def needs_state(self, done: int) -> bool:
+    """Validation, a checkpoint or the end after step ``done``: the host waits for the device."""
     c = self.config
-    return (done % c.log_every == 0 or done % c.eval_every == 0 or done % c.checkpoint_every == 0
-            or done == self.num_steps)
+    return done % c.eval_every == 0 or done % c.checkpoint_every == 0 or done == self.num_steps
 
   # ---- boundaries: the only places the host reads the device ----------------------------------------
-  def read_window(self, done: int, in_flight) -> dict:
-    """Waits for the steps in flight, reads the window (the one transfer) and stops a diverged run."""
-    self.wait(in_flight, 0)
-    window = {k: v.item() for k, v in jax.device_get(self.window).items()}
+  def read(self, done: int, window) -> dict:
+    """Reads a window (the one transfer of a boundary); stops a diverged run."""
+    window = {k: v.item() for k, v in jax.device_get(window).items()}
     first, t0 = self.span
     self.meta['timed_steps'] += done - first
     self.meta['train_seconds'] += time.perf_counter() - t0
@@ -552,34 +614,74 @@ class _Run:
       self.diverged(window)
     return window
 
-  def boundary(self, done: int, in_flight) -> None:
+  def read_window(self, done: int) -> dict:
+    """Waits for every step in flight and reads the current window."""
+    self.wait(0)
+    self.flush_logs(done)
+    return self.read(done, self.window)
+
+  def boundary(self, done: int) -> None:
     """Logging, validation and checkpoints due after step ``done``."""
     c = self.config
-    window = self.read_window(done, in_flight)
+    window = self.read_window(done)
     if done % c.log_every == 0 or done == self.num_steps:
       self.log(done, window)
+      self.window = self.next_window(self.window)
+    val = None
     if done % c.eval_every == 0 or done == self.num_steps:
-      val = evaluate(self.eval_step, self.state, self.val_source, c, self.mesh,
-                     on_batch=self.eval_progress(f'validating at step {done}'))
-      self.writer.write('val', done, val)
-      self.meta['val_examples'] = val['examples']
+      val = self.validate(done)
       if val['accuracy'] > self.meta['best_val_accuracy']:
+        self.check_finite(done, val)
         self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
         self.save(self.best, done)
     if done % c.checkpoint_every == 0 or done == self.num_steps:
-      self.save(self.checkpoints, done)
-      self.last_saved = done
+      self.save_checkpoint(done, val)
     self.watchdog.arm(f'after step {done}', self.step_limit)
     self.span = (done, time.perf_counter())
 
-  def stop_now(self, done: int, in_flight) -> None:
+  def stop_now(self, done: int) -> None:
     """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
     checked and saved, then the run stops."""
     if self.last_saved != done:
-      self.read_window(done, in_flight)
+      self.read_window(done)
+      self.save_checkpoint(done)
+    raise self.stop.stop_error(done, self.workdir)
+
+  def validate(self, done: int) -> dict:
+    val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
+                   on_batch=self.eval_progress(f'validating at step {done}'))
+    self.write_event('val', done, val)
+    self.meta['val_examples'] = val['examples']
+    return val
+
+  def save_checkpoint(self, done: int, val: Optional[dict] = None) -> None:
+    if self.last_saved != done:
+      self.check_finite(done, val)
       self.save(self.checkpoints, done)
       self.last_saved = done
-    raise self.stop.stop_error(done, self.workdir)
+
+  def check_finite(self, done: int, val: Optional[dict]) -> None:
+    """A checkpoint is written only from finite parameters whose validation loss is finite (``val``
+    of this step, else one validation batch); otherwise the run stops as diverged at ``done``."""
+    if not bool(_all_finite(self.state.params)):
+      reason = 'non-finite parameters'
+    else:
+      if val is None:
+        val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
+                       max_batches=1, on_batch=self.eval_progress(f'checking step {done}'))
+      if np.isfinite(val['loss']):
+        return
+      reason = f"non-finite validation loss {val['loss']}"
+    raise workdir_lib.RunError(
+        f'step {done}: {reason}; the run diverged and was stopped, nothing from this step saved; '
+        f'{self.kept()}; lower optim.learning_rate, set optim.grad_clip_norm, or '
+        f"on_nonfinite='skip'", workdir_lib.EXIT_DIVERGED)
+
+  def kept(self) -> str:
+    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite)."""
+    last = self.checkpoints.latest_step()
+    return (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
+            else 'no checkpoint had been written')
 
   def log(self, done: int, window: dict) -> None:
     n = window['applied']
@@ -591,15 +693,12 @@ class _Run:
       workdir_lib.say(f"step {done}: {window['skipped']} non-finite updates skipped since the last "
                       f"log (the first at step {window['first_skipped']}; {window['consecutive']} "
                       f'in a row now)')
-    self.writer.write('train', done, summary)
-    self.progress.update(done, summary)
-    self.window = self.next_window(self.window)
+    self.write_event('train', done, summary)
+    self.progress.update(self.dispatched, summary)  # a queued log is read a step or two later
 
   def diverged(self, window: dict) -> None:
     """Stops the run at the first non-finite step (policy 'stop', or 'skip' after too many)."""
-    step, last = window['bad_step'], self.last_saved
-    where = (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
-             else 'no checkpoint had been written')
+    step, where = window['bad_step'], self.kept()
     if self.policy == 'skip':
       raise workdir_lib.RunError(
           f'step {step}: {window["consecutive"]} non-finite gradients in a row; the run diverged and '
@@ -625,20 +724,36 @@ class _Run:
 
   def save(self, manager, step: int) -> None:
     self.watchdog.disarm()  # a slow disk is not a hang, and a write is never cut short
+    self.commit()
     with self.stop.deferred():
       manager.save(step, self.state, self.timed_meta())
 
   # ---- the end ------------------------------------------------------------------------------------------
   def test(self) -> dict:
-    """Test loss and accuracy of the best checkpoint (by validation accuracy), on the whole test split."""
-    best_state = self.state
-    if self.best.latest_step() is not None:
-      restored_best = self.best.restore_latest(ckpt_lib.abstract_like(self.state))
-      if restored_best is not None:
-        best_state = restored_best[0]
-    test = evaluate(self.eval_step, best_state, self.task.source(self.config.data, 'test'),
+    """Test loss and accuracy of the best checkpoint (by validation accuracy) on the whole test split.
+
+    If the newest best/ does not restore (set aside with one line), the earlier kept one is tested
+    and named; if none restores, the run stops with one line -- other weights are never tested under
+    the best step's name. ``self.tested``: which checkpoint was tested ('best' or 'final', its step).
+    """
+    state, self.tested_meta = self.state, None
+    self.tested = {'which': 'final', 'step': int(self.state.step)}
+    if self.best.all_steps() or self.best.damaged():
+      restored = self.best.restore_latest(ckpt_lib.abstract_like(self.state))
+      if restored is None:
+        raise workdir_lib.RunError(
+            f"best/ in {self.workdir} holds no checkpoint that restores ({', '.join(self.best.damaged())}"
+            f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
+            f'train again in a new --workdir')
+      state, self.tested_meta = restored
+      self.tested = {'which': 'best', 'step': int(self.best.latest_step())}
+      if self.tested['step'] != self.meta['best_step']:
+        workdir_lib.say(f"testing best/{self.tested['step']} (validation accuracy "
+                        f"{self.tested_meta.get('best_val_accuracy')}): the newest best/ that "
+                        f"restores; best/{self.meta['best_step']} did not")
+    test = evaluate(self.eval_step, state, self.task.source(self.config.data, 'test'),
                     self.config, self.mesh, max_batches=0,
-                    on_batch=self.eval_progress('testing the best checkpoint'))
+                    on_batch=self.eval_progress(f"testing the {self.tested['which']} checkpoint"))
     self.watchdog.disarm()
     if self.stop.requested:
       raise self.stop.stop_error(self.last_saved, self.workdir)
@@ -657,7 +772,9 @@ class _Run:
   def finish(self, test: dict) -> RunResults:
     """Writes the test event and results.json; closes the writer and the checkpoint managers."""
     config, meta = self.config, self.meta
-    self.writer.write('test', int(meta['best_step']), test)
+    self.commit()
+    tested = self.tested_meta or meta
+    self.write_event('test', self.tested['step'], test)
     cap = int(config.max_eval_batches or 0)
     results = {
         'task': config.data.task,
@@ -666,8 +783,9 @@ class _Run:
         'test_accuracy': test['accuracy'],
         'test_loss': test['loss'],
         'test_examples': test['examples'],
-        'best_val_accuracy': meta['best_val_accuracy'],
-        'best_step': meta['best_step'],
+        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step': ...}
+        'best_val_accuracy': tested['best_val_accuracy'],
+        'best_step': tested['best_step'],
         'selected_on': (f"validation accuracy every {config.eval_every} steps over "
                         f"{meta.get('val_examples')} examples" +
                         (f' (periodic validation capped at max_eval_batches={cap})' if cap
@@ -701,6 +819,11 @@ class _Run:
     out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
                   else 'trained')
     return out
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _sync(name: str) -> None:
