@@ -548,6 +548,8 @@ class _Run:
       done = step + 1
       if self.compiled is None:
         self.compile(batch, done)
+      # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
+      self.watchdog.arm(f'training step {done}', self.step_limit)
       with _maybe_profile(self.config, self.workdir, step, start):
         self.state, self.window = self.compiled(self.state, self.window, batch)
       self.meta['steps_trained'] += 1
@@ -587,7 +589,9 @@ class _Run:
     logs whose step is done are read and written."""
     while len(self.in_flight) > keep:
       done, window = self.in_flight.popleft()
-      self.watchdog.arm(f'training step {done}', self.step_limit)
+      self.watchdog.arm(f'training step {done}' if done == self.dispatched else
+                        f'training steps {done}-{self.dispatched} (dispatched, waiting for {done})',
+                        self.step_limit)
       jax.block_until_ready(window['applied'])
       self.flush_logs(done)
 

@@ -68,7 +68,7 @@ def test_test_measures_the_best_checkpoint_or_stops(tmp_path, capfd):
   assert [t['step'] for t in tests] == [bests[0]]
 
   # No best restores: one line naming the damage; results.json and metrics unchanged.
-  _damage(str(workdir / 'best' / str(bests[0])), 'bit flip')
+  _damage(str(workdir / 'best' / str(bests[0])), 'missing state')
   before = record(workdir)
   with pytest.raises(workdir_lib.RunError) as e:
     trainer.train_and_evaluate(again, str(workdir))
