@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 import time
