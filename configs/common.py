@@ -101,11 +101,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True                     # progress bar with steps/s and ETA
   c.profile_steps = 0                   # >0: write a jax.profiler trace of that many steps to workdir/profile
   # Run safety (README "Resuming, outputs, results"):
-  c.on_nonfinite = 'stop'               # non-finite loss/grad norm: 'stop' the run (exit 3) | 'skip' the update (optax.apply_if_finite)
+  c.on_nonfinite = 'stop'               # non-finite loss/grad norm: 'stop' the run (exit 3) | 'skip' the update (not applied, on the device)
   c.watchdog_step_s = 1800.0            # no train step / eval batch finishes within this: exit 4 naming the step (0 = off)
   c.watchdog_compile_s = 7200.0         # the same limit while compiling (0 = off)
   c.allow_config_change = False         # continue a workdir started with another config (recorded in results.json)
   c.reevaluate = False                  # re-test a finished run (else re-running it changes nothing)
+  c.start_over = False                  # no checkpoint restores (all damaged): train from step 0 anyway, moving best/ aside
   return c
 
 

@@ -21,6 +21,7 @@ Safety:
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -35,6 +36,21 @@ from kernelformer.training import fingerprint as fp
 from kernelformer.training.workdir import RunError, captured_stderr, say
 
 _TMP = re.compile(r'.*\.orbax-checkpoint-tmp.*|.*\.replaced-\d+$')
+_DAMAGED = re.compile(r'\d+\.damaged-\d+')
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+  """Orbax, tensorstore's asyncio tasks and absl log a traceback per failed read: silenced here."""
+  loggers = [logging.getLogger(n) for n in ('absl', 'asyncio', 'orbax', '')]
+  levels = [l.level for l in loggers]
+  for l in loggers:
+    l.setLevel(logging.CRITICAL + 1)
+  try:
+    yield
+  finally:
+    for l, level in zip(loggers, levels):
+      l.setLevel(level)
 
 
 def _register_array_handler() -> None:
@@ -168,15 +184,27 @@ class Checkpoints:
     return state, meta
 
   def restore_latest(self, abstract_state: Any) -> Optional[tuple[Any, dict]]:
-    """The newest checkpoint that restores; damaged newer ones are set aside. None if there is none."""
+    """The newest checkpoint that restores; damaged newer ones are set aside. None if there is none.
+
+    Orbax's own error logs (tracebacks of the failed reads) are silenced: each damaged checkpoint gets
+    the one line of ``_set_aside``.
+    """
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
-        return self.restore(abstract_state, step)
+        with _quiet_logs():
+          return self.restore(abstract_state, step)
       except RunError:
         raise
       except Exception as e:  # pylint: disable=broad-except  (any failure to read is damage)
         self._set_aside(step, e)
     return None
+
+  def damaged(self) -> list[str]:
+    """Names of the checkpoints set aside as damaged (``<step>.damaged-<n>``), oldest step first."""
+    if not os.path.isdir(self.directory):
+      return []
+    names = [n for n in os.listdir(self.directory) if _DAMAGED.fullmatch(n)]
+    return sorted(names, key=lambda n: (int(n.split('.')[0]), n))
 
   def _set_aside(self, step: int, error: BaseException) -> None:
     path = os.path.join(self.directory, str(step))

@@ -5,6 +5,7 @@ Only process 0 writes (``enabled``), so multi-host runs produce one set of files
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any, Optional
@@ -59,8 +60,9 @@ class MetricsWriter:
       self._tb.flush()
     except OSError as e:
       raise workdir_lib.write_error(self._tb_path, e, self.workdir) from None
-    line = json.dumps({'split': split, 'step': int(step), 'time': now,
-                       **{k: _plain(v) for k, v in values.items()}}) + '\n'
+    line = json.dumps(strict_json({'split': split, 'step': int(step), 'time': now,
+                                   **{k: _plain(v) for k, v in values.items()}}),
+                      allow_nan=False) + '\n'
     try:
       self._jsonl.write(line)
       self._jsonl.flush()
@@ -73,7 +75,8 @@ class MetricsWriter:
 
   def write_results(self, results: dict) -> None:
     if self.enabled:  # a results.json that exists is complete (sweeps rely on it)
-      workdir_lib.atomic_write_json(os.path.join(self.workdir, 'results.json'), results)
+      workdir_lib.atomic_write_json(os.path.join(self.workdir, 'results.json'),
+                                  strict_json(results))
 
   def close(self) -> None:
     if self.enabled:
@@ -82,6 +85,27 @@ class MetricsWriter:
           f.close()
         except OSError:
           pass  # every event was flushed when written; a failed one has raised already
+
+
+def strict_json(record: dict) -> dict:
+  """``record`` with every non-finite float (NaN, inf) at the top level or nested as ``None``, and
+  ``'nonfinite'``: the dotted names of those fields, so strict JSON readers accept the file."""
+  bad = []
+
+  def clean(v, path):
+    if isinstance(v, (float, np.floating)) and not math.isfinite(float(v)):
+      bad.append(path)
+      return None
+    if isinstance(v, dict):
+      return {k: clean(x, f'{path}.{k}' if path else str(k)) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+      return [clean(x, f'{path}[{i}]') for i, x in enumerate(v)]
+    return v
+
+  out = clean(record, '')
+  if bad:
+    out['nonfinite'] = bad
+  return out
 
 
 def _plain(v):

@@ -12,8 +12,8 @@
 """
 from __future__ import annotations
 
+import collections
 import contextlib
-import json
 import logging
 import os
 import time
@@ -201,15 +201,18 @@ def evaluate(eval_step, state, source, config, mesh, *, max_batches: Optional[in
   cap ``config.max_eval_batches``; 0 = the whole split, which the final test always uses).
 
   ``on_batch(i)`` is called before batch ``i`` (the watchdog counts evaluation batches as progress).
+  The per-batch sums stay on the device and are read once, at the end (summed in float64 on the host).
   """
   batch_size = config.eval_batch_size or config.batch_size
   if max_batches is None:
     max_batches = config.max_eval_batches
-  totals = {'loss': 0.0, 'correct': 0.0, 'count': 0.0}
+  outs = []
   for i, batch in enumerate(input_pipeline.eval_batches(source, batch_size, max_batches)):
     if on_batch is not None:
       on_batch(i)
-    out = eval_step(state, sharding.shard_batch(batch, mesh))
+    outs.append(eval_step(state, sharding.shard_batch(batch, mesh)))
+  totals = {'loss': 0.0, 'correct': 0.0, 'count': 0.0}
+  for out in jax.device_get(outs):
     for k in totals:
       totals[k] += float(out[k])
   n = max(totals['count'], 1.0)
@@ -220,11 +223,17 @@ def count_params(params) -> int:
   return int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
 
 
-# on_nonfinite='skip': after this many consecutive non-finite gradients the run stops anyway (a run
-# that only skips is not training). optax.apply_if_finite would apply the update after
-# max_consecutive_errors; it is set one higher, so a non-finite update is never applied.
+# on_nonfinite='skip': after this many consecutive non-finite steps the run stops anyway (a run that
+# only skips is not training).
 MAX_CONSECUTIVE_SKIPS = 10
 ON_NONFINITE = ('stop', 'skip')
+# Steps dispatched ahead of the one the host waits for: the device always has the next step queued,
+# while the watchdog still names the step that does not finish.
+MAX_IN_FLIGHT = 2
+# Training batches placed on the devices ahead of their step (flax's prefetch_to_device).
+PREFETCH = 2
+# best/ keeps the last two bests: the test falls back to the earlier if the newest does not restore.
+KEEP_BEST = 2
 
 
 class RunResults(dict):
@@ -237,8 +246,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Optional[list] = None) -> dict:
   """Trains ``config`` in ``workdir`` (resuming if it holds a checkpoint); returns the results dict.
 
-  ``hooks`` are called after every step with (step, state): tests use one to interrupt a run.
+  ``hooks`` are called after every step is dispatched, with (step, state); ``state`` may still be
+  computing (reading it waits for it). Tests use them to interrupt a run.
   ``devices`` restricts the mesh (default: all devices).
+
+  The loop never waits for the host between boundaries (logging, validation, checkpoint, stop): the
+  step's loss, accuracy, gradient norm and learning rate are summed on the device (``loop_step``), a
+  non-finite step is detected there and its update not applied, and the host reads the sums once per
+  boundary. Batches are placed on the devices ``PREFETCH`` steps ahead.
 
   Run safety (``workdir_lib.RunError`` carries the exit code the CLI uses; each is one line):
   * the workdir is locked (``workdir/lock``) while the run is in progress;
@@ -246,10 +261,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     ``config.allow_config_change``; a finished run returns its results unchanged unless
     ``config.reevaluate``;
   * SIGINT/SIGTERM: the step in flight finishes, its state is checkpointed, exit 130/143;
-  * a non-finite loss or gradient norm stops the run at that step, saving nothing from it (exit 3), or
-    with ``on_nonfinite='skip'`` the update is skipped (``optax.apply_if_finite``). Checking needs the
-    step's loss and gradient norm on the host: one scalar-pair transfer per step, which on an
-    accelerator costs the overlap of one step's dispatch with the next (free on CPU);
+  * a non-finite loss or gradient norm: the update of that step is not applied and the run stops at
+    the next boundary naming that exact step, saving nothing from it (exit 3); with
+    ``on_nonfinite='skip'`` such updates are skipped, and the run stops after
+    ``MAX_CONSECUTIVE_SKIPS`` in a row;
   * the watchdog ends a run that makes no progress within ``watchdog_step_s`` (``watchdog_compile_s``
     while compiling) with one line naming the step (exit 4);
   * damaged checkpoints are set aside and the newest good one is resumed; metrics.jsonl drops the events
@@ -273,270 +288,554 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
-  t_segment = time.monotonic()
-  segment_started = workdir_lib.now_iso()
-  is_lead = jax.process_index() == 0
-  num_steps = int(config.num_train_steps)
-  on_nonfinite = config.get('on_nonfinite', 'stop')
-  if on_nonfinite not in ON_NONFINITE:
-    raise workdir_lib.RunError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got "
-                               f'{on_nonfinite!r}')
-  step_limit = float(config.get('watchdog_step_s', 0) or 0)
-  compile_limit = float(config.get('watchdog_compile_s', 0) or 0)
-
-  # A workdir belongs to one config; a finished run is finished. Both decided before anything is
-  # written or compiled.
-  record = workdir_lib.RunRecord(workdir)
-  record.load()
-  allowed = record.check(config, None)
-  previous = workdir_lib.read_results(workdir)
-  reevaluate = bool(config.get('reevaluate', False))
-  if previous is not None and not allowed and not reevaluate and \
-      previous.get('final_step') == num_steps and \
-      previous.get('config_fingerprint') in (None, record.fingerprint):
-    done = RunResults(previous)
-    done.status = 'finished'
-    return done
-
-  task = lra_tasks.get(config.data.task)
-  if is_lead:
-    task.prepare(config.data)
-  _sync('prepare_data')
-  missing = task.check(config.data)
-  if missing:
-    raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
-  info = task.info(config.data)
-
-  mesh = sharding.make_mesh(devices)
-  sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
-  sharding.check_batch_size(config.eval_batch_size or config.batch_size, mesh,
-                            'eval_batch_size' if config.eval_batch_size else 'batch_size')
-  accum = int(config.optim.grad_accum_steps)
-  if accum < 1 or (config.batch_size // jax.process_count()) % accum:
-    raise sharding.ShardingError(
-        f'optim.grad_accum_steps={accum} must divide the per-process batch '
-        f'{config.batch_size // jax.process_count()}')
-
-  model = build_model(config, info)
-  keys = _keys(config.seed)
-  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
-  if on_nonfinite == 'skip':
-    tx = optax.apply_if_finite(tx, max_consecutive_errors=MAX_CONSECUTIVE_SKIPS + 1)
-  train_step, eval_step = make_steps(model, tx, schedule, config, keys)
-  repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
-  train_step = jax.jit(train_step, in_shardings=(repl, data_sh), out_shardings=(repl, repl),
-                       donate_argnums=0)
-  eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
-
-  state = init_state(model, tx, info, config, keys, mesh)
-  checkpoints = ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints)
-  best = ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), 1)
-  meta = {'best_val_accuracy': -1.0, 'best_step': -1}
-  restored = checkpoints.restore_latest(ckpt_lib.abstract_like(state))
-  if restored is not None:
-    state, meta = restored
-    logging.warning('resumed from %s at step %d', checkpoints.directory, int(state.step))
-  start_step = int(state.step)
-  if start_step > num_steps:
-    raise workdir_lib.RunError(
-        f'workdir {workdir} holds a checkpoint at step {start_step}, past num_train_steps='
-        f'{num_steps}; use a new --workdir (a run cannot be shortened)')
-  base = {'steps_trained': int(meta.get('steps_trained', start_step)),
-          'timed_steps': int(meta.get('timed_steps', 0)),
-          'train_seconds': float(meta.get('train_seconds', 0.0)),
-          'wall_seconds': float(meta.get('wall_seconds', 0.0))}
-  meta = {**meta, **base, 'started': meta.get('started') or segment_started}
-
-  # From here the workdir is written: the config record, then metrics without the events after the
-  # restored step (the resumed run logs them again).
-  if is_lead:
-    record.write(config, allowed, start_step)
-    workdir_lib.truncate_metrics(workdir, start_step)
-  writer = metrics_lib.MetricsWriter(workdir, enabled=is_lead)
-  if start_step == 0 or allowed:
-    writer.write_config(config)
-  train_source = task.source(config.data, 'train')
-  val_source = task.source(config.data, 'val')
-  batches = input_pipeline.TrainBatches(train_source, config.batch_size, config.seed)
-
-  progress = metrics_lib.Progress(num_steps, start_step, enabled=is_lead and config.progress)
-  window: list[dict] = []
-  timer = metrics_lib.StepTimer()
-  compiled_train_step = None
-  compiled_memory = meta.get('compiled_memory_bytes')
-  eval_compiled = [False]
-  last_saved = start_step if restored is not None else None
-  stop = signals_lib.StopSignals()
+  """restore -> train (steps and boundaries: log, evaluate, save) -> test -> finish."""
+  run = _Run(config, workdir, hooks, devices, watchdog)
+  finished = run.finished_results()
+  if finished is not None:
+    return finished
+  run.build()
+  run.restore()
   completed = False
-
-  def eval_progress(what):
-    def on_batch(i):
-      first = not eval_compiled[0]
-      eval_compiled[0] = True
-      watchdog.arm(f'{what}, batch {i + 1}' + (' (compiling)' if first else ''),
-                   compile_limit if first else step_limit)
-    return on_batch
-
-  def timed_meta(now_meta):
-    return {**now_meta, 'wall_seconds': base['wall_seconds'] + time.monotonic() - t_segment,
-            'compiled_memory_bytes': compiled_memory}
-
-  def save(manager, step, at_meta):
-    watchdog.disarm()  # a slow disk is not a hang, and a write is never cut short
-    with stop.deferred():
-      manager.save(step, state, timed_meta(at_meta))
-
   try:
-    with stop:
-      segment_steps = 0
-      for step, batch in zip(range(start_step, num_steps), batches.iterate(start_step, num_steps)):
-        watchdog.arm(f'training step {step + 1}', step_limit)
-        batch = sharding.shard_batch(batch, mesh)
-        if compiled_train_step is None:
-          # Compile ahead of time once: the same executable runs every step and reports its memory.
-          watchdog.arm(f'compiling the train step (before step {step + 1})', compile_limit)
-          compiled_train_step = train_step.lower(state, batch).compile()
-          compiled_memory = metrics_lib.memory_of(compiled_train_step)
-          if stop.requested:
-            raise stop.stop_error(last_saved, workdir)
-          watchdog.arm(f'training step {step + 1}', step_limit)
-        t0 = time.perf_counter()
-        with _maybe_profile(config, workdir, step, start_step):
-          state, m = compiled_train_step(state, batch)
-        loss, grad_norm = (float(x) for x in jax.device_get((m['loss'], m['grad_norm'])))
-        seconds = time.perf_counter() - t0
-        done = step + 1
-        if not (np.isfinite(loss) and np.isfinite(grad_norm)):
-          _nonfinite(on_nonfinite, done, loss, grad_norm, state, last_saved)
-        meta['steps_trained'] += 1
-        if segment_steps:  # the segment's first step warms up (allocation, autotuning): not timed
-          meta['timed_steps'] += 1
-          meta['train_seconds'] += seconds
-        segment_steps += 1
-        window.append(m)
-        timer.tick(done)
-        if done % config.log_every == 0 or done == num_steps:
-          summary = {k: float(np.mean([float(x[k]) for x in window])) for k in window[0]}
-          summary['steps_per_sec'] = timer.rate()
-          writer.write('train', done, summary)
-          progress.update(done, summary, seconds=seconds)
-          window = []
-        else:
-          progress.update(done, seconds=seconds)
-        if done % config.eval_every == 0 or done == num_steps:
-          val = evaluate(eval_step, state, val_source, config, mesh,
-                         on_batch=eval_progress(f'validating at step {done}'))
-          writer.write('val', done, val)
-          meta['val_examples'] = val['examples']
-          if val['accuracy'] > meta['best_val_accuracy']:
-            meta = {**meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
-            save(best, done, meta)
-        if done % config.checkpoint_every == 0 or done == num_steps:
-          save(checkpoints, done, meta)
-          last_saved = done
-        watchdog.arm(f'after step {done} (logging, hooks)', step_limit)
-        for hook in hooks:
-          hook(done, state)
-        if stop.requested:
-          # The state returned by this step is live (only the previous one was donated): save it.
-          if last_saved != done:
-            save(checkpoints, done, meta)
-            last_saved = done
-          raise stop.stop_error(done, workdir)
-
-      if stop.requested:
-        raise stop.stop_error(last_saved, workdir)
-      # Test accuracy of the best checkpoint (by validation accuracy), on the whole test split.
-      best_state = state
-      if best.latest_step() is not None:
-        restored_best = best.restore_latest(ckpt_lib.abstract_like(state))
-        if restored_best is not None:
-          best_state = restored_best[0]
-      test_source = task.source(config.data, 'test')
-      if lm_eval.is_stateful(config):   # enwik8: windows in order, the decoder's state carried
-        test = lm_eval.evaluate_stateful(
-            model, {'params': best_state.params, **best_state.model_state}, test_source,
-            features_key=keys['features'], on_batch=eval_progress('testing the best checkpoint'))
-      else:
-        test = evaluate(eval_step, best_state, test_source, config, mesh,
-                        max_batches=0, on_batch=eval_progress('testing the best checkpoint'))
-      watchdog.disarm()
-      if stop.requested:
-        raise stop.stop_error(last_saved, workdir)
+    with run.stop:
+      run.train()
+      test = run.test()
     completed = True
   finally:
-    watchdog.disarm()
-    progress.close()
+    run.close(completed)
+  return run.finish(test)
+
+
+def make_loop_step(train_step, policy: str):
+  """``loop_step(state, window, batch) -> (state, window)``: ``train_step`` plus on-device bookkeeping.
+
+  ``window`` holds sums over the steps since the last log (loss, accuracy, learning rate, gradient
+  norm, over applied steps only), counts, and the first step that stops the run (``bad_step``, -1
+  while none). A step whose loss or gradient norm is non-finite is not applied (the state is kept,
+  only its step advances under 'skip'); under 'stop', and under 'skip' after
+  ``MAX_CONSECUTIVE_SKIPS`` in a row, ``bad_step`` is recorded and no later update is applied, so the
+  host, reading ``window`` at the next boundary, stops with the exact step and the state before it.
+  """
+
+  def loop_step(state: TrainState, window: dict, batch):
+    new_state, m = train_step(state, batch)
+    finite = jnp.isfinite(m['loss']) & jnp.isfinite(m['grad_norm'])
+    halted = window['bad_step'] >= 0
+    apply = finite & ~halted
+    done = (state.step + 1).astype(jnp.int32)
+    consecutive = jnp.where(finite, 0, window['consecutive'] + 1).astype(jnp.int32)
+    stops = ~finite if policy == 'stop' else consecutive >= MAX_CONSECUTIVE_SKIPS
+    first_bad = ~halted & stops
+    kept = jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_state, state)
+    kept = kept.replace(step=jnp.where(halted | first_bad, state.step, state.step + 1))
+    w = dict(window)
+    for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm'):
+      w[k] = window[k] + jnp.where(apply, m[k].astype(jnp.float32), 0.0)
+    w['applied'] = window['applied'] + apply.astype(jnp.int32)
+    skipped = ~finite & ~halted & ~first_bad
+    w['skipped'] = window['skipped'] + skipped.astype(jnp.int32)
+    w['first_skipped'] = jnp.where(skipped & (window['first_skipped'] < 0), done,
+                                   window['first_skipped'])
+    w['consecutive'] = jnp.where(halted, window['consecutive'], consecutive)
+    w['bad_step'] = jnp.where(first_bad, done, window['bad_step'])
+    w['bad_loss'] = jnp.where(first_bad, m['loss'].astype(jnp.float32), window['bad_loss'])
+    w['bad_grad_norm'] = jnp.where(first_bad, m['grad_norm'].astype(jnp.float32),
+                                   window['bad_grad_norm'])
+    return kept, w
+
+  return loop_step
+
+
+def empty_window() -> dict:
+  f, i = jnp.float32, jnp.int32
+  return {'loss': jnp.zeros((), f), 'accuracy': jnp.zeros((), f), 'learning_rate': jnp.zeros((), f),
+          'grad_norm': jnp.zeros((), f), 'applied': jnp.zeros((), i), 'skipped': jnp.zeros((), i),
+          'first_skipped': -jnp.ones((), i), 'consecutive': jnp.zeros((), i),
+          'bad_step': -jnp.ones((), i), 'bad_loss': jnp.zeros((), f), 'bad_grad_norm': jnp.zeros((), f)}
+
+
+def next_window(window: dict) -> dict:
+  """A new logging window that keeps the run-long fields (skips in a row, the stopping step)."""
+  fresh = empty_window()
+  for k in ('consecutive', 'bad_step', 'bad_loss', 'bad_grad_norm'):
+    fresh[k] = window[k]
+  return fresh
+
+
+def prefetch_to_device(batches: Iterable[dict], mesh, size: int = PREFETCH):
+  """Yields ``batches`` placed on ``mesh`` (batch-sharded), ``size`` batches ahead of the consumer."""
+  queue = collections.deque()
+  place = ((lambda b: jax.device_put(b, sharding.batch_sharded(mesh))) if jax.process_count() == 1
+           else (lambda b: sharding.shard_batch(b, mesh)))  # one process: one call, half the time
+  for batch in batches:
+    queue.append(place(batch))
+    if len(queue) > size:
+      yield queue.popleft()
+  while queue:
+    yield queue.popleft()
+
+
+class _Run:
+  """One training run in a workdir; each method is one phase (see ``_train_and_evaluate``)."""
+
+  def __init__(self, config, workdir, hooks, devices, watchdog):
+    self.config, self.workdir, self.hooks, self.devices = config, workdir, list(hooks), devices
+    self.watchdog = watchdog
+    self.t_segment = time.monotonic()
+    self.segment_started = workdir_lib.now_iso()
+    self.is_lead = jax.process_index() == 0
+    self.num_steps = int(config.num_train_steps)
+    self.policy = config.get('on_nonfinite', 'stop')
+    if self.policy not in ON_NONFINITE:
+      raise workdir_lib.RunError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got "
+                                 f'{self.policy!r}')
+    self.step_limit = float(config.get('watchdog_step_s', 0) or 0)
+    self.compile_limit = float(config.get('watchdog_compile_s', 0) or 0)
+    self.stop = signals_lib.StopSignals()
+    self.compiled = None
+    self.eval_compiled = False
+    self.writer = self.progress = self.checkpoints = self.best = None
+
+  # ---- before anything is written -----------------------------------------------------------------
+  def finished_results(self) -> Optional[RunResults]:
+    """A workdir belongs to one config; a finished run is finished. Decided before any write."""
+    config = self.config
+    self.record = workdir_lib.RunRecord(self.workdir)
+    self.record.load()
+    self.allowed = self.record.check(config, None)
+    self.previous = workdir_lib.read_results(self.workdir)
+    reevaluate = bool(config.get('reevaluate', False))
+    if self.previous is not None and not self.allowed and not reevaluate and \
+        self.previous.get('final_step') == self.num_steps and \
+        self.previous.get('config_fingerprint') in (None, self.record.fingerprint):
+      done = RunResults(self.previous)
+      done.status = 'finished'
+      return done
+    return None
+
+  def build(self) -> None:
+    """Data (missing data stops here), mesh, model, the compiled-to-be steps and a fresh state."""
+    config = self.config
+    self.task = task = lra_tasks.get(config.data.task)
+    if self.is_lead:
+      task.prepare(config.data)
+    _sync('prepare_data')
+    missing = task.check(config.data)
+    if missing:
+      raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
+    self.info = task.info(config.data)
+    self.build_steps()
+
+  def build_steps(self) -> None:
+    """Mesh, model, optimizer, the jitted loop and eval steps, and a fresh state (from ``self.info``)."""
+    config, info = self.config, self.info
+    self.mesh = mesh = sharding.make_mesh(self.devices)
+    sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
+    sharding.check_batch_size(config.eval_batch_size or config.batch_size, mesh,
+                              'eval_batch_size' if config.eval_batch_size else 'batch_size')
+    accum = int(config.optim.grad_accum_steps)
+    if accum < 1 or (config.batch_size // jax.process_count()) % accum:
+      raise sharding.ShardingError(
+          f'optim.grad_accum_steps={accum} must divide the per-process batch '
+          f'{config.batch_size // jax.process_count()}')
+    model = build_model(config, info)
+    keys = _keys(config.seed)
+    self.model, self.features_key = model, keys['features']   # stateful LM testing (lm_eval)
+    tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
+    train_step, eval_step = make_steps(model, tx, schedule, config, keys)
+    repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
+    self.loop_step = jax.jit(make_loop_step(train_step, self.policy),
+                             in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl),
+                             donate_argnums=0)
+    self.eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
+    self.state = init_state(model, tx, info, config, keys, mesh)
+    self.window = jax.device_put(empty_window(), repl)
+    self.next_window = jax.jit(next_window, out_shardings=repl)
+
+  def restore(self) -> None:
+    """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
+    silently when checkpoints existed: that stops with one line unless ``config.start_over``."""
+    config, workdir = self.config, self.workdir
+    self.checkpoints = ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'),
+                                            config.keep_checkpoints)
+    # Two bests: the test falls back to the earlier one if the newest does not restore.
+    self.best = ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), KEEP_BEST)
+    meta = {'best_val_accuracy': -1.0, 'best_step': -1}
+    restored = self.checkpoints.restore_latest(ckpt_lib.abstract_like(self.state))
+    if restored is not None:
+      self.state, meta = restored
+      logging.warning('resumed from %s at step %d', self.checkpoints.directory, int(self.state.step))
+    else:
+      self.refuse_silent_restart()
+    self.start_step = start = int(self.state.step)
+    if start > self.num_steps:
+      raise workdir_lib.RunError(
+          f'workdir {workdir} holds a checkpoint at step {start}, past num_train_steps='
+          f'{self.num_steps}; use a new --workdir (a run cannot be shortened)')
+    self.last_saved = start if restored is not None else None
+    self.base = {'steps_trained': int(meta.get('steps_trained', start)),
+                 'timed_steps': int(meta.get('timed_steps', 0)),
+                 'train_seconds': float(meta.get('train_seconds', 0.0)),
+                 'wall_seconds': float(meta.get('wall_seconds', 0.0))}
+    self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started}
+    self.compiled_memory = meta.get('compiled_memory_bytes')
+    self.committed, self.pending_events = False, []
+    self.val_source = self.task.source(config.data, 'val')
+    self.batches = input_pipeline.TrainBatches(self.task.source(config.data, 'train'),
+                                               config.batch_size, config.seed)
+    self.progress = metrics_lib.Progress(self.num_steps, start,
+                                         enabled=self.is_lead and config.progress)
+    self.timer = metrics_lib.StepTimer()
+
+  def refuse_silent_restart(self) -> None:
+    """No checkpoint restores: if some existed (set aside as damaged) or the run had finished, stop
+    with one line; with ``start_over`` the earlier best/ is moved aside (never overwritten)."""
+    damaged = self.checkpoints.damaged()
+    if not damaged and self.previous is None:
+      return  # a new workdir, or a run that stopped before its first checkpoint
+    what = (f"none of its checkpoints restores ({', '.join(damaged)} in "
+            f'{self.checkpoints.directory})' if damaged else
+            f'it holds results.json but no checkpoint in {self.checkpoints.directory}')
+    if not self.config.get('start_over', False):
+      raise workdir_lib.RunError(
+          f'workdir {self.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
+          f'back, or pass --config.start_over=True to train from step 0 (best/ is then moved aside)')
+    if self.is_lead and (self.best.all_steps() or self.best.damaged()):
+      self.best.close()
+      n = 1
+      while os.path.exists(f'{self.best.directory}.before-start-over-{n}'):
+        n += 1
+      os.rename(self.best.directory, f'{self.best.directory}.before-start-over-{n}')
+      workdir_lib.say(f'start_over: {what}; training from step 0; the earlier best/ is kept as '
+                      f'best.before-start-over-{n}')
+    _sync('start-over')
+    self.best = ckpt_lib.Checkpoints(self.best.directory, KEEP_BEST)
+
+  def commit(self) -> None:
+    """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
+    restored step (the resumed run logs them again) -- once this run has something to keep: its
+    first checkpoint or its results. A run that stops before (divergence, signal, error) leaves the
+    record of the workdir as it was, so the command that made it still runs."""
+    if self.committed:
+      return
+    self.committed = True
+    if self.is_lead:
+      self.record.write(self.config, self.allowed, self.start_step)
+      workdir_lib.truncate_metrics(self.workdir, self.start_step)
+    self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_lead)
+    if self.start_step == 0 or self.allowed:
+      self.writer.write_config(self.config)
+    for event in self.pending_events:
+      self.writer.write(*event)
+    self.pending_events = []
+
+  def write_event(self, split: str, step: int, values: dict) -> None:
+    """A metrics event: written once the run is committed, held until then."""
+    if self.committed:
+      self.writer.write(split, step, values)
+    else:
+      self.pending_events.append((split, step, values))
+
+  # ---- the step loop --------------------------------------------------------------------------------
+  def train(self, until: Optional[int] = None) -> None:
+    """Dispatches steps start..``until`` (default num_steps); the host waits for the device only at
+    validation and checkpoint boundaries (and after step ``until``). A log boundary queues the window
+    of its step and reads it once that step is done, while later steps run."""
+    start = self.start_step
+    until = self.num_steps if until is None else until
+    self.in_flight, self.pending_logs = collections.deque(), collections.deque()
+    batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
+    for step, batch in zip(range(start, until), batches):
+      done = step + 1
+      if self.compiled is None:
+        self.compile(batch, done)
+      # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
+      self.watchdog.arm(f'training step {done}', self.step_limit)
+      with _maybe_profile(self.config, self.workdir, step, start):
+        self.state, self.window = self.compiled(self.state, self.window, batch)
+      self.meta['steps_trained'] += 1
+      self.dispatched = done
+      self.in_flight.append((done, self.window))
+      self.wait(0 if done == start + 1 else MAX_IN_FLIGHT)
+      if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
+        self.span = (done, time.perf_counter())
+        self.timer.tick(done)
+      self.progress.update(done)
+      if self.needs_state(done):
+        self.boundary(done)
+      elif done % self.config.log_every == 0:
+        self.pending_logs.append((done, self.window))
+        self.window = self.next_window(self.window)
+      elif done == until:
+        self.read_window(done)
+      if self.hooks:
+        self.watchdog.arm(f'after step {done} (hooks)', self.step_limit)
+        for hook in self.hooks:
+          hook(done, self.state)
+      if self.stop.requested:
+        self.stop_now(done)
+    if self.stop.requested:
+      raise self.stop.stop_error(self.last_saved, self.workdir)
+
+  def compile(self, batch, done: int) -> None:
+    """Compiles the loop step ahead of time once: the same executable runs every step."""
+    self.watchdog.arm(f'compiling the train step (before step {done})', self.compile_limit)
+    self.compiled = self.loop_step.lower(self.state, self.window, batch).compile()
+    self.compiled_memory = metrics_lib.memory_of(self.compiled)
+    if self.stop.requested:
+      raise self.stop.stop_error(self.last_saved, self.workdir)
+
+  def wait(self, keep: int) -> None:
+    """Waits (no transfer) until at most ``keep`` steps are in flight, arming the watchdog per step;
+    logs whose step is done are read and written."""
+    while len(self.in_flight) > keep:
+      done, window = self.in_flight.popleft()
+      self.watchdog.arm(f'training step {done}' if done == self.dispatched else
+                        f'training steps {done}-{self.dispatched} (dispatched, waiting for {done})',
+                        self.step_limit)
+      jax.block_until_ready(window['applied'])
+      self.flush_logs(done)
+
+  def flush_logs(self, upto: int) -> None:
+    while self.pending_logs and self.pending_logs[0][0] <= upto:
+      done, window = self.pending_logs.popleft()
+      self.log(done, self.read(done, window))
+
+  def needs_state(self, done: int) -> bool:
+    """Validation, a checkpoint or the end after step ``done``: the host waits for the device."""
+    c = self.config
+    return done % c.eval_every == 0 or done % c.checkpoint_every == 0 or done == self.num_steps
+
+  # ---- boundaries: the only places the host reads the device ----------------------------------------
+  def read(self, done: int, window) -> dict:
+    """Reads a window (the one transfer of a boundary); stops a diverged run."""
+    window = {k: v.item() for k, v in jax.device_get(window).items()}
+    first, t0 = self.span
+    self.meta['timed_steps'] += done - first
+    self.meta['train_seconds'] += time.perf_counter() - t0
+    self.span = (done, time.perf_counter())
+    self.timer.tick(done)
+    if window['bad_step'] >= 0:
+      self.diverged(window)
+    return window
+
+  def read_window(self, done: int) -> dict:
+    """Waits for every step in flight and reads the current window."""
+    self.wait(0)
+    self.flush_logs(done)
+    return self.read(done, self.window)
+
+  def boundary(self, done: int) -> None:
+    """Logging, validation and checkpoints due after step ``done``."""
+    c = self.config
+    window = self.read_window(done)
+    if done % c.log_every == 0 or done == self.num_steps:
+      self.log(done, window)
+      self.window = self.next_window(self.window)
+    val = None
+    if done % c.eval_every == 0 or done == self.num_steps:
+      val = self.validate(done)
+      if val['accuracy'] > self.meta['best_val_accuracy']:
+        self.check_finite(done, val)
+        self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
+        self.save(self.best, done)
+    if done % c.checkpoint_every == 0 or done == self.num_steps:
+      self.save_checkpoint(done, val)
+    self.watchdog.arm(f'after step {done}', self.step_limit)
+    self.span = (done, time.perf_counter())
+
+  def stop_now(self, done: int) -> None:
+    """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
+    checked and saved, then the run stops."""
+    if self.last_saved != done:
+      self.read_window(done)
+      self.save_checkpoint(done)
+    raise self.stop.stop_error(done, self.workdir)
+
+  def validate(self, done: int) -> dict:
+    val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
+                   on_batch=self.eval_progress(f'validating at step {done}'))
+    self.write_event('val', done, val)
+    self.meta['val_examples'] = val['examples']
+    return val
+
+  def save_checkpoint(self, done: int, val: Optional[dict] = None) -> None:
+    if self.last_saved != done:
+      self.check_finite(done, val)
+      self.save(self.checkpoints, done)
+      self.last_saved = done
+
+  def check_finite(self, done: int, val: Optional[dict]) -> None:
+    """A checkpoint is written only from finite parameters whose validation loss is finite (``val``
+    of this step, else one validation batch); otherwise the run stops as diverged at ``done``."""
+    if not bool(_all_finite(self.state.params)):
+      reason = 'non-finite parameters'
+    else:
+      if val is None:
+        val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
+                       max_batches=1, on_batch=self.eval_progress(f'checking step {done}'))
+      if np.isfinite(val['loss']):
+        return
+      reason = f"non-finite validation loss {val['loss']}"
+    raise workdir_lib.RunError(
+        f'step {done}: {reason}; the run diverged and was stopped, nothing from this step saved; '
+        f'{self.kept()}; lower optim.learning_rate, set optim.grad_clip_norm, or '
+        f"on_nonfinite='skip'", workdir_lib.EXIT_DIVERGED)
+
+  def kept(self) -> str:
+    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite)."""
+    last = self.checkpoints.latest_step()
+    return (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
+            else 'no checkpoint had been written')
+
+  def log(self, done: int, window: dict) -> None:
+    n = window['applied']
+    summary = {k: window[k] / n if n else float('nan')
+               for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm')}
+    summary['steps_per_sec'] = self.timer.rate()
+    if window['skipped']:
+      summary['skipped_steps'] = window['skipped']
+      workdir_lib.say(f"step {done}: {window['skipped']} non-finite updates skipped since the last "
+                      f"log (the first at step {window['first_skipped']}; {window['consecutive']} "
+                      f'in a row now)')
+    self.write_event('train', done, summary)
+    self.progress.update(self.dispatched, summary)  # a queued log is read a step or two later
+
+  def diverged(self, window: dict) -> None:
+    """Stops the run at the first non-finite step (policy 'stop', or 'skip' after too many)."""
+    step, where = window['bad_step'], self.kept()
+    if self.policy == 'skip':
+      raise workdir_lib.RunError(
+          f'step {step}: {window["consecutive"]} non-finite gradients in a row; the run diverged and '
+          f'was stopped, nothing from it saved; {where}; lower optim.learning_rate or set '
+          f'optim.grad_clip_norm', workdir_lib.EXIT_DIVERGED)
+    raise workdir_lib.RunError(
+        f"step {step}: non-finite loss {window['bad_loss']} / gradient norm "
+        f"{window['bad_grad_norm']}; the run diverged and was stopped, nothing from this step saved; "
+        f"{where}; lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'",
+        workdir_lib.EXIT_DIVERGED)
+
+  def eval_progress(self, what: str):
+    def on_batch(i):
+      first = not self.eval_compiled
+      self.eval_compiled = True
+      self.watchdog.arm(f'{what}, batch {i + 1}' + (' (compiling)' if first else ''),
+                        self.compile_limit if first else self.step_limit)
+    return on_batch
+
+  def timed_meta(self) -> dict:
+    return {**self.meta, 'wall_seconds': self.base['wall_seconds'] + time.monotonic() - self.t_segment,
+            'compiled_memory_bytes': self.compiled_memory}
+
+  def save(self, manager, step: int) -> None:
+    self.watchdog.disarm()  # a slow disk is not a hang, and a write is never cut short
+    self.commit()
+    with self.stop.deferred():
+      manager.save(step, self.state, self.timed_meta())
+
+  # ---- the end ------------------------------------------------------------------------------------------
+  def test(self) -> dict:
+    """Test loss and accuracy of the best checkpoint (by validation accuracy) on the whole test split.
+
+    If the newest best/ does not restore (set aside with one line), the earlier kept one is tested
+    and named; if none restores, the run stops with one line -- other weights are never tested under
+    the best step's name. ``self.tested``: which checkpoint was tested ('best' or 'final', its step).
+    """
+    state, self.tested_meta = self.state, None
+    self.tested = {'which': 'final', 'step': int(self.state.step)}
+    if self.best.all_steps() or self.best.damaged():
+      restored = self.best.restore_latest(ckpt_lib.abstract_like(self.state))
+      if restored is None:
+        raise workdir_lib.RunError(
+            f"best/ in {self.workdir} holds no checkpoint that restores ({', '.join(self.best.damaged())}"
+            f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
+            f'train again in a new --workdir')
+      state, self.tested_meta = restored
+      self.tested = {'which': 'best', 'step': int(self.best.latest_step())}
+      if self.tested['step'] != self.meta['best_step']:
+        workdir_lib.say(f"testing best/{self.tested['step']} (validation accuracy "
+                        f"{self.tested_meta.get('best_val_accuracy')}): the newest best/ that "
+                        f"restores; best/{self.meta['best_step']} did not")
+    test_source = self.task.source(self.config.data, 'test')
+    on_batch = self.eval_progress(f"testing the {self.tested['which']} checkpoint")
+    if lm_eval.is_stateful(self.config):   # enwik8: windows in order, the decoder's state carried
+      test = lm_eval.evaluate_stateful(
+          self.model, {'params': state.params, **state.model_state}, test_source,
+          features_key=self.features_key, on_batch=on_batch)
+    else:
+      test = evaluate(self.eval_step, state, test_source, self.config, self.mesh, max_batches=0,
+                      on_batch=on_batch)
+    self.watchdog.disarm()
+    if self.stop.requested:
+      raise self.stop.stop_error(self.last_saved, self.workdir)
+    return test
+
+  def close(self, completed: bool) -> None:
+    self.watchdog.disarm()
+    if self.progress is not None:
+      self.progress.close()
     _stop_profile()
     if not completed:
-      writer.close()
-      checkpoints.close()
-      best.close()
+      for part in (self.writer, self.checkpoints, self.best):
+        if part is not None:
+          part.close()
 
-  writer.write('test', int(meta['best_step']), test)
-  timed = meta['timed_steps']
-  cap = int(config.max_eval_batches or 0)
-  val_examples = meta.get('val_examples')
-  results = {
-      'task': config.data.task,
-      'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
-      'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
-      'test_accuracy': test['accuracy'],
-      'test_loss': test['loss'],
-      'test_examples': test['examples'],
-      'best_val_accuracy': meta['best_val_accuracy'],
-      'best_step': meta['best_step'],
-      'selected_on': (f"validation accuracy every {config.eval_every} steps over {val_examples} "
-                      f"examples" + (f' (periodic validation capped at max_eval_batches={cap})'
-                                     if cap else ' (the whole validation split)')),
-      'final_step': int(state.step),
-      'num_params': count_params(state.params),
-      'steps_per_sec': meta['timed_steps'] / meta['train_seconds'] if timed else 0.0,
-      'steps_trained': meta['steps_trained'],
-      'train_seconds': meta['train_seconds'],
-      'wall_time_s': base['wall_seconds'] + time.monotonic() - t_segment,
-      'started': meta['started'],
-      'finished': workdir_lib.now_iso(),
-      'compiled_memory_bytes': compiled_memory,
-      'num_devices': int(mesh.devices.size),
-      'num_processes': jax.process_count(),
-      'backend': jax.default_backend(),
-      'code_version': workdir_lib.code_version(),
-      'config_fingerprint': record.fingerprint,
-      'config_changes': record.changes,
-      'config': config.to_dict(),
-  }
-  if getattr(info, 'metric', None) == 'bits_per_byte':
-    # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
-    results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
-    results.update(lm_eval.describe(config))   # the context scheme of the test (eval_context, stride)
-  writer.write_results(results)
-  writer.close()
-  checkpoints.close()
-  best.close()
-  out = RunResults(results)
-  out.status = 'reevaluated' if start_step == num_steps and previous is not None else 'trained'
-  return out
+  def finish(self, test: dict) -> RunResults:
+    """Writes the test event and results.json; closes the writer and the checkpoint managers."""
+    config, meta = self.config, self.meta
+    self.commit()
+    tested = self.tested_meta or meta
+    self.write_event('test', self.tested['step'], test)
+    cap = int(config.max_eval_batches or 0)
+    results = {
+        'task': config.data.task,
+        'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
+        'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
+        'test_accuracy': test['accuracy'],
+        'test_loss': test['loss'],
+        'test_examples': test['examples'],
+        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step': ...}
+        'best_val_accuracy': tested['best_val_accuracy'],
+        'best_step': tested['best_step'],
+        'selected_on': (f"validation accuracy every {config.eval_every} steps over "
+                        f"{meta.get('val_examples')} examples" +
+                        (f' (periodic validation capped at max_eval_batches={cap})' if cap
+                         else ' (the whole validation split)')),
+        'final_step': int(self.state.step),
+        'num_params': count_params(self.state.params),
+        'steps_per_sec': (meta['timed_steps'] / meta['train_seconds'] if meta['timed_steps']
+                          else 0.0),
+        'steps_trained': meta['steps_trained'],
+        'train_seconds': meta['train_seconds'],
+        'wall_time_s': self.base['wall_seconds'] + time.monotonic() - self.t_segment,
+        'started': meta['started'],
+        'finished': workdir_lib.now_iso(),
+        'compiled_memory_bytes': self.compiled_memory,
+        'num_devices': int(self.mesh.devices.size),
+        'num_processes': jax.process_count(),
+        'backend': jax.default_backend(),
+        'code_version': workdir_lib.code_version(),
+        'config_fingerprint': self.record.fingerprint,
+        'config_changes': self.record.changes,
+        'config': config.to_dict(),
+    }
+    if getattr(self.info, 'metric', None) == 'bits_per_byte':
+      # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
+      results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
+      results.update(lm_eval.describe(self.config))   # the test's context scheme (eval_context, stride)
+    self.writer.write_results(results)
+    self.writer.close()
+    self.checkpoints.close()
+    self.best.close()
+    out = RunResults(results)
+    out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
+                  else 'trained')
+    return out
 
 
-def _nonfinite(policy, step, loss, grad_norm, state, last_saved) -> None:
-  """Stops the run (policy 'stop', or 'skip' after too many skips in a row) at a non-finite step."""
-  where = (f'the last good checkpoint (step {last_saved}) and best/ are kept'
-           if last_saved is not None else 'no checkpoint had been written')
-  if policy == 'skip':
-    skipped = int(jax.device_get(state.opt_state.notfinite_count))
-    if skipped < MAX_CONSECUTIVE_SKIPS:
-      workdir_lib.say(f'step {step}: non-finite gradients (loss {loss}, grad norm {grad_norm}); update '
-                      f'skipped ({skipped} in a row)')
-      return
-    raise workdir_lib.RunError(
-        f'step {step}: {skipped} non-finite gradients in a row; the run diverged and was stopped, '
-        f'nothing from it saved; {where}; lower optim.learning_rate or set optim.grad_clip_norm',
-        workdir_lib.EXIT_DIVERGED)
-  raise workdir_lib.RunError(
-      f'step {step}: non-finite loss {loss} / gradient norm {grad_norm}; the run diverged and was '
-      f'stopped, nothing from this step saved; {where}; lower optim.learning_rate, set '
-      f"optim.grad_clip_norm, or on_nonfinite='skip'", workdir_lib.EXIT_DIVERGED)
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _sync(name: str) -> None:

@@ -277,7 +277,7 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
   for name in ('watchdog_step_s', 'watchdog_compile_s'):
     if name in config:
       _check_float(config, name, low=0.0, low_open=False)
-  for name in ('allow_config_change', 'reevaluate'):
+  for name in ('allow_config_change', 'reevaluate', 'start_over'):
     if name in config:
       _check_bool(config, name)
 

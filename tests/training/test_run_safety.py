@@ -19,6 +19,7 @@ import tensorflow_datasets as tfds
 
 from configs import image as image_config
 from kernelformer.training import checkpoint as ckpt_lib
+from kernelformer.training import fingerprint as fp
 from kernelformer.training import trainer
 from kernelformer.training import workdir as workdir_lib
 from tests.training import helpers
@@ -101,37 +102,49 @@ def test_workdir_belongs_to_one_config_and_finished_runs_are_finished(tmp_path):
   assert [e for e in events(workdir) if e['split'] == 'test'].__len__() == 1
 
 
-def test_nonfinite_loss_stops_within_one_step_and_keeps_earlier_results(tmp_path):
+def test_nonfinite_loss_stops_at_the_exact_step_and_leaves_the_workdir_as_it_was(tmp_path):
+  """Issue 24 item 2 / issue 23 item 3: the first non-finite step is found on the device and named
+  exactly whatever the logging boundaries; its update is not applied; the run that diverged after a
+  resume (with a config change) leaves every file of the workdir as it was."""
   workdir = tmp_path / 'run'
   c = helpers.tiny_config(tmp_path / 'data', log_every=1)
   trainer.train_and_evaluate(c, str(workdir))
-  results_bytes = (workdir / 'results.json').read_bytes()
-  best_before = snapshot(workdir / 'best')
-  ckpt_before = snapshot(workdir / 'checkpoints')
+  before = {k: v for k, v in snapshot(workdir).items() if not k.startswith('tensorboard')}
 
-  # The same workdir continued with a learning rate that diverges.
-  bad = helpers.tiny_config(tmp_path / 'data', log_every=1, num_train_steps=24,
-                            allow_config_change=True, **{'optim.learning_rate': 1e30})
-  seen = []
-  with pytest.raises(workdir_lib.RunError) as e:
-    trainer.train_and_evaluate(bad, str(workdir), hooks=[lambda s, _: seen.append(s)])
-  assert e.value.exit_code == workdir_lib.EXIT_DIVERGED
-  stopped = int(str(e.value).split()[1].rstrip(':'))
-  assert str(e.value).startswith(f'step {stopped}: non-finite')
-  assert 'last good checkpoint (step 12)' in str(e.value)
-  # Every step before the named one was finite and logged; the named one and later were not.
-  assert seen == list(range(13, stopped))
-  train = [ev for ev in events(workdir) if ev['split'] == 'train' and ev['step'] > 12]
-  assert [ev['step'] for ev in train] == list(range(13, stopped))
-  assert all(np.isfinite(ev['loss']) and np.isfinite(ev['grad_norm']) for ev in train)
-  assert (workdir / 'results.json').read_bytes() == results_bytes
-  assert snapshot(workdir / 'best') == best_before
-  assert snapshot(workdir / 'checkpoints') == ckpt_before
+  stopped = {}
+  for log_every in (1, 12):
+    # The same workdir continued with a learning rate that diverges.
+    bad = helpers.tiny_config(tmp_path / 'data', log_every=log_every, num_train_steps=24,
+                              allow_config_change=True, **{'optim.learning_rate': 1e30})
+    seen, digests = [], {}
+
+    def record(step, state):
+      seen.append(step)
+      digests[step] = fp.tree_digest(state.params)
+
+    with pytest.raises(workdir_lib.RunError) as e:
+      trainer.train_and_evaluate(bad, str(workdir), hooks=[record])
+    assert e.value.exit_code == workdir_lib.EXIT_DIVERGED
+    stopped[log_every] = n = int(str(e.value).split()[1].rstrip(':'))
+    # The non-finite step's update (and every later one) was not applied on the device.
+    later = [s for s in digests if s >= n]
+    assert n - 1 in digests and all(digests[s] == digests[n - 1] for s in later)
+    if log_every == 12:
+      assert later       # hooks ran past the bad step before the boundary read it: the check is real
+    assert str(e.value).startswith(f'step {stopped[log_every]}: non-finite')
+    assert 'last good checkpoint (step 12)' in str(e.value) and '\n' not in str(e.value)
+    assert seen[:stopped[log_every] - 13] == list(range(13, stopped[log_every]))
+    after = {k: v for k, v in snapshot(workdir).items() if not k.startswith('tensorboard')}
+    assert after == before     # run.json, config.json, results.json, metrics.jsonl, checkpoints, best
+  assert stopped[1] == stopped[12] > 12
+  # The original command still runs: the finished run is reported, nothing is refused.
+  assert trainer.train_and_evaluate(c, str(workdir)).status == 'finished'
 
 
 def test_nonfinite_skip_policy_skips_updates_then_stops(tmp_path):
-  c = helpers.tiny_config(tmp_path / 'data', on_nonfinite='skip', num_train_steps=30,
-                          **{'optim.learning_rate': 1e30})
+  # No validation or checkpoint before the skips run out (a checkpoint needs finite parameters).
+  c = helpers.tiny_config(tmp_path / 'data', on_nonfinite='skip', num_train_steps=30, eval_every=30,
+                          checkpoint_every=30, **{'optim.learning_rate': 1e30})
   params = {}
 
   def record(step, state):

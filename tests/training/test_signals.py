@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -175,9 +176,14 @@ def test_watchdog_stops_a_hung_step(tmp_path):
   elapsed = time.time() - t0
   line = last_line(proc.stderr)
   assert rc == 4, (rc, proc.stderr[-2000:])
-  assert 'watchdog' in line and 'training step 5' in line, line
+  # The hung step is named, or the steps in flight when the host waited (on a backend that runs
+  # steps asynchronously the host waits for an earlier step while the hung one is queued).
+  named = re.search(r'training steps? (\d+)(?:-(\d+))?', line)
+  assert 'watchdog' in line and named, line
+  assert int(named.group(1)) <= 5 <= int(named.group(2) or named.group(1)), line
   assert 'Traceback' not in proc.stderr
-  assert proc.steps[-1] == 4
+  # Hooks run as each step is dispatched; at most MAX_IN_FLIGHT steps are queued past the hung one.
+  assert 4 <= proc.steps[-1] <= 4 + trainer.MAX_IN_FLIGHT
   assert numbered(workdir / 'checkpoints') == []            # checkpoint_every=8: nothing new was saved
   assert not (workdir / 'lock').exists()                     # released on the way out
   assert elapsed < 120

@@ -1,0 +1,76 @@
+"""The trainer's steps/s against a bare loop of the same compiled step (issue 24, item 2).
+
+  kernelformer benchmark loop                                   # tiny, quick, text; 3 rounds
+  kernelformer benchmark loop --settings tiny,quick --steps 100 --rounds 5 --time_limit_s 300
+
+Writes ``loop.md`` (a table) into --out_dir (default runs/benchmarks/) and prints it. See
+kernelformer/bench/loop.py for what each side runs. Goal: trainer / bare >= 0.95.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+
+
+def main(argv) -> int:
+  from kernelformer.bench import loop  # pylint: disable=g-import-not-at-top
+  parser = argparse.ArgumentParser(prog='kernelformer benchmark loop', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--settings', default=','.join(loop.SETTINGS),
+                      help=f'comma-separated, of: {", ".join(loop.SETTINGS)}')
+  parser.add_argument('--steps', default='',
+                      help='steps per round: one number for all settings, or setting=N,... '
+                           '(default: ' + ', '.join(f'{k}={v[2]}' for k, v in loop.SETTINGS.items())
+                           + ')')
+  parser.add_argument('--rounds', type=int, default=3, help='interleaved rounds of each side')
+  parser.add_argument('--kind', default='', help="attention kind (default: the preset's)")
+  parser.add_argument('--time_limit_s', type=float, default=0.0,
+                      help='no new round after this many seconds (0: none)')
+  parser.add_argument('--with_pipeline', action='store_true',
+                      help='also time the loop reading batches through the input pipeline')
+  parser.add_argument('--out_dir', default=os.path.join('runs', 'benchmarks'))
+  args = parser.parse_args(argv)
+  settings = [s.strip() for s in args.settings.split(',') if s.strip()]
+  bad = [s for s in settings if s not in loop.SETTINGS]
+  if bad or not settings:
+    print(f'error: --settings: unknown {", ".join(bad) or "(none given)"}; valid: '
+          f'{", ".join(loop.SETTINGS)}', file=sys.stderr)
+    return 2
+  steps = {}
+  try:
+    for part in filter(None, (p.strip() for p in args.steps.split(','))):
+      name, sep, value = part.rpartition('=')
+      for s in ([name] if sep else settings):
+        if s not in loop.SETTINGS:
+          raise ValueError(f'unknown setting {s!r}')
+        steps[s] = int(value)
+        if steps[s] < 1:
+          raise ValueError('steps must be >= 1')
+  except ValueError as e:
+    print(f'error: --steps {args.steps}: {e}', file=sys.stderr)
+    return 2
+  if args.rounds < 1:
+    print('error: --rounds must be >= 1', file=sys.stderr)
+    return 2
+  if args.kind:
+    from kernelformer import registry  # pylint: disable=g-import-not-at-top
+    try:
+      registry.get(args.kind)
+    except registry.UnknownKernelError as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 2
+  before = loop.load_average()
+  results = loop.measure(settings, steps=steps, rounds=args.rounds, kind=args.kind or None,
+                         time_limit_s=args.time_limit_s, with_pipeline=args.with_pipeline)
+  import jax  # pylint: disable=g-import-not-at-top
+  header = (f'`kernelformer benchmark loop {" ".join(argv)}`; {jax.devices()[0].device_kind} '
+            f'({platform.processor() or platform.machine()}, {os.cpu_count()} cores), jax '
+            f'{jax.__version__}; load average before {before}, after {loop.load_average()}.')
+  table = loop.markdown(results, header)
+  os.makedirs(args.out_dir, exist_ok=True)
+  with open(os.path.join(args.out_dir, 'loop.md'), 'w') as f:
+    f.write(table)
+  print(table)
+  return 0
