@@ -69,6 +69,11 @@ def _register_array_handler() -> None:
 
 
 _register_array_handler()
+# A failed write (full disk, file-size limit) leaves orbax's asyncio futures holding the OS error; when
+# they are garbage-collected, asyncio logs "Future exception was never retrieved" with a traceback per
+# array, after the run has already said what failed in one line (Checkpoints.save). We use no asyncio
+# of our own, so its logger only ever repeats that failure.
+logging.getLogger('asyncio').setLevel(logging.CRITICAL)
 
 # Test hook: seconds to sleep inside each checkpoint write (after orbax starts writing, before it
 # completes), so that a test's signal lands during a save. Never set outside tests.

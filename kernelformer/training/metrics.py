@@ -172,6 +172,15 @@ class Progress:
     self._bar.update(step - self._last)
     self._last = step
 
+  def timed(self, steps: int, seconds: float) -> None:
+    """The trainer's own timed totals (``results.json``'s steps_per_sec is steps / seconds): the bar's
+    rate from now on. The trainer reads its clock only at boundaries, so it calls this there."""
+    self._timed_steps, self._timed_seconds = int(steps), float(seconds)
+    self._steps_seen = max(self._steps_seen, 1)
+    if self._enabled and self._bar is not None and self._timed_seconds > 0:
+      shown = [f'{self.rate():.1f} steps/s'] + ([self._postfix] if self._postfix else [])
+      self._bar.set_postfix_str(', '.join(shown), refresh=True)
+
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()

@@ -560,7 +560,6 @@ class _Run:
       if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
         self.span = (done, time.perf_counter())
         self.timer.tick(done)
-      self.progress.update(done)
       if self.needs_state(done):
         self.boundary(done)
       elif done % self.config.log_every == 0:
@@ -568,6 +567,7 @@ class _Run:
         self.window = self.next_window(self.window)
       elif done == until:
         self.read_window(done)
+      self.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
       if self.hooks:
         self.watchdog.arm(f'after step {done} (hooks)', self.step_limit)
         for hook in self.hooks:
@@ -615,6 +615,7 @@ class _Run:
     self.meta['train_seconds'] += time.perf_counter() - t0
     self.span = (done, time.perf_counter())
     self.timer.tick(done)
+    self.progress.timed(self.meta['timed_steps'], self.meta['train_seconds'])  # the rate results.json gives
     if window['bad_step'] >= 0:
       self.diverged(window)
     return window
