@@ -32,7 +32,7 @@ if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
 
 
-# The end-to-end tests that take longest on 2 cores (pytest --durations, 2026-11-26: each 5-70 s): marked
+# The end-to-end tests that take longest on 2 cores (pytest --durations, 2026-11-26: each 4-70 s): marked
 # ``slow`` here, in one place, so README's first test command (``-m "not slow"``) stays under 8 minutes
 # and its second (``-m slow``) runs them; CI (.ci/run) runs both. Matched by test function name.
 SLOW_TESTS = frozenset({
@@ -60,6 +60,18 @@ SLOW_TESTS = frozenset({
     'test_cli_dry_run_emit_and_parallel_failures',
     'test_bad_inputs_real_processes',
     'test_train_step_benchmark_reports_reuse_and_redraw_steps',
+    'test_workdir_belongs_to_one_config_and_finished_runs_are_finished',
+    'test_test_measures_the_best_checkpoint_or_stops',
+    'test_no_silent_restart_when_no_checkpoint_restores',
+    'test_stateful_equals_full_forward_over_the_whole_text_and_disjoint_within_one_window',
+    'test_query_only_logits_same_loss_and_gradient_as_full_logits_masked',
+    'test_nonfinite_loss_stops_at_the_exact_step_and_leaves_the_workdir_as_it_was',
+    'test_incremental_equals_full_forward_two_layers',
+    'test_resume_after_damage_and_crash_has_no_duplicate_events',
+    'test_train_and_evaluate_on_fixtures',
+    'test_scanned_layers_draw_independent_features_and_train',
+    'test_error_after_a_resume_leaves_the_record',
+    'test_file_size_limit_ends_in_one_line',
 })
 
 
