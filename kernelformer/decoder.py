@@ -145,7 +145,7 @@ class _FeatureStep(rf_lib.RandomFeatureAttention):
 
   @nn.compact
   def __call__(self, q: Array, k: Array, *, shift_init: Array, chunk: int,  # pylint: disable=arguments-differ
-               unit_keys: bool = False, step: Optional[Array] = None):
+               unit_keys: bool = False, step: Optional[Array] = None, start: Optional[Array] = None):
     head_dim, num_heads = q.shape[-1], q.shape[-2]
     qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     # As RandomFeatureAttention.__call__: l2 normalization (NPRF) or the d^-1/4 input scale.
@@ -170,10 +170,16 @@ class _FeatureStep(rf_lib.RandomFeatureAttention):
     # Queries stabilized with every key masked, so no key statistic enters their shift; keys unshifted
     # (these maps have nothing to shift: elu, relu, grelu, rks, and registered maps without a shift).
     no_keys = jnp.zeros(kf.shape[:2], bool)
+    extra = {}
+    if self.component in components_lib.POSITIONAL:
+      # cosFormer: the new tokens sit at positions start + 1 .. start + T (1-based, as the full forward's
+      # unmasked ``token_positions``) with the horizon M = cos_length (the decoder's max_length).
+      pos = (start + 1 + jnp.arange(q.shape[1])).astype(jnp.float32)
+      extra['positions'] = (pos, pos, jnp.asarray(self.cos_length, jnp.float32))
 
     def one_head(qh, kh, p):
-      return (fn(qh, kh, p, mask=no_keys, stabilize=True)[0],
-              fn(qh, kh, p, mask=None, stabilize=False)[1])
+      return (fn(qh, kh, p, mask=no_keys, stabilize=True, **extra)[0],
+              fn(qh, kh, p, mask=None, stabilize=False, **extra)[1])
 
     phi_q, phi_k = jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=(2, 2))(qf, kf, proj)
     return phi_q, phi_k, None
@@ -198,6 +204,10 @@ class CausalSelfAttention(nn.Module):
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
     q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype)
     spec, kwargs = _mechanism_kwargs(self.attention)
+    if kwargs.get('component') in components_lib.POSITIONAL and not kwargs.get('cos_length'):
+      # cosFormer's horizon M: the longest sequence this decoder sees, the same in the full forward and
+      # in every decode step (an M that grew with the decoded length would change past weights).
+      kwargs['cos_length'] = self.max_length
     if not self.decode:
       extra = {}
       if position_bias is not None:
@@ -247,7 +257,7 @@ class CausalSelfAttention(nn.Module):
                  and components_lib.has_unit_key_shift(kwargs['component']))
     chunk = 1 if rpe else kwargs['chunk_size']
     phi_q, phi_k, key_shift = _FeatureStep(**kwargs, name='mechanism')(
-        q, k, shift_init=shift_in, chunk=chunk, unit_keys=unit_keys, step=None)   # [B, T, H, M']
+        q, k, shift_init=shift_in, chunk=chunk, unit_keys=unit_keys, step=None, start=idx)  # [B, T, H, M']
     if not rpe:
       state = self.variable('cache', 'state', jnp.zeros, (b, h, m, dv), jnp.float32)
       norm = self.variable('cache', 'normalizer', jnp.zeros, (b, h, m), jnp.float32)

@@ -76,7 +76,7 @@ def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
 
 def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[Array], *,
                       heads_share_proj: bool, causal_chunk: Optional[int] = None,
-                      unit_keys: bool = False) -> tuple[Array, ...]:
+                      unit_keys: bool = False, positions=None) -> tuple[Array, ...]:
   """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']``: the component applied one head at a time.
 
   ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu). With
@@ -84,10 +84,13 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   the per-chunk running key maxima for ``linear.linear_attention(..., key_shift=)``. ``unit_keys``
   (l2-normalized keys, ``components.has_unit_key_shift(component)``): every key is shifted by the bound
   ``components.unit_key_shift`` that W alone sets (one chunk spanning the sequence, no key statistic);
-  the returned ``key_shift [B, 1, H, M']`` is that bound.
+  the returned ``key_shift [B, 1, H, M']`` is that bound. ``positions`` goes to
+  the components of ``components.POSITIONAL`` (``maps.token_positions``), the same for every head.
   """
   fn = components_lib.COMPONENTS[component]
   extra = {} if causal_chunk is None else {'causal_chunk': causal_chunk}
+  if component in components_lib.POSITIONAL:
+    extra['positions'] = positions
 
   def one_head(qh, kh, p):
     if unit_keys:
@@ -132,6 +135,7 @@ class RandomFeatureAttention(nn.Module):
   share_heads: bool = False
   impl: str = 'auto'   # 'auto' (fused Pallas on GPU where supported, else XLA) | 'pallas' | 'xla'
   map_dim: int = 0     # taylor: learned per-head projection of q, k to this many dims first (Based: 16)
+  cos_length: int = 0  # cosformer: M of cos(pi/2 (i-j)/M); 0 = each example's number of real tokens
 
   def _projection(self, head_dim: int, num_heads: int, step: Optional[Array]):
     """W for this call: ``Projection`` with a leading head axis (or none if ``share_heads``)."""
@@ -240,12 +244,15 @@ class RandomFeatureAttention(nn.Module):
     # (``components.unit_key_shift``); the decoder's step uses the same one.
     unit_keys = (causal and position_bias is not None and self.normalize_qk
                  and components_lib.has_unit_key_shift(self.component))
+    positions = (maps_lib.token_positions(mask, q.shape[1], k.shape[1], self.cos_length)
+                 if self.component in components_lib.POSITIONAL else None)
     phi_q, phi_k, *key_shift = per_head_features(
         self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
-        causal_chunk=self.chunk_size if chunked else None, unit_keys=unit_keys)
+        causal_chunk=self.chunk_size if chunked else None, unit_keys=unit_keys, positions=positions)
     # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise. Chunk-shifted
     # features pair up only with the core's rescaling, so the sown ones use one shift for all keys.
-    sown = (per_head_features(self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads)
+    sown = (per_head_features(self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
+                              positions=positions)
             if chunked and self.is_mutable_collection('intermediates') else (phi_q, phi_k))
     self.sow('intermediates', 'phi_q', sown[0])
     self.sow('intermediates', 'phi_k', sown[1])

@@ -672,6 +672,11 @@ def uses_projection(name: str) -> bool:
   return _PARTS[_check(name)] > 0
 
 
+# Components whose features depend on each token's absolute position (``features/maps.py`` cosformer):
+# they take ``positions=(i_q, i_k, M)`` (1-based positions of queries and keys, and the horizon M), which
+# the attention module (``maps.token_positions``) and the decoder's step pass them.
+POSITIONAL: set[str] = set()
+
 # Components whose M' is not ``parts * M`` or d (``features/maps.py``): name -> fn(component, head_dim,
 # num_features=, map_dim=) -> M'.
 FEATURE_DIM: dict[str, Callable[..., int]] = {}

@@ -26,6 +26,13 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   in-context models"), eq. 6: ``x' = gamma * norm(x) + beta`` with norm the affine-free layer norm
   over the head's features and gamma, beta learned per head (init 1, 0); ``phi(x) = vec(x' x'^T)``, so
   ``phi(q).phi(k) = (q'.k')^2``; M' = d^2.
+* ``cosformer`` -- Qin et al. 2022 ("cosFormer: Rethinking Softmax in Attention", ICLR), eqs. 9-11:
+  ``s(q_i, k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j) / M)``, split by cos(a - b) = cos a cos b +
+  sin a sin b into ``phi(x_i) = [relu(x_i) cos(pi i / (2M)), relu(x_i) sin(pi i / (2M))]`` (M' = 2d), so
+  it stays linear and works causally and step by step. Each token's absolute position i is an input
+  (``positions=(i_q, i_k, M)``, see ``cosformer``; components listed in ``components.POSITIONAL``
+  receive it from the attention module). Positions are 1-based as in the official code
+  (OpenNLPLab/cosFormer cosformer.py @ 8e12da1, ``get_index``: ``pi/2 * arange(1, L+1)``).
 * elementwise maps (Zoology, flash-linear-attention's feature maps): ``identity`` x, ``square`` x^2,
   ``squared-relu`` relu(x)^2, ``gelu`` gelu(x) (exact, erf), ``swish`` x sigmoid(x), ``sigmoid``
   sigmoid(x); M' = d. (``linear-elu`` is PosELU, elu(x)+1, and ``relu`` exists already.)
@@ -106,6 +113,67 @@ ELEMENTWISE: dict[str, tuple[Callable[[Array], Array], str]] = {
     'swish': (jax.nn.silu, 'x sigmoid(x) (fla Swish)'),
     'sigmoid': (jax.nn.sigmoid, 'sigmoid(x) (fla Sigmoid)'),
 }
+
+
+def cosformer_features(x: Array, angle: Array) -> Array:
+  """``[relu(x) cos(angle), relu(x) sin(angle)]``, ``angle [...]`` = pi i / (2M) per token of ``x [..., d]``."""
+  r = jax.nn.relu(x)
+  a = angle[..., None].astype(x.dtype)
+  return jnp.concatenate([r * jnp.cos(a), r * jnp.sin(a)], axis=-1)
+
+
+def token_positions(mask: Optional[Array], length_q: int, length_k: int, cos_length: int = 0):
+  """``(i_q, i_k, M)`` for the components of ``components.POSITIONAL`` (cosFormer's re-weighting).
+
+  Positions count real tokens only, from 1 (the official code's 1-based index, OpenNLPLab/cosFormer
+  cosformer.py @ 8e12da1 l. 46): ``i_k = cumsum(mask)`` over the keys, so padding before, between or
+  after the real tokens moves no real token's position; without a mask ``1..S``. Queries share the
+  keys' positions in self-attention (L = S), else ``1..L``. ``M = cos_length`` when > 0 (the decoder
+  passes its ``max_length``, so a step and the full forward agree), else per example the number of real
+  keys (and at least L for cross-attention), as the official ``M = max(src_len, tgt_len)`` (l. 106) of an
+  unpadded batch: padding does not change M either.
+  """
+  if cos_length and max(length_q, length_k) > cos_length:
+    raise ValueError(f'cos_length (cosFormer\'s M) = {cos_length} is shorter than the sequence '
+                     f'({max(length_q, length_k)} tokens); set it to at least the longest sequence or 0')
+  if mask is None:
+    i_k = jnp.arange(1, length_k + 1, dtype=jnp.float32)
+    count = jnp.asarray(length_k, jnp.float32)
+  else:
+    m = jnp.asarray(mask, jnp.float32)
+    i_k = jnp.cumsum(m, axis=-1)
+    count = jnp.sum(m, axis=-1)
+  i_q = i_k if length_q == length_k else jnp.arange(1, length_q + 1, dtype=jnp.float32)
+  if cos_length:
+    horizon = jnp.full(jnp.shape(count), cos_length, jnp.float32)
+  else:
+    horizon = jnp.maximum(count, 1.0 if length_q == length_k else float(length_q))
+  return i_q, i_k, horizon
+
+
+def cosformer(q, k, proj=None, *, mask=None, stabilize=True, positions=None):
+  """cosFormer's features (Qin et al. 2022, eqs. 9-11) of queries and keys at their positions.
+
+  ``positions = (i_q, i_k, M)``: ``i_q`` broadcastable to ``q.shape[:-1]``, ``i_k`` to ``k.shape[:-1]``
+  (1-based token positions), ``M`` broadcastable to the batch shape ``q.shape[:-2]`` (the horizon of
+  ``cos(pi/2 (i - j)/M)``; M >= every |i - j| keeps the re-weighting non-negative). None:
+  ``token_positions(mask, L, S)`` (real tokens counted from 1, M = their number; without a mask the
+  official code's 1..L, 1..S, M = max(L, S)), what the attention module passes too unless ``cos_length``
+  is set; the decoder sets M = its ``max_length`` and passes the positions of its new tokens.
+  """
+  del proj, stabilize
+  if positions is None:
+    positions = token_positions(mask, q.shape[-2], k.shape[-2])
+  i_q, i_k, horizon = positions
+  dt = C._compute_dtype(q)  # pylint: disable=protected-access
+  horizon = jnp.asarray(horizon, dt)[..., None]                # over the token axis
+  scale = (math.pi / 2) / horizon
+  ang_q = jnp.broadcast_to(jnp.asarray(i_q, dt) * scale, q.shape[:-1])
+  ang_k = jnp.broadcast_to(jnp.asarray(i_k, dt) * scale, k.shape[:-1])
+  mask = C._key_mask(mask, k)  # pylint: disable=protected-access
+  phi_q = cosformer_features(q.astype(dt), ang_q)
+  phi_k = C._zero_masked(cosformer_features(k.astype(dt), ang_k), mask)  # pylint: disable=protected-access
+  return phi_q.astype(q.dtype), phi_k.astype(k.dtype)
 
 
 def _elementwise(f):
@@ -201,6 +269,8 @@ def feature_dim(component: str, head_dim: int, *, num_features: int = 0, map_dim
       return 2 * d * nu
   if component == 'rebased':
     return d * d
+  if component == 'cosformer':
+    return 2 * d
   if component in ELEMENTWISE:
     return d
   raise ValueError(f'{component!r} is not a map of kernelformer/features/maps.py')
@@ -220,6 +290,10 @@ KINDS: dict[str, tuple[str, str, str, str]] = {
        for nu in DPFP_NUS},
     'rebased': ('rebased', 'Aksenov et al. 2024 (ReBased), eq. 6, (gamma norm(x) + beta)^2',
                 '(q\'.k\')^2 with x\' = gamma norm(x) + beta', 'map_gamma, map_beta [H, d]'),
+    'cosformer': ('cosformer', 'Qin et al. 2022 (cosFormer), eqs. 9-11, relu features with the '
+                  'cos re-weighting split into cos and sin halves',
+                  'relu(q_i).relu(k_j) cos(pi/2 (i-j)/M), M = real tokens (cos_length; decoder: max_length)',
+                  '-'),
     **{name.replace('_', '-'): (name, f'elementwise feature map {text}', 'its own kernel, M\' = d', '-')
        for name, (_, text) in ELEMENTWISE.items()},
 }
@@ -227,7 +301,8 @@ LEARNED_MAPS = frozenset({'hedgehog', 't2r', 'rebased'})   # always have paramet
 
 
 def _register_components() -> None:
-  entries: dict[str, Any] = {'taylor': taylor, 'hedgehog': hedgehog, 't2r': t2r, 'rebased': rebased}
+  entries: dict[str, Any] = {'taylor': taylor, 'hedgehog': hedgehog, 't2r': t2r, 'rebased': rebased,
+                             'cosformer': cosformer}
   for nu in DPFP_NUS:
     entries[_dpfp_name(nu)] = functools.partial(dpfp, nu=nu)
   entries.update({name: _elementwise(f) for name, (f, _) in ELEMENTWISE.items()})
@@ -243,6 +318,7 @@ def _register_components() -> None:
   # are not), and hedgehog's softmax and sigmoid, positive in exact arithmetic, underflow to 0 at large
   # norms (there is no shift to stabilize them, unlike the exp-based random features).
   C.FEATURE_DIM.update({name: feature_dim for name in entries})
+  C.POSITIONAL.add('cosformer')
 
 
 _register_components()
