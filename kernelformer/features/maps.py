@@ -26,7 +26,8 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   in-context models"), eq. 6: ``x' = gamma * norm(x) + beta`` with norm the affine-free layer norm
   over the head's features and gamma, beta learned per head (init 1, 0); ``phi(x) = vec(x' x'^T)``, so
   ``phi(q).phi(k) = (q'.k')^2``; M' = d^2.
-* ``cosformer`` -- Qin et al. 2022 ("cosFormer: Rethinking Softmax in Attention", ICLR), eqs. 9-11:
+* ``cosformer`` -- Qin et al. 2022 ("cosFormer: Rethinking Softmax in Attention", ICLR), the cos-based
+  re-weighting:
   ``s(q_i, k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j) / M)``, split by cos(a - b) = cos a cos b +
   sin a sin b into ``phi(x_i) = [relu(x_i) cos(pi i / (2M)), relu(x_i) sin(pi i / (2M))]`` (M' = 2d), so
   it stays linear and works causally and step by step. Each token's absolute position i is an input
@@ -116,7 +117,7 @@ ELEMENTWISE: dict[str, tuple[Callable[[Array], Array], str]] = {
 
 
 def cosformer_features(x: Array, angle: Array) -> Array:
-  """``[relu(x) cos(angle), relu(x) sin(angle)]``, ``angle [...]`` = pi i / (2M) per token of ``x [..., d]``."""
+  """``[relu(x) cos(angle), relu(x) sin(angle)]``; ``angle [...]`` = pi i / (2M) per token of ``x``."""
   r = jax.nn.relu(x)
   a = angle[..., None].astype(x.dtype)
   return jnp.concatenate([r * jnp.cos(a), r * jnp.sin(a)], axis=-1)
@@ -152,7 +153,7 @@ def token_positions(mask: Optional[Array], length_q: int, length_k: int, cos_len
 
 
 def cosformer(q, k, proj=None, *, mask=None, stabilize=True, positions=None):
-  """cosFormer's features (Qin et al. 2022, eqs. 9-11) of queries and keys at their positions.
+  """cosFormer's features (Qin et al. 2022, the cos-based re-weighting) of queries and keys at positions.
 
   ``positions = (i_q, i_k, M)``: ``i_q`` broadcastable to ``q.shape[:-1]``, ``i_k`` to ``k.shape[:-1]``
   (1-based token positions), ``M`` broadcastable to the batch shape ``q.shape[:-2]`` (the horizon of
@@ -290,7 +291,7 @@ KINDS: dict[str, tuple[str, str, str, str]] = {
        for nu in DPFP_NUS},
     'rebased': ('rebased', 'Aksenov et al. 2024 (ReBased), eq. 6, (gamma norm(x) + beta)^2',
                 '(q\'.k\')^2 with x\' = gamma norm(x) + beta', 'map_gamma, map_beta [H, d]'),
-    'cosformer': ('cosformer', 'Qin et al. 2022 (cosFormer), eqs. 9-11, relu features with the '
+    'cosformer': ('cosformer', 'Qin et al. 2022 (cosFormer), cos-based re-weighting, relu features with the '
                   'cos re-weighting split into cos and sin halves',
                   'relu(q_i).relu(k_j) cos(pi/2 (i-j)/M), M = real tokens (cos_length; decoder: max_length)',
                   '-'),

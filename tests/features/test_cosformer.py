@@ -1,4 +1,4 @@
-"""cosFormer (Qin et al. 2022, eqs. 9-11) against float64 references written from the paper.
+"""cosFormer (Qin et al. 2022, the cos-based re-weighting) against float64 references written from the paper.
 
 The paper's similarity is ``s(q_i, k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j)/M)`` (positions 1-based,
 as the official code, OpenNLPLab/cosFormer cosformer.py @ 8e12da1 l. 45-46), and attention is

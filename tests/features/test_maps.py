@@ -70,7 +70,7 @@ def ref_phi(component: str, x: np.ndarray, params) -> np.ndarray:
   return elementwise[component](x)
 
 
-# cosFormer's features depend on each token's position too: its own tests are tests/features/test_cosformer.py.
+# cosFormer's features depend on each token's position too: tests/features/test_cosformer.py.
 COMPONENTS = sorted({comp for comp, *_ in maps.KINDS.values()} - C.POSITIONAL)
 
 
