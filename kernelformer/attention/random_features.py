@@ -456,6 +456,9 @@ def _register_all() -> None:
     learned = components_lib.uses_projection(comp)
     _register(kind, comp, 'map' if learned else 'none', paper=paper, approximates=kernel,
               complexity=_CPLX_ELU, learnable=learnable)
+  for kind, (comp, sampler, paper, kernel) in maps_lib.RANDOM_KINDS.items():
+    _register(kind, comp, sampler, paper=f'{paper}; W: {_SAMPLER_INFO[sampler][0]}', approximates=kernel,
+              complexity=_CPLX_RF)
 
 
 _register_all()

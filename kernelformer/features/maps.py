@@ -34,6 +34,21 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   (``positions=(i_q, i_k, M)``, see ``cosformer``; components listed in ``components.POSITIONAL``
   receive it from the attention module). Positions are 1-based as in the official code
   (OpenNLPLab/cosFormer cosformer.py @ 8e12da1, ``get_index``: ``pi/2 * arange(1, L+1)``).
+* ``polysketch``, ``polysketch-learned`` -- Kacham, Mirrokni & Zhong 2023 ("PolySketchFormer: Fast
+  Transformers via Sketching Polynomial Kernels"): degree-p polynomial attention ``(q.k)^p`` approximated
+  by sketching ``x^(x)p``; p = 4 here, by tensoring degree-2 sketches with the paper's non-negativity
+  ("self-tensoring") trick: a degree-2 sketch ``s(x) = (G1 x) * (G2 x) / sqrt(r)`` (G1, G2 ``[r, d]``
+  iid Gaussian: ``E[s(x).s(y)] = (x.y)^2``), then ``phi(x) = s(x) (x) s(x)``, so
+  ``phi(q).phi(k) = (s(q).s(k))^2 >= 0`` estimates ``(q.k)^4``. Inputs are layer-normalised first (the
+  paper's section 2.1 normalisation as flash-linear-attention reads it): ``polysketch`` uses the
+  affine-free layer norm scaled to unit norm, ``x^ = LN(x)/sqrt(d)`` (so the target is ``(q^.k^)^4``
+  with ``q^.k^`` in [-1, 1]); W = ``[G1; G2]`` is a random draw (``num_features`` = 2r rows, sampler
+  iid, redrawn like every random map). ``polysketch-learned`` follows flash-linear-attention's
+  ``LearnablePolySketchNonNegativeFeatureMap`` (fla/modules/feature_map.py @ bc3b101, l. 161-202, its
+  default degree): ``x' = gamma * LN(x) + beta``, ``s = (W1 x') * (W2 x') / sqrt(d)`` with learned
+  W1, W2 ``[r, d]`` per head (r = ``map_dim`` or d), then the self-tensor. The self-tensor is stored as
+  its upper triangle with off-diagonal entries times sqrt(2), M' = r(r+1)/2, so ``phi.phi' = (s.s')^2``
+  exactly (fla keeps the triangle without the sqrt(2), which gives ``((s.s')^2 + sum_i s_i^2 s_i'^2)/2``).
 * elementwise maps (Zoology, flash-linear-attention's feature maps): ``identity`` x, ``square`` x^2,
   ``squared-relu`` relu(x)^2, ``gelu`` gelu(x) (exact, erf), ``swish`` x sigmoid(x), ``sigmoid``
   sigmoid(x); M' = d. (``linear-elu`` is PosELU, elu(x)+1, and ``relu`` exists already.)
@@ -50,8 +65,10 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernelformer.features import components as C
+from kernelformer.features.projection import Projection, project
 
 Array = jax.Array
 
@@ -177,6 +194,54 @@ def cosformer(q, k, proj=None, *, mask=None, stabilize=True, positions=None):
   return phi_q.astype(q.dtype), phi_k.astype(k.dtype)
 
 
+def _unit_layer_norm(x: Array) -> Array:
+  """The affine-free layer norm over the last axis, divided by sqrt(d): |result| = 1 up to the eps."""
+  mu = jnp.mean(x, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+  return (x - mu) * jax.lax.rsqrt(var + LAYER_NORM_EPS) * x.shape[-1] ** -0.5
+
+
+def self_tensor(s: Array) -> Array:
+  """``s (x) s`` as its upper triangle, off-diagonal entries times sqrt(2): ``[..., r] -> [..., r(r+1)/2]``.
+
+  ``self_tensor(a).self_tensor(b) = (a.b)^2`` exactly (PolySketchFormer's self-tensoring, the
+  non-negative form of a degree-2p sketch from a degree-p one).
+  """
+  r = s.shape[-1]
+  rows, cols = np.triu_indices(r)
+  scale = np.where(rows == cols, 1.0, math.sqrt(2.0))
+  return s[..., rows] * s[..., cols] * jnp.asarray(scale, s.dtype)
+
+
+def polysketch_features(x: Array, proj) -> Array:
+  """Random PolySketch, degree 4: ``self_tensor((G1 x^) * (G2 x^) / sqrt(r))``, ``[G1; G2]`` = W's rows."""
+  m = proj.num_features
+  if m % 2:
+    raise ValueError(f'polysketch needs an even num_features (2r rows: two Gaussian sketches of r rows), '
+                     f'got {m}')
+  z = project(_unit_layer_norm(x), proj)
+  r = m // 2
+  return self_tensor(z[..., :r] * z[..., r:] * r ** -0.5)
+
+
+def polysketch_learned_features(x: Array, gamma: Array, beta: Array, w1: Array, w2: Array) -> Array:
+  """fla's learnable PolySketch (degree 4): ``self_tensor((W1 x') * (W2 x') / sqrt(d))``, x' = gamma LN(x) + beta."""
+  d = x.shape[-1]
+  xp = gamma * _unit_layer_norm(x) * math.sqrt(d) + beta
+  s = jnp.einsum('...d,rd->...r', xp, w1) * jnp.einsum('...d,rd->...r', xp, w2) * d ** -0.5
+  return self_tensor(s)
+
+
+def polysketch(q, k, proj, *, mask=None, stabilize=True):
+  del stabilize
+  return _apply(lambda x: polysketch_features(x, proj), q, k, mask)
+
+
+def polysketch_learned(q, k, proj, *, mask=None, stabilize=True):
+  del stabilize
+  return _apply(lambda x: polysketch_learned_features(x, *(a.astype(x.dtype) for a in proj)), q, k, mask)
+
+
 def _elementwise(f):
   def component(q, k, proj=None, *, mask=None, stabilize=True):
     del proj, stabilize
@@ -231,7 +296,8 @@ def map_parameters(module, component: str, head_dim: int, num_heads: int, *, num
   """The learned parameters of ``component`` as ``module.param``s with a leading head axis, or None.
 
   Names (for the optimizer's decay mask and checkpoints): ``map_w`` (hedgehog, t2r; taylor with
-  ``map_dim``), ``map_b`` (t2r), ``map_gamma`` / ``map_beta`` (rebased).
+  ``map_dim``; polysketch-learned's W1), ``map_w2`` (polysketch-learned's W2), ``map_b`` (t2r),
+  ``map_gamma`` / ``map_beta`` (rebased, polysketch-learned).
   """
   h, d = num_heads, head_dim
   lecun = jax.nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal', in_axis=-1,
@@ -248,6 +314,12 @@ def map_parameters(module, component: str, head_dim: int, num_heads: int, *, num
   if component == 'rebased':
     return (module.param('map_gamma', jax.nn.initializers.ones, (h, d)),
             module.param('map_beta', jax.nn.initializers.zeros, (h, d)))
+  if component == 'polysketch_learned':
+    r = map_dim or d
+    return (module.param('map_gamma', jax.nn.initializers.ones, (h, d)),
+            module.param('map_beta', jax.nn.initializers.zeros, (h, d)),
+            module.param('map_w', lecun, (h, r, d)),
+            module.param('map_w2', lecun, (h, r, d)))
   return None
 
 
@@ -272,6 +344,9 @@ def feature_dim(component: str, head_dim: int, *, num_features: int = 0, map_dim
     return d * d
   if component == 'cosformer':
     return 2 * d
+  if component in ('polysketch', 'polysketch_learned'):
+    r = num_features // 2 if component == 'polysketch' else (map_dim or d)
+    return r * (r + 1) // 2
   if component in ELEMENTWISE:
     return d
   raise ValueError(f'{component!r} is not a map of kernelformer/features/maps.py')
@@ -295,15 +370,29 @@ KINDS: dict[str, tuple[str, str, str, str]] = {
                   'cos re-weighting split into cos and sin halves',
                   'relu(q_i).relu(k_j) cos(pi/2 (i-j)/M), M = real tokens (cos_length; decoder: max_length)',
                   '-'),
+    'polysketch-learned': ('polysketch_learned', 'Kacham et al. 2023 (PolySketchFormer), learnable sketch '
+                           'as flash-linear-attention LearnablePolySketchNonNegativeFeatureMap @ bc3b101',
+                           '(s(q).s(k))^2, s(x) = (W1 x\') * (W2 x\')/sqrt(d), x\' = gamma LN(x) + beta; '
+                           'M\' = r(r+1)/2, r = map_dim or d',
+                           'map_gamma, map_beta [H, d], map_w, map_w2 [H, r, d]'),
     **{name.replace('_', '-'): (name, f'elementwise feature map {text}', 'its own kernel, M\' = d', '-')
        for name, (_, text) in ELEMENTWISE.items()},
 }
-LEARNED_MAPS = frozenset({'hedgehog', 't2r', 'rebased'})   # always have parameters (taylor: with map_dim)
+# Maps with a random W drawn by a sampler (kind -> component, sampler, paper, kernel estimated).
+RANDOM_KINDS: dict[str, tuple[str, str, str, str]] = {
+    'polysketch': ('polysketch', 'iid', 'Kacham et al. 2023 (PolySketchFormer), random degree-2 Gaussian '
+                   'sketches [G1; G2] self-tensored (non-negative), degree p = 4',
+                   '(q^.k^)^4 with x^ = LN(x)/sqrt(d) (estimate (s(q).s(k))^2 >= 0, M\' = r(r+1)/2, '
+                   'r = num_features/2)'),
+}
+LEARNED_MAPS = frozenset({'hedgehog', 't2r', 'rebased', 'polysketch_learned'})
+MAP_DIM_MAPS = frozenset({'taylor', 'polysketch_learned'})   # maps whose width follows ``map_dim``   # always have parameters (taylor: with map_dim)
 
 
 def _register_components() -> None:
   entries: dict[str, Any] = {'taylor': taylor, 'hedgehog': hedgehog, 't2r': t2r, 'rebased': rebased,
-                             'cosformer': cosformer}
+                             'cosformer': cosformer, 'polysketch': polysketch,
+                             'polysketch_learned': polysketch_learned}
   for nu in DPFP_NUS:
     entries[_dpfp_name(nu)] = functools.partial(dpfp, nu=nu)
   entries.update({name: _elementwise(f) for name, (f, _) in ELEMENTWISE.items()})
@@ -313,7 +402,7 @@ def _register_components() -> None:
     C.COMPONENTS[name] = fn
     C.TARGET_KERNEL[name] = 'none'
     # parts: 1 where the map takes parameters through ``proj`` (so the module builds them), else 0.
-    C._PARTS[name] = 1 if name in LEARNED_MAPS or name == 'taylor' else 0  # pylint: disable=protected-access
+    C._PARTS[name] = 1 if name in LEARNED_MAPS or name in ('taylor', 'polysketch') else 0  # pylint: disable=protected-access
   # None joins components.POSITIVE: relu-based maps can give a row all-zero features, identity/gelu/
   # swish/taylor/rebased have signed features (taylor's kernel 1 + s + s^2/2 is positive, its features
   # are not), and hedgehog's softmax and sigmoid, positive in exact arithmetic, underflow to 0 at large
@@ -338,4 +427,10 @@ def example_params(component: str, head_dim: int, key: Array, *, num_features: i
     return (jax.random.normal(k1, (num_features, d)) * d ** -0.5, scale * jax.random.normal(k2, (num_features,)))
   if component == 'rebased':
     return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)))
+  if component == 'polysketch':
+    return Projection(matrix=jax.random.normal(k1, (num_features + num_features % 2, d)))
+  if component == 'polysketch_learned':
+    k3, k4 = jax.random.split(k2)
+    return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)),
+            jax.random.normal(k3, (map_dim, d)) * d ** -0.5, jax.random.normal(k4, (map_dim, d)) * d ** -0.5)
   return None

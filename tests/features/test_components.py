@@ -207,7 +207,7 @@ def test_feature_signs_and_shapes(name):
   proj = _proj_for(name, m, 3)
   for stabilize in (True, False):
     pq, pk = _features(name, q, k, proj, stabilize=stabilize)
-    width = C.feature_count(name, m, D, map_dim=4 if proj is not None and name == 'taylor' else 0)
+    width = C.feature_count(name, m, D, map_dim=4 if proj is not None and name in maps.MAP_DIM_MAPS else 0)
     assert pq.shape == (2, 7, width) and pk.shape == (2, 9, width)
     if name in C.POSITIVE:
       assert bool(jnp.all(pq > 0)) and bool(jnp.all(pk > 0)), name

@@ -62,6 +62,12 @@ def ref_phi(component: str, x: np.ndarray, params) -> np.ndarray:
   if component == 'rebased':                      # x' = gamma LN(x) + beta; x' (x) x'
     xp = p[0] * _np_layer_norm(x) + p[1]
     return np.stack([xp[..., i] * xp[..., j] for i in range(d) for j in range(d)], -1)
+  if component == 'polysketch_learned':           # s = (W1 x') * (W2 x') / sqrt(d); s (x) s, upper triangle
+    xp = p[0] * _np_layer_norm(x) + p[1]          # with the off-diagonal terms counted twice (sqrt(2))
+    s = (xp @ p[2].T) * (xp @ p[3].T) / math.sqrt(d)
+    r = s.shape[-1]
+    return np.stack([s[..., i] * s[..., j] * (1.0 if i == j else math.sqrt(2.0))
+                     for i in range(r) for j in range(i, r)], -1)
   elementwise = {
       'identity': lambda t: t, 'square': lambda t: t * t,
       'squared_relu': lambda t: np.maximum(t, 0) ** 2,
@@ -95,6 +101,8 @@ def test_features_equal_the_paper_in_float64(component):
       np.testing.assert_allclose(np.asarray(pq), ref_phi(component, q, params), rtol=1e-12, atol=1e-14)
       np.testing.assert_allclose(np.asarray(pk), ref_phi(component, k, params), rtol=1e-12, atol=1e-14)
       width = C.feature_count(component, 10, D, map_dim=0 if params is None else 4)
+      if component not in maps.MAP_DIM_MAPS:
+        assert width == C.feature_count(component, 10, D)
       assert pq.shape[-1] == width
       kern = np.einsum('blm,bsm->bls', np.asarray(pq), np.asarray(pk))
       if component == 'taylor':                    # the kernel Based states: 1 + s/sqrt(d) + s^2/(2d)
@@ -105,12 +113,17 @@ def test_features_equal_the_paper_in_float64(component):
         g, b = (np.asarray(a, np.float64) for a in params)
         qp, kp = g * _np_layer_norm(q) + b, g * _np_layer_norm(k) + b
         np.testing.assert_allclose(kern, np.einsum('bld,bsd->bls', qp, kp) ** 2, rtol=1e-11)
+      if component == 'polysketch_learned':        # self-tensoring: (s(q).s(k))^2
+        g, b, w1, w2 = (np.asarray(a, np.float64) for a in params)
+        sk = lambda x: ((g * _np_layer_norm(x) + b) @ w1.T) * ((g * _np_layer_norm(x) + b) @ w2.T) / math.sqrt(D)
+        np.testing.assert_allclose(kern, np.einsum('blr,bsr->bls', sk(q), sk(k)) ** 2, rtol=1e-11)
 
 
 def test_learned_maps_start_where_their_papers_start():
   """Hedgehog's W starts at the identity, ReBased's gamma/beta at 1/0, T2R's bias at 0."""
   for kind, names in (('hedgehog', ('map_w',)), ('rebased', ('map_gamma', 'map_beta')),
-                      ('t2r', ('map_w', 'map_b')), ('taylor', ('map_w',))):
+                      ('t2r', ('map_w', 'map_b')), ('taylor', ('map_w',)),
+                      ('polysketch-learned', ('map_gamma', 'map_beta', 'map_w', 'map_w2'))):
     m = registry.build({'kind': kind, 'num_features': 10, 'map_dim': 3})
     x = jnp.ones((1, 4, 2, D))
     params = m.init({'params': jax.random.PRNGKey(0), 'features': jax.random.PRNGKey(1)}, x, x, x)['params']
@@ -153,7 +166,8 @@ def test_every_map_kind_attends_as_its_reference(kind):
   # Move learned parameters off their initial values so the test sees them used.
   params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.PRNGKey(2), a.shape), params)
   names = {'taylor': ('map_w',), 'hedgehog': ('map_w',), 't2r': ('map_w', 'map_b'),
-           'rebased': ('map_gamma', 'map_beta')}.get(comp, ())
+           'rebased': ('map_gamma', 'map_beta'),
+           'polysketch_learned': ('map_gamma', 'map_beta', 'map_w', 'map_w2')}.get(comp, ())
   for causal in (False, True):
     out = module.apply({**variables, 'params': params}, *args, mask=jnp.asarray(mask), causal=causal,
                        rngs={'features': jax.random.PRNGKey(1)})
