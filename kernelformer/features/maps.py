@@ -213,15 +213,23 @@ def self_tensor(s: Array) -> Array:
   return s[..., rows] * s[..., cols] * jnp.asarray(scale, s.dtype)
 
 
-def polysketch_features(x: Array, proj) -> Array:
-  """Random PolySketch, degree 4: ``self_tensor((G1 x^) * (G2 x^) / sqrt(r))``, ``[G1; G2]`` = W's rows."""
+def polysketch_sketch(x: Array, proj) -> Array:
+  """The degree-2 sketch ``s(x) = (G1 x^) * (G2 x^) / sqrt(r)``, ``[G1; G2]`` = W's 2r rows, x^ = LN(x)/sqrt(d).
+
+  For iid N(0, I) rows ``E[s(x).s(y)] = (x^.y^)^2`` (``E[(g.x)(g.y)] = x.y`` for each of G1, G2, independent).
+  """
   m = proj.num_features
   if m % 2:
     raise ValueError(f'polysketch needs an even num_features (2r rows: two Gaussian sketches of r rows), '
                      f'got {m}')
   z = project(_unit_layer_norm(x), proj)
   r = m // 2
-  return self_tensor(z[..., :r] * z[..., r:] * r ** -0.5)
+  return z[..., :r] * z[..., r:] * r ** -0.5
+
+
+def polysketch_features(x: Array, proj) -> Array:
+  """Random PolySketch, degree 4: ``self_tensor(polysketch_sketch(x))``."""
+  return self_tensor(polysketch_sketch(x, proj))
 
 
 def polysketch_learned_features(x: Array, gamma: Array, beta: Array, w1: Array, w2: Array) -> Array:
