@@ -214,17 +214,14 @@ def self_tensor(s: Array) -> Array:
 
 
 def polysketch_sketch(x: Array, proj) -> Array:
-  """The degree-2 sketch ``s(x) = (G1 x^) * (G2 x^) / sqrt(r)``, ``[G1; G2]`` = W's 2r rows, x^ = LN(x)/sqrt(d).
+  """The degree-2 sketch ``s(x) = (G1 x^) * (G2 x^) / sqrt(r)``: ``[G1; G2]`` = W's first 2r rows,
+  r = floor(num_features / 2), x^ = LN(x)/sqrt(d).
 
   For iid N(0, I) rows ``E[s(x).s(y)] = (x^.y^)^2`` (``E[(g.x)(g.y)] = x.y`` for each of G1, G2, independent).
   """
-  m = proj.num_features
-  if m % 2:
-    raise ValueError(f'polysketch needs an even num_features (2r rows: two Gaussian sketches of r rows), '
-                     f'got {m}')
+  r = proj.num_features // 2          # an odd last row is not used
   z = project(_unit_layer_norm(x), proj)
-  r = m // 2
-  return z[..., :r] * z[..., r:] * r ** -0.5
+  return z[..., :r] * z[..., r:2 * r] * r ** -0.5
 
 
 def polysketch_features(x: Array, proj) -> Array:

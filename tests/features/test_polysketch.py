@@ -14,7 +14,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from kernelformer import registry
 from kernelformer.features import components as C
@@ -58,8 +57,12 @@ def test_features_equal_the_definition_and_are_a_non_negative_kernel():
   want = np.einsum('blr,bsr->bls', ref_sketch(q, w), ref_sketch(k, w)) ** 2
   np.testing.assert_allclose(kern, want, rtol=1e-11, atol=1e-15)
   assert kern.min() >= 0.0
-  with pytest.raises(ValueError, match='even num_features'):
-    C.COMPONENTS['polysketch'](jnp.asarray(q), jnp.asarray(k), Projection(matrix=jnp.asarray(w[:9])))
+  # An odd num_features: r = floor(M/2), the last row unused (the registry-wide suites use M = 9).
+  w11 = np.concatenate([w, rng.standard_normal((1, D))])
+  with jax.enable_x64(True):
+    pq11, _ = C.COMPONENTS['polysketch'](jnp.asarray(q), jnp.asarray(k), Projection(matrix=jnp.asarray(w11)))
+  np.testing.assert_array_equal(np.asarray(pq11), pq)
+  assert C.feature_count('polysketch', 11, D) == 15
 
 
 def _draws(r, n, seed):
