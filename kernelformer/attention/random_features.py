@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from kernelformer import registry
+from kernelformer.attention import distill as distill_lib
 from kernelformer.attention import linear
 from kernelformer.features import components as components_lib
 from kernelformer.features import learned as learned_lib
@@ -136,6 +137,7 @@ class RandomFeatureAttention(nn.Module):
   impl: str = 'auto'   # 'auto' (fused Pallas on GPU where supported, else XLA) | 'pallas' | 'xla'
   map_dim: int = 0     # taylor: learned per-head projection of q, k to this many dims first (Based: 16)
   cos_length: int = 0  # cosformer: M of cos(pi/2 (i-j)/M); 0 = each example's number of real tokens
+  distill_weight: float = 0.0  # > 0: Hedgehog's attention distillation as an aux loss (attention/distill.py)
 
   def _projection(self, head_dim: int, num_heads: int, step: Optional[Array]):
     """W for this call: ``Projection`` with a leading head axis (or none if ``share_heads``)."""
@@ -218,6 +220,8 @@ class RandomFeatureAttention(nn.Module):
       s = input_scale(head_dim)
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
+    if self.distill_weight > 0 and self.is_mutable_collection(distill_lib.DISTILL_COLLECTION):
+      self._sow_distillation(qf, kf, proj, mask, causal)
     if self._use_pallas(position_bias, q.shape, v.dtype, causal):
       return self._pallas_attention(qf, kf, v, proj, mask, causal)
     # Exp-maps, bidirectional: features formed chunk by chunk and recomputed in the backward
@@ -267,6 +271,23 @@ class RandomFeatureAttention(nn.Module):
                                    chunk_size=self.chunk_size, eps=self.feature_eps,
                                    key_shift=key_shift[0] if key_shift else None)
 
+
+  def _sow_distillation(self, qf, kf, proj, mask, causal) -> None:
+    """``distill_weight`` x Hedgehog's distillation loss into ``aux_loss`` (``attention/distill.py``).
+
+    The student's features are those of the stopped q, k with the live map parameters, so this term's
+    gradient reaches only the map (Hedgehog's W).
+    """
+    if self.weights != 'map':
+      raise ValueError(f'distill_weight trains a learned feature map (hedgehog, t2r, rebased, '
+                       f'polysketch-learned, taylor with map_dim); component {self.component!r} has none')
+    sq, sk = jax.lax.stop_gradient(qf), jax.lax.stop_gradient(kf)
+    positions = (maps_lib.token_positions(mask, qf.shape[1], kf.shape[1], self.cos_length)
+                 if self.component in components_lib.POSITIONAL else None)
+    phi_q, phi_k = per_head_features(self.component, sq, sk, proj, mask,
+                                     heads_share_proj=self.share_heads, positions=positions)
+    loss = distill_lib.attention_distillation_loss(qf, kf, phi_q, phi_k, mask=mask, causal=causal)
+    self.sow(distill_lib.DISTILL_COLLECTION, 'distill', self.distill_weight * loss)
 
   def _use_pallas(self, position_bias, q_shape, dtype, causal=None) -> bool:
     """Whether this call takes the fused Pallas kernels (kernelformer/pallas, docs/pallas.md).

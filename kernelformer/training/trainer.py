@@ -30,6 +30,7 @@ import optax
 import lra_tasks
 from kernelformer import plugins
 from kernelformer import registry
+from kernelformer.attention import distill as distill_lib
 from kernelformer.encoder import Classifier
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
@@ -111,25 +112,38 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
   accum = int(config.optim.grad_accum_steps)
   names = None  # filled lazily from the batch
   lm = _is_decoder(model)
+  # Auxiliary losses sown by the model (Hedgehog's attention distillation, attention/distill.py): only
+  # when asked for, so with weight 0 the step is the plain one.
+  aux = ((distill_lib.DISTILL_COLLECTION,)
+         if float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0 else ())
 
   def loss_fn(params, model_state, batch, step, dropout_key):
     variables = {'params': params, **model_state}
     rngs = {'dropout': dropout_key, 'features': keys['features']}
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    mutable = list(model_state.keys())
+    mutable = list(model_state.keys()) + list(aux)
     if mutable:
       logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs,
                                       mutable=mutable)
     else:
       logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs), {}
+    extra = {}
+    if aux:
+      new_state = dict(new_state)
+      extra['aux_loss'] = sum((jnp.sum(x) for x in jax.tree.leaves(new_state.pop(aux[0], {}))),
+                              jnp.zeros((), jnp.float32))
     if lm:
       # Next-token loss per position, weight 0 where targets == 0 (padding / not a query).
       losses, correct, w = cross_entropy(logits, batch['targets'],
                                          (batch['targets'] != 0).astype(jnp.float32))
       n = jnp.maximum(jnp.sum(w), 1.0)
-      return jnp.sum(losses) / n, (jnp.sum(correct) / n, new_state)
-    losses, correct, _ = cross_entropy(logits, batch['targets'])
-    return jnp.mean(losses), (jnp.mean(correct), new_state)
+      task, acc = jnp.sum(losses) / n, jnp.sum(correct) / n
+    else:
+      losses, correct, _ = cross_entropy(logits, batch['targets'])
+      task, acc = jnp.mean(losses), jnp.mean(correct)
+    if aux:
+      return task + extra['aux_loss'], ({'acc': acc, **extra}, new_state)
+    return task, (acc, new_state)
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -150,19 +164,23 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
         mb, i = xs
         (l, (a, ms)), g = grad_fn(state.params, mstate, mb, state.step,
                                   jax.random.fold_in(dropout_key, i))
-        return (jax.tree.map(jnp.add, g_sum, g), l_sum + l, a_sum + a, ms), None
+        return (jax.tree.map(jnp.add, g_sum, g), l_sum + l, jax.tree.map(jnp.add, a_sum, a), ms), None
 
       zeros = jax.tree.map(jnp.zeros_like, state.params)
+      acc0 = {'acc': 0.0, 'aux_loss': 0.0} if aux else 0.0
       (grads, loss, acc, new_model_state), _ = jax.lax.scan(
-          body, (zeros, 0.0, 0.0, state.model_state), (micro, jnp.arange(accum)))
+          body, (zeros, 0.0, acc0, state.model_state), (micro, jnp.arange(accum)))
       grads = jax.tree.map(lambda g: g / accum, grads)
-      loss, acc = loss / accum, acc / accum
+      loss, acc = loss / accum, jax.tree.map(lambda a: a / accum, acc)
+    extra = {}
+    if aux:   # the sown auxiliary losses, logged beside the total loss they are part of
+      acc, extra = acc['acc'], {'aux_loss': acc['aux_loss']}
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
                            model_state=new_model_state if new_model_state else state.model_state)
     metrics = {'loss': loss, 'accuracy': acc, 'learning_rate': schedule(state.step),
-               'grad_norm': optax.global_norm(grads)}
+               'grad_norm': optax.global_norm(grads), **extra}
     return new_state, metrics
 
   def eval_step(state: TrainState, batch):
@@ -329,8 +347,8 @@ def make_loop_step(train_step, policy: str):
     kept = jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_state, state)
     kept = kept.replace(step=jnp.where(halted | first_bad, state.step, state.step + 1))
     w = dict(window)
-    for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm'):
-      w[k] = window[k] + jnp.where(apply, m[k].astype(jnp.float32), 0.0)
+    for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm', 'aux_loss'):
+      w[k] = window[k] + jnp.where(apply, m.get(k, jnp.zeros(())).astype(jnp.float32), 0.0)
     w['applied'] = window['applied'] + apply.astype(jnp.int32)
     skipped = ~finite & ~halted & ~first_bad
     w['skipped'] = window['skipped'] + skipped.astype(jnp.int32)
@@ -349,7 +367,8 @@ def make_loop_step(train_step, policy: str):
 def empty_window() -> dict:
   f, i = jnp.float32, jnp.int32
   return {'loss': jnp.zeros((), f), 'accuracy': jnp.zeros((), f), 'learning_rate': jnp.zeros((), f),
-          'grad_norm': jnp.zeros((), f), 'applied': jnp.zeros((), i), 'skipped': jnp.zeros((), i),
+          'grad_norm': jnp.zeros((), f), 'aux_loss': jnp.zeros((), f),
+          'applied': jnp.zeros((), i), 'skipped': jnp.zeros((), i),
           'first_skipped': -jnp.ones((), i), 'consecutive': jnp.zeros((), i),
           'bad_step': -jnp.ones((), i), 'bad_loss': jnp.zeros((), f), 'bad_grad_norm': jnp.zeros((), f)}
 
@@ -693,6 +712,8 @@ class _Run:
     n = window['applied']
     summary = {k: window[k] / n if n else float('nan')
                for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm')}
+    if float(self.config.model.attention.get('distill_weight', 0.0) or 0.0) > 0:
+      summary['aux_loss'] = window['aux_loss'] / n if n else float('nan')   # part of 'loss'
     summary['steps_per_sec'] = self.timer.rate()
     if window['skipped']:
       summary['skipped_steps'] = window['skipped']
