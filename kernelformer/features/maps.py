@@ -15,7 +15,8 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   dimension of 16 so that the state, (1 + r + r^2) x d_v, stays small); then d = r above.
 * ``hedgehog`` -- Zhang et al. 2024 ("The Hedgehog & the Porcupine"), eq. 4 ff.:
   ``phi(x) = [softmax(W x), softmax(-W x)]`` over the feature axis, W a learned ``[d, d]`` per head,
-  initialised to the identity; M' = 2d. (The paper's attention-distillation loss is not implemented.)
+  initialised to the identity; M' = 2d. The paper's attention-distillation loss: ``distill_weight``
+  (``attention/distill.py``).
 * ``t2r`` -- Kasai et al. 2021 ("Finetuning pretrained transformers into RNNs"), eq. 4:
   ``phi(x) = relu(W x + b)``, W ``[M, d]`` and b ``[M]`` learned per head (M = ``num_features``; the
   paper uses 32), W LeCun-normal, b zero.
@@ -230,7 +231,10 @@ def polysketch_features(x: Array, proj) -> Array:
 
 
 def polysketch_learned_features(x: Array, gamma: Array, beta: Array, w1: Array, w2: Array) -> Array:
-  """fla's learnable PolySketch (degree 4): ``self_tensor((W1 x') * (W2 x') / sqrt(d))``, x' = gamma LN(x) + beta."""
+  """fla's learnable PolySketch (degree 4): ``self_tensor((W1 x') * (W2 x') / sqrt(d))``.
+
+  ``x' = gamma * LN(x) + beta`` (LN the affine-free layer norm).
+  """
   d = x.shape[-1]
   xp = gamma * _unit_layer_norm(x) * math.sqrt(d) + beta
   s = jnp.einsum('...d,rd->...r', xp, w1) * jnp.einsum('...d,rd->...r', xp, w2) * d ** -0.5
@@ -390,8 +394,9 @@ RANDOM_KINDS: dict[str, tuple[str, str, str, str]] = {
                    '(q^.k^)^4 with x^ = LN(x)/sqrt(d) (estimate (s(q).s(k))^2 >= 0, M\' = r(r+1)/2, '
                    'r = num_features/2)'),
 }
+# Maps that always have parameters (taylor: with map_dim), and those whose width follows ``map_dim``.
 LEARNED_MAPS = frozenset({'hedgehog', 't2r', 'rebased', 'polysketch_learned'})
-MAP_DIM_MAPS = frozenset({'taylor', 'polysketch_learned'})   # maps whose width follows ``map_dim``   # always have parameters (taylor: with map_dim)
+MAP_DIM_MAPS = frozenset({'taylor', 'polysketch_learned'})
 
 
 def _register_components() -> None:
@@ -407,7 +412,8 @@ def _register_components() -> None:
     C.COMPONENTS[name] = fn
     C.TARGET_KERNEL[name] = 'none'
     # parts: 1 where the map takes parameters through ``proj`` (so the module builds them), else 0.
-    C._PARTS[name] = 1 if name in LEARNED_MAPS or name in ('taylor', 'polysketch') else 0  # pylint: disable=protected-access
+    has_proj = name in LEARNED_MAPS or name in ('taylor', 'polysketch')
+    C._PARTS[name] = 1 if has_proj else 0  # pylint: disable=protected-access
   # None joins components.POSITIVE: relu-based maps can give a row all-zero features, identity/gelu/
   # swish/taylor/rebased have signed features (taylor's kernel 1 + s + s^2/2 is positive, its features
   # are not), and hedgehog's softmax and sigmoid, positive in exact arithmetic, underflow to 0 at large

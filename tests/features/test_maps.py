@@ -115,7 +115,8 @@ def test_features_equal_the_paper_in_float64(component):
         np.testing.assert_allclose(kern, np.einsum('bld,bsd->bls', qp, kp) ** 2, rtol=1e-11)
       if component == 'polysketch_learned':        # self-tensoring: (s(q).s(k))^2
         g, b, w1, w2 = (np.asarray(a, np.float64) for a in params)
-        sk = lambda x: ((g * _np_layer_norm(x) + b) @ w1.T) * ((g * _np_layer_norm(x) + b) @ w2.T) / math.sqrt(D)
+        xp = lambda x: g * _np_layer_norm(x) + b
+        sk = lambda x: (xp(x) @ w1.T) * (xp(x) @ w2.T) / math.sqrt(D)
         np.testing.assert_allclose(kern, np.einsum('blr,bsr->bls', sk(q), sk(k)) ** 2, rtol=1e-11)
 
 
