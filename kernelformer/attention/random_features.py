@@ -220,7 +220,11 @@ class RandomFeatureAttention(nn.Module):
       s = input_scale(head_dim)
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
-    if self.distill_weight > 0 and self.is_mutable_collection(distill_lib.DISTILL_COLLECTION):
+    if self.distill_weight > 0 and self.weights != 'map':
+      raise ValueError(f'distill_weight trains a learned feature map (hedgehog, t2r, rebased, '
+                       f'polysketch-learned, taylor with map_dim); component {self.component!r} has none')
+    if (self.distill_weight > 0 and self.is_mutable_collection(distill_lib.DISTILL_COLLECTION)
+        and not self.is_initializing()):   # init makes every collection mutable: no state from it
       self._sow_distillation(qf, kf, proj, mask, causal)
     if self._use_pallas(position_bias, q.shape, v.dtype, causal):
       return self._pallas_attention(qf, kf, v, proj, mask, causal)
@@ -278,9 +282,6 @@ class RandomFeatureAttention(nn.Module):
     The student's features are those of the stopped q, k with the live map parameters, so this term's
     gradient reaches only the map (Hedgehog's W).
     """
-    if self.weights != 'map':
-      raise ValueError(f'distill_weight trains a learned feature map (hedgehog, t2r, rebased, '
-                       f'polysketch-learned, taylor with map_dim); component {self.component!r} has none')
     sq, sk = jax.lax.stop_gradient(qf), jax.lax.stop_gradient(kf)
     positions = (maps_lib.token_positions(mask, qf.shape[1], kf.shape[1], self.cos_length)
                  if self.component in components_lib.POSITIONAL else None)

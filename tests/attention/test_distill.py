@@ -59,6 +59,7 @@ def test_sown_loss_equals_the_float64_reference():
   module = registry.build({'kind': 'hedgehog', 'distill_weight': 0.3, 'chunk_size': 4})
   args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
   variables = module.init(jax.random.PRNGKey(0), *args, mask=jnp.asarray(mask))
+  assert set(variables) == {'params'}         # init sows nothing (it would become model state)
   params = jax.tree.map(lambda a: a + 0.4 * jax.random.normal(jax.random.PRNGKey(1), a.shape),
                         variables['params'])
   w = np.asarray(params['map_w'], np.float64)
@@ -139,4 +140,22 @@ def test_kinds_without_a_learned_map_refuse_a_weight():
   module = registry.build({'kind': 'relu', 'distill_weight': 0.1})
   x = jnp.ones((1, 3, 2, D))
   with pytest.raises(ValueError, match='distill_weight trains a learned feature map'):
-    module.init(jax.random.PRNGKey(0), x, x, x, mutable=['params', distill.DISTILL_COLLECTION])
+    module.init(jax.random.PRNGKey(0), x, x, x)
+
+
+def test_gradient_accumulation_carries_the_aux_loss(tmp_path):
+  """With micro-batches the aux loss is averaged like the task loss and logged (same value as the
+  micro-batches' own aux losses averaged)."""
+  config, model, keys, tx, schedule, state, batch = _setup(
+      tmp_path, **{'model.attention.distill_weight': 0.5, 'optim.grad_accum_steps': 2})
+  _, metrics = jax.jit(trainer.make_steps(model, tx, schedule, config, keys)[0])(state, batch)
+  inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+  dropout = jax.random.fold_in(keys['dropout'], 0)
+  parts = []
+  for i in range(2):
+    micro = jax.tree.map(lambda x: x[i::2], inputs)        # the trainer's strided micro-batches
+    _, sown = model.apply({'params': state.params, **state.model_state}, micro, train=True, step=0,
+                          rngs={'dropout': jax.random.fold_in(dropout, i), 'features': keys['features']},
+                          mutable=list(state.model_state) + [distill.DISTILL_COLLECTION])
+    parts.append(float(sum(jnp.sum(x) for x in jax.tree.leaves(sown[distill.DISTILL_COLLECTION]))))
+  np.testing.assert_allclose(float(metrics['aux_loss']), np.mean(parts), rtol=1e-5)
