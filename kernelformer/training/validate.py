@@ -134,6 +134,9 @@ _OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     'gamma': (lambda v: _is_number(v) and math.isfinite(v) and v > 0, 'a finite number > 0'),
     'attention_dropout': (lambda v: _is_number(v) and 0.0 <= v < 1.0, 'a number in [0, 1)'),
     'implementation': (lambda v: v in ('xla', 'cudnn'), "one of 'xla', 'cudnn' (or unset)"),
+    'map_dim': (lambda v: _is_int(v) and v >= 0, 'an integer >= 0 (0 = no projection / the head dim)'),
+    'cos_length': (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = each example's real length)"),
+    'distill_weight': (lambda v: _is_number(v) and math.isfinite(v) and v >= 0, 'a finite number >= 0'),
 }
 
 POOLINGS = ('cls', 'mean')
@@ -163,6 +166,10 @@ def _check_attention(config: Any) -> None:
     check, valid = _OPTION_RULES.get(name, (None, ''))
     if check is not None and not check(v):
       _fail(f'model.attention.{name}', v, f'{valid} (for kind {spec.name!r})')
+  if (attention.get('distill_weight') or 0) > 0 and spec.fixed.get('weights') != 'map':
+    learned = ', '.join(s.name for s in registry.specs() if s.fixed.get('weights') == 'map')
+    raise ConfigError(f'config.model.attention.distill_weight > 0 is invalid for kind {spec.name!r}, '
+                      f'which has no learned feature map to distil into; kinds that do: {learned}')
   impl = attention.get('impl') if 'impl' in registry.option_names(spec.name) else None
   if impl == 'pallas':
     from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
