@@ -159,3 +159,19 @@ def test_gradient_accumulation_carries_the_aux_loss(tmp_path):
                           mutable=list(state.model_state) + [distill.DISTILL_COLLECTION])
     parts.append(float(sum(jnp.sum(x) for x in jax.tree.leaves(sown[distill.DISTILL_COLLECTION]))))
   np.testing.assert_allclose(float(metrics['aux_loss']), np.mean(parts), rtol=1e-5)
+
+
+def test_decoder_layers_sow_the_causal_loss():
+  """The LM decoder (causal) sows one finite positive term per attention layer (the value itself, causal
+  included, is checked against the float64 reference above) and nothing at init."""
+  from kernelformer import decoder  # pylint: disable=g-import-not-at-top
+  model = decoder.Decoder(vocab_size=7, emb_dim=8, num_layers=2, num_heads=2, qkv_dim=8, mlp_dim=16,
+                          attention={'kind': 'hedgehog', 'distill_weight': 0.2, 'chunk_size': 2},
+                          max_length=5)
+  tokens = jax.random.randint(jax.random.key(0), (2, 5), 1, 7)
+  variables = model.init({'params': jax.random.key(1), 'features': jax.random.key(2)}, tokens)
+  assert set(variables) == {'params'}
+  _, state = model.apply(variables, tokens, rngs={'features': jax.random.key(2)},
+                         mutable=[distill.DISTILL_COLLECTION, 'intermediates'])
+  terms = jax.tree.leaves(state[distill.DISTILL_COLLECTION])
+  assert len(terms) == 2 and all(np.isfinite(float(t)) and float(t) > 0 for t in terms)
