@@ -182,6 +182,25 @@ def _check_attention(config: Any) -> None:
           "impl='xla' or 'auto'")
 
 
+def _check_cos_length(config: Any, info: Any) -> None:
+  """cosFormer's fixed horizon M (``cos_length`` > 0) must cover the longest sequence the model sees.
+
+  The encoder of a classification task with CLS pooling sees one token more than the data's
+  ``max_length``; the decoder of an LM task sees ``max_length`` tokens and sets M to it when 0.
+  """
+  attention = config.model.attention
+  cos_length = attention.get('cos_length') or 0
+  if not cos_length or 'cos_length' not in registry.option_names(attention.kind):
+    return
+  longest = int(info.max_length)
+  if not getattr(info, 'language_model', False) and config.model.get('pooling', 'cls') == 'cls':
+    longest += 1
+  if cos_length < longest:
+    raise ConfigError(f"config.model.attention.cos_length={cos_length} is invalid: cosFormer's horizon M "
+                      f'must cover the longest sequence the model sees ({longest} tokens); set it to at '
+                      f"least {longest}, or 0 for each example's own length")
+
+
 def check_attention_overrides(config: Any, overridden: Iterable[str]) -> None:
   """An attention option given on the command line that the chosen kind does not read is an error.
 
@@ -290,7 +309,8 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
 
   # The task's own data fields (pure checks: nothing is read or created).
   task_obj = lra_tasks.get(task)
-  task_obj.info(config.data)
+  info = task_obj.info(config.data)
+  _check_cos_length(config, info)
   for split in ('train', 'val', 'test'):   # generated tasks: a split of 0 examples cannot train/test
     if f'num_{split}' in config.data:
       v = _get(config, f'data.num_{split}')
