@@ -75,8 +75,38 @@ SLOW_TESTS = frozenset({
 })
 
 
+# The registry-wide properties (one test per registered kind, 85 kinds and growing) run in the first
+# command for every kind except the rest of the component x weight-sampler grid: every component keeps
+# one sampler there (orf; grelu: iid and orf as performer-relu; trigrf also fastfoodl) and posrf keeps
+# every sampler, so each component and each sampler is checked by the first command and every kind by
+# the two commands together.
+REGISTRY_SUITES = frozenset({
+    'test_incremental_equals_full_forward',                # tests/test_decoder.py
+    'test_identical_documents_give_identical_embeddings',  # tests/test_encoder_dual.py
+    'test_same_real_outputs_padded_to_l_or_4l',            # tests/attention/test_padding_invariance.py
+    'test_padding_invariance_and_finite_edge_cases',       # tests/attention/test_masking_all.py
+    'test_single_valid_key',                               # tests/attention/test_degenerate_rows.py
+    'test_every_name_forward_and_grad_under_jit',          # tests/attention/test_random_features.py
+})
+GRID_COMPONENTS_IN_SECOND_COMMAND = ('trigrf', 'rks', 'hyperbolic', 'oprf', 'saderf', 'grelu')
+GRID_KINDS_IN_FIRST_COMMAND = frozenset({'trigrf-orf', 'trigrf-fastfoodl', 'rks-orf', 'hyperbolic-orf',
+                                         'oprf-orf', 'saderf-orf', 'grelu-iid'})
+
+
+def grid_kind_in_second_command(kind: str) -> bool:
+  component = kind.split('-', 1)[0]
+  return (component in GRID_COMPONENTS_IN_SECOND_COMMAND and '-' in kind
+          and kind not in GRID_KINDS_IN_FIRST_COMMAND)
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
   import pytest  # pylint: disable=g-import-not-at-top
   for item in items:
-    if getattr(item, 'originalname', item.name) in SLOW_TESTS:
+    name = getattr(item, 'originalname', item.name)
+    if name in SLOW_TESTS:
       item.add_marker(pytest.mark.slow)
+    elif name in REGISTRY_SUITES:
+      params = getattr(getattr(item, 'callspec', None), 'params', {})
+      kind = params.get('kind', params.get('name'))
+      if isinstance(kind, str) and grid_kind_in_second_command(kind):
+        item.add_marker(pytest.mark.slow)
