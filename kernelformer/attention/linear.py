@@ -19,6 +19,8 @@ Pure functions on feature maps that have already been computed. Shapes follow th
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -558,6 +560,341 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
             _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
             tuple(float0(x) for x in nondiff), float0(mask))
+
+  fn.defvjp(fwd, bwd)
+  _FN_CACHE[cache_key] = fn
+  return fn
+
+
+# ----------------------------------------------------------------------------------------------
+# Row-wise feature maps (no key statistic): features formed chunk by chunk, bidirectional and causal
+# (issue 27, item 3). Taylor's 1 + d + d^2 features (4,161 at d = 64) must never exist for all L rows.
+# ----------------------------------------------------------------------------------------------
+
+
+def _row_feature_fns(component, rebuild, nondiff):
+  """Query-side and key-side features of a row-wise ``component`` (``components.COMPONENTS`` fn).
+
+  A row-wise map gives each row's features from that row alone (and the map's parameters), so a
+  chunk's features are the rows of the whole sequence's. The component returns both sides at once;
+  each function keeps one side (the other is dead code to XLA), as the sides may differ (signed row
+  weights on the query side, padded keys zeroed on the key side).
+  """
+  def query_features(qc, diff):
+    return component(qc, qc, rebuild(diff, nondiff), mask=None, stabilize=True)[0]
+
+  def key_features(kc, mc, diff):
+    return component(kc, kc, rebuild(diff, nondiff), mask=mc, stabilize=True)[1]
+
+  return query_features, key_features
+
+
+def _prepare(q, k, v, mask, proj, lead_rows_equal: bool):
+  """Broadcast q, k, v, mask to common leading axes, upcast, and split ``proj`` into leaves."""
+  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+  keys = k.shape[-2]
+  if lead_rows_equal and (keys != q.shape[-2] or v.shape[-2] != keys):
+    raise ValueError(f'causal attention needs as many keys as queries; got q {q.shape}, k {k.shape}, '
+                     f'v {v.shape}')
+  mask = (jnp.ones(lead + (keys,), bool) if mask is None
+          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (keys,)))
+  dt = jnp.promote_types(q.dtype, jnp.float32)
+  q = jnp.broadcast_to(q, lead + q.shape[-2:]).astype(dt)
+  k = jnp.broadcast_to(k, lead + k.shape[-2:]).astype(dt)
+  v = jnp.broadcast_to(v, lead + v.shape[-2:]).astype(jnp.float32)
+  leaves, treedef = jax.tree.flatten(proj)
+  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
+  diff = tuple(x for x, f in zip(leaves, is_float) if f)
+  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
+  return lead, q, k, v, mask, treedef, is_float, diff, nondiff
+
+
+def _pad_rows(x: Array, pad: int, lead: tuple) -> Array:
+  return jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)] + [(0, 0)] * (x.ndim - len(lead) - 1))
+
+
+def _rebuilder(treedef, is_float):
+  def rebuild(diff, nondiff):
+    it_d, it_n = iter(diff), iter(nondiff)
+    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
+  return rebuild
+
+
+_float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def feature_attention(component, q: Array, k: Array, v: Array, proj, *, mask: Array | None = None,
+                      eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_FEATURE_CHUNK) -> Array:
+  """Bidirectional ``D^-1 phi(Q) (phi(K)^T V)`` for a row-wise map, never storing ``phi(Q)``, ``phi(K)``.
+
+  ``component`` is a ``components.COMPONENTS`` function whose features of a row depend on that row
+  alone (``components.ROW_WISE``: the maps of ``features/maps.py``, elu, relu, rks, grelu);
+  ``q [..., L, d]``, ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask`` broadcastable to ``[..., S]``;
+  ``proj`` its parameters without a head axis (vmap over heads outside), or None. Same value as
+  ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Katharopoulos et al. 2020
+  eq. 4 / Spectraformer eq. 7), computed in two passes: key chunks of ``chunk_size`` rows accumulate
+  ``kv = phi(K)^T V [M', Dv]`` and ``ksum = phi(K)^T 1 [M']``, then query chunks give
+  ``num = phi(Q_c) kv`` and ``den = phi(Q_c) . ksum``. Peak memory O(chunk M' + M' Dv), not O(L M').
+
+  Backward (``jax.custom_vjp``): saves q, k, v, the parameters, ``kv``, ``ksum`` and ``den``; query
+  chunks recompute their features and give ``dphi(q) = (g/D) kv^T - (g.out/D) ksum^T`` and the sums
+  ``dkv = phi(Q)^T (g/D)``, ``dksum = phi(Q)^T (-g.out/D)``; key chunks recompute theirs and give
+  ``dv = phi(k) dkv`` and ``dphi(k) = v dkv^T + dksum``; ``jax.vjp`` through each chunk's features
+  turns ``dphi`` into gradients for q, k and every floating leaf of ``proj``. ``safe_normalizer``'s
+  clamp passes no gradient to D where it acts, as ``jnp.where`` does in the stored path.
+  """
+  out_dtype = v.dtype
+  lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, False)
+  length, keys = q.shape[-2], k.shape[-2]
+  cq, ck = max(1, min(chunk_size, length)), max(1, min(chunk_size, keys))
+  pad_q, pad_k = -length % cq, -keys % ck
+  if pad_q:
+    q = _pad_rows(q, pad_q, lead)
+  if pad_k:
+    k, v, mask = _pad_rows(k, pad_k, lead), _pad_rows(v, pad_k, lead), _pad_rows(mask, pad_k, lead)
+  fn = _feature_attention_fn(component, treedef, is_float, float(eps), cq, ck)
+  out = fn(q, k, v, diff, nondiff, mask)
+  return out[..., :length, :].astype(out_dtype)
+
+
+def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
+  """The ``custom_vjp`` function of ``feature_attention`` for one (component, parameters, eps, chunks)."""
+  cache_key = ('rowwise', component, treedef, is_float, eps, cq, ck)
+  if cache_key in _FN_CACHE:
+    return _FN_CACHE[cache_key]
+  rebuild = _rebuilder(treedef, is_float)
+
+  def forward(q, k, v, diff, nondiff, mask):
+    query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
+
+    def key_step(carry, xs):
+      kv, ksum = carry
+      kc, vc, mc = xs
+      phi = key_features(kc, mc, diff)
+      return (kv + jnp.einsum('...cf,...cd->...fd', phi, vc), ksum + jnp.sum(phi, axis=-2)), None
+
+    kcs = _split_chunks(k, ck, -2)
+    phi0 = jax.eval_shape(lambda x, m: key_features(x, m, diff), kcs[0], _split_chunks(mask, ck, -1)[0])
+    lead = q.shape[:-2]
+    init = (jnp.zeros(lead + (phi0.shape[-1], v.shape[-1]), jnp.float32),
+            jnp.zeros(lead + (phi0.shape[-1],), jnp.float32))
+    (kv, ksum), _ = jax.lax.scan(key_step, init, (kcs, _split_chunks(v, ck, -2),
+                                                  _split_chunks(mask, ck, -1)),
+                                 unroll=kcs.shape[0] == 1)
+
+    def query_step(_, qc):
+      phi = query_features(qc, diff)
+      num = jnp.einsum('...cf,...fd->...cd', phi, kv)
+      den = jnp.einsum('...cf,...f->...c', phi, ksum)
+      return None, (num / safe_normalizer(den, eps)[..., None], den)
+
+    qcs = _split_chunks(q, cq, -2)
+    _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
+    return _join_chunks(out, -2), (kv, ksum, _join_chunks(den, -1))
+
+  @jax.custom_vjp
+  def fn(q, k, v, diff, nondiff, mask):
+    return forward(q, k, v, diff, nondiff, mask)[0]
+
+  def fwd(q, k, v, diff, nondiff, mask):
+    out, (kv, ksum, den) = forward(q, k, v, diff, nondiff, mask)
+    return out, (q, k, v, diff, nondiff, mask, kv, ksum, den)
+
+  def bwd(res, g):
+    q, k, v, diff, nondiff, mask, kv, ksum, den = res
+    query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
+    g = g.astype(jnp.float32)
+    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
+    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
+
+    def query_step(carry, xs):
+      dkv, dksum, dw = carry
+      qc, gc, denc = xs
+      phi, vjp = jax.vjp(query_features, qc, diff)
+      sden = safe_normalizer(denc, eps)
+      out = jnp.einsum('...cf,...fd->...cd', phi, kv) / sden[..., None]
+      gn = gc / sden[..., None]
+      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * out, axis=-1) / sden)
+      dphi = jnp.einsum('...cd,...fd->...cf', gn, kv) + gden[..., None] * ksum[..., None, :]
+      dkv = dkv + jnp.einsum('...cf,...cd->...fd', phi, gn)
+      dksum = dksum + jnp.einsum('...cf,...c->...f', phi, gden)
+      dq, ddiff = vjp(dphi.astype(phi.dtype))
+      return (dkv, dksum, add(dw, ddiff)), dq
+
+    (dkv, dksum, dw), dq = jax.lax.scan(
+        query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
+        (_split_chunks(q, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)),
+        unroll=q.shape[-2] == cq)
+
+    def key_step(dw, xs):
+      kc, vc, mc = xs
+      phi, vjp = jax.vjp(lambda kk, dd: key_features(kk, mc, dd), kc, diff)
+      dv = jnp.einsum('...cf,...fd->...cd', phi, dkv)
+      dphi = jnp.einsum('...cd,...fd->...cf', vc, dkv) + dksum[..., None, :]
+      dk, ddiff = vjp(dphi.astype(phi.dtype))
+      return add(dw, ddiff), (dk, dv)
+
+    dw, (dk, dv) = jax.lax.scan(
+        key_step, dw, (_split_chunks(k, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)),
+        unroll=k.shape[-2] == ck)
+    return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
+            _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+            tuple(_float0(x) for x in nondiff), _float0(mask))
+
+  fn.defvjp(fwd, bwd)
+  _FN_CACHE[cache_key] = fn
+  return fn
+
+
+def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
+                             mask: Array | None = None, eps: float = DEFAULT_EPS,
+                             chunk_size: int = 64) -> Array:
+  """Causal ``D^-1 phi(Q) (phi(K)^T V)`` for a row-wise map, one ``lax.scan`` over chunks.
+
+  ``component``, ``proj`` as ``feature_attention``; ``q, k [..., L, d]``, ``v [..., L, Dv]``, ``mask``
+  broadcastable to ``[..., L]``. Same value as ``linear_attention(*component(q, k, proj, mask=mask), v,
+  mask=mask, causal=True, chunk_size=C)`` -- Katharopoulos et al. 2020's causal prefix sums (eqs. 8-9)
+  in chunked form: chunk n gives ``num = phi(Q_n) S + tril(phi(Q_n) phi(K_n)^T) V_n``, ``den`` alike
+  with ``z``, then ``S += phi(K_n)^T V_n``, ``z += phi(K_n)^T 1``. The scan carries only ``S [M', Dv]``
+  and ``z [M']`` and forms one chunk's features at a time: nothing of size ``[L, M']`` exists.
+
+  Backward (``jax.custom_vjp``) with two-level checkpointing: the N = L/C chunks are grouped into
+  segments of G = ceil(sqrt(N)); the forward saves ``S, z`` at each segment's start only (N/G of
+  them), the output and the normalizer. The backward runs the segments in reverse: a forward scan over
+  the segment's keys rebuilds its G prefix states (key features recomputed), then a reverse scan over
+  its chunks recomputes the features, differentiates through them with ``jax.vjp`` and carries
+  ``dS, dz``. Memory O((N/G + G) M' Dv + C M') instead of the stored path's O(L M' + N M' Dv); the
+  sequence is padded with masked rows to a whole number of segments (at most G - 1 chunks).
+  ``safe_normalizer``'s clamp passes no gradient to D where it acts. Gradients flow to every floating
+  leaf of ``proj``.
+  """
+  out_dtype = v.dtype
+  lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)
+  length = q.shape[-2]
+  c = max(1, min(chunk_size, length))
+  n = -(-length // c)
+  g = math.isqrt(n - 1) + 1                     # ceil(sqrt(n)) chunks per segment
+  n_seg = -(-n // g)
+  pad = n_seg * g * c - length
+  if pad:
+    # Padded rows: masked keys (zero features) and queries cut off below.
+    q, k, v, mask = (_pad_rows(x, pad, lead) for x in (q, k, v, mask))
+  fn = _causal_feature_attention_fn(component, treedef, is_float, float(eps), c, g)
+  out = fn(q, k, v, diff, nondiff, mask)
+  return out[..., :length, :].astype(out_dtype)
+
+
+def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
+  """The ``custom_vjp`` function of ``causal_feature_attention`` for one (component, parameters, eps,
+  chunk, segment)."""
+  cache_key = ('rowwise-causal', component, treedef, is_float, eps, c, g)
+  if cache_key in _FN_CACHE:
+    return _FN_CACHE[cache_key]
+  rebuild = _rebuilder(treedef, is_float)
+  tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
+
+  def chunks(q, k, v, mask):
+    return (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
+            _split_chunks(mask, c, -1))
+
+  def segments(x):
+    return x.reshape((x.shape[0] // g, g) + x.shape[1:])
+
+  def init_state(q, k, v, mask, diff, nondiff):
+    _, key_features = _row_feature_fns(component, rebuild, nondiff)
+    phi = jax.eval_shape(lambda kk, mm: key_features(kk, mm, diff), k[..., :c, :], mask[..., :c])
+    lead = q.shape[:-2]
+    return (jnp.zeros(lead + (phi.shape[-1], v.shape[-1]), jnp.float32),
+            jnp.zeros(lead + (phi.shape[-1],), jnp.float32))
+
+  def forward(q, k, v, diff, nondiff, mask, save):
+    query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
+
+    def step(carry, xs):
+      state, ksum = carry
+      qc, kc, vc, mc = xs
+      phi_q, phi_k = query_features(qc, diff), key_features(kc, mc, diff)
+      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+      num = (jnp.einsum('...if,...fd->...id', phi_q, state)
+             + jnp.einsum('...ij,...jd->...id', scores, vc))
+      den = jnp.einsum('...if,...f->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
+      out = num / safe_normalizer(den, eps)[..., None]
+      state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
+      ksum = ksum + jnp.sum(phi_k, axis=-2)
+      return (state, ksum), ((out, den) if save else out)
+
+    init = init_state(q, k, v, mask, diff, nondiff)
+    xs = chunks(q, k, v, mask)
+    if not save:
+      _, out = jax.lax.scan(step, init, xs, unroll=xs[0].shape[0] == 1)
+      return _join_chunks(out, -2)
+
+    def segment(carry, seg_xs):
+      new, (out, den) = jax.lax.scan(step, carry, seg_xs, unroll=g == 1)
+      return new, (out, den, carry[0], carry[1])
+
+    _, (out, den, s0, z0) = jax.lax.scan(segment, init, tuple(segments(x) for x in xs),
+                                         unroll=xs[0].shape[0] == g)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    return _join_chunks(flat(out), -2), (flat(den), s0, z0)
+
+  @jax.custom_vjp
+  def fn(q, k, v, diff, nondiff, mask):
+    return forward(q, k, v, diff, nondiff, mask, False)
+
+  def fwd(q, k, v, diff, nondiff, mask):
+    out, (den, s0, z0) = forward(q, k, v, diff, nondiff, mask, True)
+    return out, (q, k, v, diff, nondiff, mask, out, den, s0, z0)
+
+  def bwd(res, gr):
+    q, k, v, diff, nondiff, mask, out, den, s0, z0 = res
+    query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
+    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
+    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
+
+    def rebuild_prefix(carry, xs):
+      state, ksum = carry
+      kc, vc, mc = xs
+      phi_k = key_features(kc, mc, diff)
+      return ((state + jnp.einsum('...jf,...jd->...fd', phi_k, vc), ksum + jnp.sum(phi_k, axis=-2)),
+              (state, ksum))
+
+    def step(carry, xs):
+      d_state, d_ksum, dw = carry
+      qc, kc, vc, mc, gc, oc, denc, pc, zc = xs
+      phi_q, vjp_q = jax.vjp(query_features, qc, diff)
+      phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, dd), kc, diff)
+      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+      sden = safe_normalizer(denc, eps)
+      gn = gc / sden[..., None]
+      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)     # [..., C]
+      d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gden[..., None], 0.0)
+      d_phi_q = (jnp.einsum('...id,...fd->...if', gn, pc) + gden[..., None] * zc[..., None, :]
+                 + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
+      d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
+                 + jnp.einsum('...jd,...fd->...jf', vc, d_state) + d_ksum[..., None, :])
+      dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_state)
+      d_state = d_state + jnp.einsum('...if,...id->...fd', phi_q, gn)
+      d_ksum = d_ksum + jnp.einsum('...if,...i->...f', phi_q, gden)
+      dq, dwq = vjp_q(d_phi_q.astype(phi_q.dtype))
+      dk, dwk = vjp_k(d_phi_k.astype(phi_k.dtype))
+      return (d_state, d_ksum, add(dw, add(dwq, dwk))), (dq, dk, dv)
+
+    def segment(carry, xs):
+      qs, ks, vs, ms, gs, outs, dens, s0c, z0c = xs
+      _, (ps, zs) = jax.lax.scan(rebuild_prefix, (s0c, z0c), (ks, vs, ms), unroll=g == 1)
+      return jax.lax.scan(step, carry, (qs, ks, vs, ms, gs, outs, dens, ps, zs), reverse=True,
+                          unroll=g == 1)
+
+    xs = (*chunks(q, k, v, mask), _split_chunks(gr.astype(jnp.float32), c, -2),
+          _split_chunks(out, c, -2), den)
+    init = (jnp.zeros_like(s0[0]), jnp.zeros_like(z0[0]), zeros_diff)
+    (_, _, dw), (dq, dk, dv) = jax.lax.scan(segment, init, (*(segments(x) for x in xs), s0, z0),
+                                            reverse=True, unroll=s0.shape[0] == 1)
+    flat = lambda x: x.reshape((-1,) + x.shape[2:])
+    return (_join_chunks(flat(dq), -2).astype(q.dtype), _join_chunks(flat(dk), -2).astype(k.dtype),
+            _join_chunks(flat(dv), -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+            tuple(_float0(x) for x in nondiff), _float0(mask))
 
   fn.defvjp(fwd, bwd)
   _FN_CACHE[cache_key] = fn
