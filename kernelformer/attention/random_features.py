@@ -232,11 +232,22 @@ class RandomFeatureAttention(nn.Module):
     # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
     # Causal exp-maps: the same, features formed inside one scan over chunks that also carries the
     # running key max and the [M', Dv] state (``linear.causal_exp_feature_attention``).
+    # Row-wise maps (ROW_WISE: Taylor, Hedgehog, T2R, DPFP, ReBased, the elementwise maps, elu, relu,
+    # rks, grelu): the same two paths without a stabilizer (``linear.feature_attention``,
+    # ``linear.causal_feature_attention``), so Taylor's 1 + d + d^2 features exist one chunk at a time.
     form = components_lib.LOG_SPACE_FORMS.get(self.component)
-    lean = form is not None and position_bias is None
+    row_wise = form is None and self.component in ROW_WISE
+    lean = (form is not None or row_wise) and position_bias is None
     if lean:
-      proj_axis = None if self.share_heads else 0
-      if causal:
+      proj_axis = None if (self.share_heads or proj is None) else 0
+      fn = components_lib.COMPONENTS[self.component]
+      if causal and row_wise:
+        one_head = lambda qh, kh, vh, p: linear.causal_feature_attention(
+            fn, qh, kh, vh, p, mask=mask, eps=self.feature_eps, chunk_size=self.chunk_size)
+      elif row_wise:
+        one_head = lambda qh, kh, vh, p: linear.feature_attention(
+            fn, qh, kh, vh, p, mask=mask, eps=self.feature_eps)
+      elif causal:
         one_head = lambda qh, kh, vh, p: linear.causal_exp_feature_attention(
             form, qh, kh, vh, p, mask=mask, eps=self.feature_eps, chunk_size=self.chunk_size)
       else:
@@ -330,6 +341,14 @@ class RandomFeatureAttention(nn.Module):
                                     feature_weights=weights, mask=mask, causal=causal,
                                     block_k=block_k, eps=self.feature_eps)
 
+
+# Components whose features of a row depend on that row alone (and the map's parameters): no key
+# statistic, no stabilizer shift. Their attention takes ``linear.feature_attention`` (bidirectional) and
+# ``linear.causal_feature_attention`` (causal), which form the features one chunk at a time (issue 27).
+# Not here: the exp-maps (their own lean path, ``LOG_SPACE_FORMS``), trigrf (a key-norm shift), oprf and
+# saderf (parameters from all queries and keys), posrf_lra (one max over all keys), registered ones.
+ROW_WISE = frozenset({'elu', 'relu', 'rks', 'grelu', 'grelu_det',
+                      *(comp for comp, *_ in maps_lib.KINDS.values())})
 
 # Components with a fused Pallas kernel (the kernel's feature name).
 PALLAS_FEATURES = {'posrf': 'exp', 'trigrf': 'trig', 'elu': 'elu', 'relu': 'relu'}
