@@ -29,6 +29,7 @@ process's resident high-water mark after the cell.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -110,14 +111,16 @@ def make_inputs(setup: Setup, length: int, seed: int = 0) -> dict[str, Array]:
           'position_bias': 0.1 * normal(keys[4], (setup.heads, 2 * length - 1))}
 
 
-def build_programs(kind: str, setup: Setup, inputs: dict[str, Array]):
+def build_programs(kind: str, setup: Setup, inputs: dict[str, Array],
+                   options: Optional[dict[str, Any]] = None):
   """The forward and forward+backward functions of ``kind`` and their arguments.
 
-  Returns ``(fwd, fwd_args, fwd_bwd, fwd_bwd_args)``. Variables are initialized under ``jax.jit`` (the
+  ``options``: attention options over ``attention_options`` (e.g. ``{'map_dim': 16}``). Returns
+  ``(fwd, fwd_args, fwd_bwd, fwd_bwd_args)``. Variables are initialized under ``jax.jit`` (the
   forward inside ``init`` is then dead code and costs nothing at 16K).
   """
   length = inputs['q'].shape[1]
-  module = registry.build(attention_options(kind, length, setup.num_features))
+  module = registry.build({**attention_options(kind, length, setup.num_features), **(options or {})})
   spec = registry.get(kind)
   bias = inputs['position_bias'] if spec.requires_position_bias else None
   rng = jax.random.PRNGKey(setup.seed + 1)
@@ -715,4 +718,154 @@ def projections_markdown(rows: Sequence[dict[str, Any]]) -> str:
   for r in fw:
     lines.append(f'| {r["size"]} | {r["rows"]} | {r["butterfly_ms"]:.2f} | {r["matmul_ms"]:.2f} | '
                  f'{r["butterfly_ms"] / r["matmul_ms"]:.2f} | {r["load_1min"]:.1f} |')
+  return '\n'.join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# ``--compare maps``: the feature maps of issue 27 at long lengths, lean and stored (issue 27, item 3).
+# ----------------------------------------------------------------------------------------------
+
+MAPS_FIELDS = ('kind', 'path', 'causal', 'length', 'batch', 'heads', 'head_dim', 'features', 'time_ms',
+               'time_vs_lean', 'temp_mib', 'total_mib', 'repeats', 'load_1min', 'note')
+DEFAULT_MAP_KINDS = ('softmax', 'posrf-orf', 'taylor', 'taylor:map_dim=16', 'hedgehog', 't2r', 'dpfp',
+                     'rebased', 'cosformer', 'squared-relu', 'linear-elu')
+
+
+def parse_kind_variant(text: str) -> tuple[str, dict[str, Any]]:
+  """``'taylor:map_dim=16'`` -> ``('taylor', {'map_dim': 16})``: a kind and attention options (ints,
+  floats or strings); a one-line ``ValueError`` for a malformed option."""
+  kind, *opts = text.strip().split(':')
+  options: dict[str, Any] = {}
+  for opt in opts:
+    key, sep, value = opt.partition('=')
+    if not sep or not key:
+      raise ValueError(f'kind variant {text!r}: options are name=value after the kind, e.g. '
+                       'taylor:map_dim=16')
+    for cast in (int, float):
+      try:
+        value = cast(value)
+        break
+      except ValueError:
+        pass
+    options[key] = value
+  return kind, options
+
+
+def _feature_width(kind: str, options: dict[str, Any], setup: Setup) -> Optional[int]:
+  """M' of a feature-map kind (None for other mechanisms)."""
+  from kernelformer.features import components  # pylint: disable=g-import-not-at-top
+  spec = registry.get(kind)
+  if not issubclass(spec.module, RandomFeatureAttention):
+    return None
+  fixed = {**options, **spec.fixed}
+  return components.feature_count(fixed['component'], fixed.get('num_features', setup.num_features),
+                                  setup.head_dim, map_dim=fixed.get('map_dim', 0))
+
+
+def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
+                 causal_modes: Sequence[bool] = (False, True),
+                 log: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], dict[str, str]]:
+  """Forward+backward time and XLA memory of feature maps, lean and stored, timed interleaved.
+
+  ``kinds``: registry names, each optionally with attention options (``taylor:map_dim=16``). For each
+  (causal, length) every kind's fwd+bwd program (``build_programs``: ``jax.vjp`` of the module at B, H,
+  d of ``setup``, every key real) is compiled; row-wise maps (``random_features.ROW_WISE``) also as
+  the stored path (``ROW_WISE`` emptied while tracing: features of all L rows formed, then
+  ``linear.linear_attention``) with ``path='stored'``. Programs whose compiled memory (temp + arguments
+  + outputs) exceeds ``setup.max_memory_gb`` are compiled, not run (their memory is reported). The
+  others are timed *interleaved* in this one process: one warm-up call each, then ``setup.repeats``
+  rounds of one call of each, the order rotating between rounds, so load changes on a shared machine
+  hit all alike; the median is reported with the 1-minute load average at the end of the cell.
+  Returns ``(rows, skipped)``; ``skipped``: kind -> one-line reason (unknown, or cannot be built).
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  from unittest import mock  # pylint: disable=g-import-not-at-top
+  from kernelformer.attention import random_features as rf  # pylint: disable=g-import-not-at-top
+  variants, skipped = [], {}
+  for text in kinds:
+    kind, options = parse_kind_variant(text)
+    try:
+      registry.get(kind)
+    except registry.UnknownKernelError as e:
+      skipped[text] = str(e).split('.')[0]
+      log(f'skip {text}: {skipped[text]}')
+      continue
+    variants.append((text, kind, options))
+  limit = setup.max_memory_gb * (1 << 30)
+  rows: list[dict[str, Any]] = []
+  for causal in causal_modes:
+    cell_setup = dataclasses.replace(setup, causal=causal)
+    for length in sorted(lengths):
+      inputs = make_inputs(cell_setup, length, setup.seed)
+      programs = []      # (row, compiled, args)
+      for text, kind, options in variants:
+        if text in skipped:
+          continue
+        paths = ['lean', 'stored'] if registry.get(kind).fixed.get('component') in rf.ROW_WISE else ['-']
+        for path in paths:
+          row = {'kind': text, 'path': path, 'causal': causal, 'length': length, 'batch': setup.batch,
+                 'heads': setup.heads, 'head_dim': setup.head_dim,
+                 'features': _feature_width(kind, options, setup), 'note': ''}
+          patch = (mock.patch.object(rf, 'ROW_WISE', frozenset()) if path == 'stored'
+                   else contextlib.nullcontext())
+          try:
+            with patch:
+              _, _, fwd_bwd, args = build_programs(kind, cell_setup, inputs, options)
+              compiled, stats = measure.compile_with_stats(fwd_bwd, *args)
+          except Exception as e:  # pylint: disable=broad-except
+            skipped[text] = f'{type(e).__name__}: {e}'.splitlines()[0][:200]
+            log(f'skip {text}: {skipped[text]}')
+            break
+          row['temp_mib'], row['total_mib'] = stats.temp_bytes / MIB, stats.total_bytes / MIB
+          rows.append(row)
+          if stats.total_bytes > limit:
+            row['note'] = (f'not run: compiled memory {stats.total_bytes / (1 << 30):.1f} GiB > '
+                           f'--max_memory_gb {setup.max_memory_gb:g}')
+            log(f'{"causal" if causal else "bidirectional"} L={length} {text} {path}: {row["note"]}')
+            del compiled
+            continue
+          programs.append((row, compiled, args))
+      for _, c, a in programs:
+        jax.block_until_ready(c(*a))                 # warm-up
+      times: list[list[float]] = [[] for _ in programs]
+      for r in range(max(1, setup.repeats)):
+        order = list(range(len(programs)))
+        order = order[r % max(1, len(order)):] + order[:r % max(1, len(order))]
+        for i in order:
+          start = time.perf_counter()
+          jax.block_until_ready(programs[i][1](*programs[i][2]))
+          times[i].append(time.perf_counter() - start)
+      load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
+      for (row, _, _), t in zip(programs, times):
+        row.update(time_ms=statistics.median(t) * 1e3, repeats=len(t))
+      for row in rows:
+        if row['length'] == length and row['causal'] == causal:
+          row['load_1min'] = load
+      lean_ms = {r['kind']: r.get('time_ms') for r in rows
+                 if r['length'] == length and r['causal'] == causal and r['path'] == 'lean'}
+      for row in rows:
+        if (row['length'] == length and row['causal'] == causal and row['path'] == 'stored'
+            and row.get('time_ms') and lean_ms.get(row['kind'])):
+          row['time_vs_lean'] = row['time_ms'] / lean_ms[row['kind']]
+      for row in rows:
+        if row['length'] == length and row['causal'] == causal:
+          log(f'{"causal" if causal else "bidirectional"} L={length} {row["kind"]} {row["path"]}: '
+              f'{row.get("time_ms") or float("nan"):.1f} ms, total {row["total_mib"]:.1f} MiB')
+      del programs
+      gc.collect()
+  return rows, skipped
+
+
+def maps_markdown(rows: Sequence[dict[str, Any]]) -> str:
+  """``compare_maps`` rows as one markdown table (memory for every cell, times where run)."""
+  head = ('| mode | L | kind | path | M\' | fwd+bwd (ms) | stored / lean | compiled total (MiB) | '
+          'temp (MiB) | rounds | load | note |')
+  lines = [head, '|' + '---|' * 12]
+  fmt = lambda x, spec: '—' if x is None or x == '' else format(float(x), spec)
+  for r in rows:
+    lines.append(f'| {"causal" if r["causal"] else "bidirectional"} | {r["length"]} | {r["kind"]} | '
+                 f'{r["path"]} | {r["features"] if r["features"] is not None else "—"} | '
+                 f'{fmt(r.get("time_ms"), ",.0f")} | {fmt(r.get("time_vs_lean"), ".2f")} | '
+                 f'{fmt(r["total_mib"], ",.1f")} | {fmt(r["temp_mib"], ",.1f")} | '
+                 f'{r.get("repeats") or "—"} | {fmt(r.get("load_1min"), ".1f")} | {r.get("note", "")} |')
   return '\n'.join(lines)

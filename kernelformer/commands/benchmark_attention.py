@@ -29,8 +29,11 @@ def parse_args(argv):
   from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
   d = attention_cost.Setup()
   p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument('--kinds', default=','.join(attention_cost.DEFAULT_KINDS),
-                 help='comma-separated registry names, or "all" for every registered name')
+  p.add_argument('--kinds', default=None,
+                 help='comma-separated registry names, or "all" for every registered name (default: '
+                      f'{",".join(attention_cost.DEFAULT_KINDS)}; with --compare maps: '
+                      f'{",".join(attention_cost.DEFAULT_MAP_KINDS)}; there a name may carry attention '
+                      'options, e.g. taylor:map_dim=16)')
   p.add_argument('--lengths', default=','.join(map(str, attention_cost.DEFAULT_LENGTHS)))
   p.add_argument('--batch', type=int, default=d.batch)
   p.add_argument('--heads', type=int, default=d.heads)
@@ -54,12 +57,15 @@ def parse_args(argv):
   p.add_argument('--name', default=None, help='output file stem (default: attention_cost[_quick])')
   p.add_argument('--dims', default='16,32,64,128,256,512,1024',
                  help='--compare projections: head dims d to time')
-  p.add_argument('--compare', default=None, choices=('official', 'projections'),
+  p.add_argument('--compare', default=None, choices=('official', 'projections', 'maps'),
                  help='official: posrf-orf against the official Performer FAVOR+ (bench/official_favor.py) '
                       'at equal B, H, d, M, W and key mask, bidirectional and causal (or only --causal), '
                       'fwd and fwd+bwd, timed interleaved; writes <name>.csv/.md (default compare_official). '
                       'projections: x W^T by dense W, SORF and FastFood for each of --dims (M = '
-                      '--num_features), and the Hadamard transform by butterfly vs dense matmul')
+                      '--num_features), and the Hadamard transform by butterfly vs dense matmul. '
+                      'maps: fwd+bwd time and XLA memory of each of --kinds, row-wise feature maps '
+                      'both lean and stored, timed interleaved, bidirectional and causal (or only '
+                      '--causal); writes <name>.csv/.md (default compare_maps)')
   p.add_argument('--quick', action='store_true',
                  help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat')
   args = p.parse_args(argv)
@@ -91,6 +97,9 @@ def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
+  if args.kinds is None:
+    args.kinds = ','.join(attention_cost.DEFAULT_MAP_KINDS if args.compare == 'maps'
+                          else attention_cost.DEFAULT_KINDS)
   kinds = registry.list_kernels() if args.kinds == 'all' else [k.strip() for k in args.kinds.split(',')]
   lengths = [int(x) for x in args.lengths.split(',')]
   setup = attention_cost.Setup(batch=args.batch, heads=args.heads, head_dim=args.head_dim,
@@ -104,6 +113,8 @@ def main(argv=None) -> int:
     return _compare_official(args, setup, lengths, hw_before, argv)
   if args.compare == 'projections':
     return _compare_projections(args, setup, hw_before, argv)
+  if args.compare == 'maps':
+    return _compare_maps(args, setup, kinds, lengths, hw_before, argv)
   start = time.time()
   rows, info = attention_cost.run(kinds, lengths, setup, log=lambda s: print(s, flush=True))
   elapsed = time.time() - start
@@ -169,6 +180,43 @@ def _compare_official(args, setup, lengths, hw_before, argv) -> int:
            f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
            f'M {args.num_features}, {args.dtype}, last L/8 keys padded; medians of {args.repeats} '
            f'interleaved rounds after one warm-up call each; run took {elapsed:.0f} s.', '', table, '']
+  with open(prefix + '.md', 'w') as f:
+    f.write('\n'.join(lines))
+  print()
+  print(table)
+  print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md']))
+  return 0
+
+
+def _compare_maps(args, setup, kinds, lengths, hw_before, argv) -> int:
+  """``--compare maps``: runs ``attention_cost.compare_maps`` and writes its table."""
+  from kernelformer.bench import attention_cost, output  # pylint: disable=g-import-not-at-top
+  for text in kinds:
+    try:
+      attention_cost.parse_kind_variant(text)
+    except ValueError as e:
+      print(f'{PROG}: error: {e}', file=sys.stderr)
+      return 2
+  causal_modes = (True,) if args.causal else (False, True)
+  start = time.time()
+  rows, skipped = attention_cost.compare_maps(kinds, lengths, setup, causal_modes=causal_modes,
+                                              log=lambda s: print(s, flush=True))
+  elapsed = time.time() - start
+  name = args.name or ('compare_maps_quick' if args.quick else 'compare_maps')
+  prefix = os.path.join(args.out_dir, name)
+  os.makedirs(args.out_dir, exist_ok=True)
+  output.write_csv(rows, prefix + '.csv', attention_cost.MAPS_FIELDS)
+  command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
+  table = attention_cost.maps_markdown(rows)
+  lines = [f'# Feature maps, lean and stored paths ({name})', '', f'Command: `{command.strip()}`', '',
+           f'Hardware at start: {hw_before}', '', f'Hardware at end: {hardware()}', '',
+           f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, M {args.num_features} '
+           f'(posrf-orf, t2r), {args.dtype}, every key real; fwd+bwd (jax.vjp of the module); medians '
+           f'of {args.repeats} interleaved rounds after one warm-up call each; compiled memory from '
+           f'XLA (temp + arguments + outputs); run took {elapsed:.0f} s.', '']
+  if skipped:
+    lines += ['Skipped: ' + '; '.join(f'`{k}`: {v}' for k, v in skipped.items()), '']
+  lines += [table, '']
   with open(prefix + '.md', 'w') as f:
     f.write('\n'.join(lines))
   print()
