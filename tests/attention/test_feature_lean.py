@@ -204,11 +204,11 @@ def test_module_takes_the_lean_path_and_matches_the_stored_one(kind, options, ca
 
 @pytest.mark.parametrize('causal', [False, True])
 def test_backward_does_not_store_taylor_features(causal):
-  """Compiled temp memory of fwd+bwd, Taylor at d = 16 (M' = 273), L = 2048, Dv = 16: the stored path
-  keeps phi(Q), phi(K) (2.1 MiB each) and, causal, every chunk's [M', Dv] state; the lean paths hold a
-  chunk's features and (causal) ~2 sqrt(L/C) states. Measured: bidirectional 5.6 vs 18.8 MiB, causal
-  1.8 vs 23.3 MiB (jax 0.10.2, CPU); storing every chunk's state in the causal path gives 3.0 MiB."""
-  n, d, dv = 2048, 16, 16
+  """Compiled temp memory of fwd+bwd, Taylor at d = 32 (M' = 1057), L = 4096, Dv = 32. The stored path
+  keeps phi(Q), phi(K) (16.5 MiB each) and, causal, every chunk's [M', Dv] state; the lean paths hold a
+  chunk's features and (causal) ~2 sqrt(L/C) states. Measured (jax 0.10.2, CPU): bidirectional 2.8 MiB
+  lean; causal 6.0 MiB lean, 11.9 MiB when every chunk's state is saved (one segment), 190 MiB stored."""
+  n, d, dv = 4096, 32, 32
   ks = jax.random.split(jax.random.PRNGKey(0), 4)
   q, k = (jax.random.normal(kk, (1, n, d)) for kk in ks[:2])
   v, g = (jax.random.normal(kk, (1, n, dv)) for kk in ks[2:])
@@ -226,7 +226,6 @@ def test_backward_does_not_store_taylor_features(causal):
 
   if causal:
     lean = temp(lambda q, k, v: linear.causal_feature_attention(fn, q, k, v, None))
-    assert lean < 2.5 * 2**20 < 15 * 2**20 < temp(stored), lean
   else:
     lean = temp(lambda q, k, v: linear.feature_attention(fn, q, k, v, None))
-    assert lean < 8 * 2**20 < 15 * 2**20 < temp(stored), lean
+  assert lean < (9 if causal else 6) * 2**20 < 60 * 2**20 < temp(stored), lean
