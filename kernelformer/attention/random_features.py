@@ -37,6 +37,7 @@ Names (registered at import, lowercase; ``registry.get`` is case-insensitive):
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import flax.linen as nn
@@ -238,16 +239,15 @@ class RandomFeatureAttention(nn.Module):
     form = components_lib.LOG_SPACE_FORMS.get(self.component)
     row_wise = form is None and self.component in ROW_WISE
     lean = (form is not None or row_wise) and position_bias is None
-    if lean:
+    if lean and row_wise:
+      out = _row_wise_attention(self.component, qf, kf, v, proj, mask, causal=causal,
+                                per_head=not (self.share_heads or proj is None), eps=self.feature_eps,
+                                chunk_size=self.chunk_size)
+      if not self.is_mutable_collection('intermediates'):
+        return out
+    elif lean:
       proj_axis = None if (self.share_heads or proj is None) else 0
-      fn = components_lib.COMPONENTS[self.component]
-      if causal and row_wise:
-        one_head = lambda qh, kh, vh, p: linear.causal_feature_attention(
-            fn, qh, kh, vh, p, mask=mask, eps=self.feature_eps, chunk_size=self.chunk_size)
-      elif row_wise:
-        one_head = lambda qh, kh, vh, p: linear.feature_attention(
-            fn, qh, kh, vh, p, mask=mask, eps=self.feature_eps)
-      elif causal:
+      if causal:
         one_head = lambda qh, kh, vh, p: linear.causal_exp_feature_attention(
             form, qh, kh, vh, p, mask=mask, eps=self.feature_eps, chunk_size=self.chunk_size)
       else:
@@ -349,6 +349,38 @@ class RandomFeatureAttention(nn.Module):
 # saderf (parameters from all queries and keys), posrf_lra (one max over all keys), registered ones.
 ROW_WISE = frozenset({'elu', 'relu', 'rks', 'grelu', 'grelu_det',
                       *(comp for comp, *_ in maps_lib.KINDS.values())})
+
+@functools.lru_cache(maxsize=None)
+def _heads_component(component: str):
+  """``component`` for q, k ``[B, H, C, d]`` with parameters carrying a leading head axis: vmapped over
+  heads around the feature computation only (one stable function per name, for the lean paths' cache)."""
+  fn = components_lib.COMPONENTS[component]
+
+  def heads(q, k, proj, *, mask=None, stabilize=True):
+    one = lambda qh, kh, p, m: fn(qh, kh, p, mask=m, stabilize=stabilize)
+    return jax.vmap(one, in_axes=(1, 1, 0, None if mask is None else 1), out_axes=1)(q, k, proj, mask)
+  return heads
+
+
+def _row_wise_attention(component: str, q: Array, k: Array, v: Array, proj, mask: Optional[Array], *,
+                        causal: bool, per_head: bool, eps: float, chunk_size: int) -> Array:
+  """``linear.feature_attention`` / ``causal_feature_attention`` for ``[B, L, H, d]`` inputs.
+
+  Heads become a leading axis of the call (``[B, H, L, d]``) rather than a ``vmap`` around it: the
+  chunks' large einsums then run on plain leading axes (at Taylor's M' = 4161, L = 2048, H = 2, fwd+bwd
+  took 0.56-0.64x the time of the vmapped call, interleaved on this CPU). Per-head parameters are
+  vmapped inside the feature computation only (``_heads_component``).
+  """
+  fn = _heads_component(component) if per_head else components_lib.COMPONENTS[component]
+  qt, kt, vt = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
+  key_mask = None if mask is None else jnp.asarray(mask, bool)[:, None, :]
+  if causal:
+    out = linear.causal_feature_attention(fn, qt, kt, vt, proj, mask=key_mask, eps=eps,
+                                          chunk_size=chunk_size)
+  else:
+    out = linear.feature_attention(fn, qt, kt, vt, proj, mask=key_mask, eps=eps)
+  return jnp.swapaxes(out, 1, 2)
+
 
 # Components with a fused Pallas kernel (the kernel's feature name).
 PALLAS_FEATURES = {'posrf': 'exp', 'trigrf': 'trig', 'elu': 'elu', 'relu': 'relu'}
