@@ -22,6 +22,7 @@ import time
 
 PROG = 'kernelformer benchmark attention'
 QUICK_KINDS = ('softmax', 'posrf-orf')
+QUICK_MAP_KINDS = ('softmax', 'taylor:map_dim=4')   # --compare maps --quick
 QUICK_LENGTHS = (128, 256)
 
 
@@ -67,10 +68,13 @@ def parse_args(argv):
                       'both lean and stored, timed interleaved, bidirectional and causal (or only '
                       '--causal); writes <name>.csv/.md (default compare_maps)')
   p.add_argument('--quick', action='store_true',
-                 help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat')
+                 help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat '
+                      f'(--compare maps: {",".join(QUICK_MAP_KINDS)} at L={QUICK_LENGTHS[0]})')
   args = p.parse_args(argv)
   if args.quick:
-    args.kinds, args.lengths, args.repeats = ','.join(QUICK_KINDS), ','.join(map(str, QUICK_LENGTHS)), 1
+    maps = args.compare == 'maps'
+    args.kinds = ','.join(QUICK_MAP_KINDS if maps else QUICK_KINDS)
+    args.lengths, args.repeats = ','.join(map(str, QUICK_LENGTHS[:1] if maps else QUICK_LENGTHS)), 1
     args.num_features = min(args.num_features, 32)
   return args
 

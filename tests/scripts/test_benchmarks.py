@@ -174,6 +174,33 @@ def test_benchmark_compare_official_quick(tmp_path, capsys):
   assert 'official / ours' in capsys.readouterr().out
 
 
+def test_benchmark_compare_maps_quick(tmp_path, capsys):
+  """``--compare maps``: per (causal, length) every kind, row-wise maps lean and stored, all timed,
+  their M', memory from XLA."""
+  script = load_script('benchmark_attention')
+  assert script.main(['--compare', 'maps', '--quick', '--causal', '--out_dir', str(tmp_path)]) == 0
+  rows = output.read_csv(str(tmp_path / 'compare_maps_quick.csv'))
+  assert {(r['kind'], r['path'], r['causal']) for r in rows} == {
+      ('softmax', '-', 'True'), ('taylor:map_dim=4', 'lean', 'True'), ('taylor:map_dim=4', 'stored', 'True')}
+  for r in rows:
+    assert as_float(r['time_ms']) > 0 and as_float(r['total_mib']) > 0 and int(r['repeats']) == 1, r
+    assert as_float(r['load_1min']) >= 0
+    if r['path'] == 'stored':
+      assert as_float(r['time_vs_lean']) > 0
+  width = {r['kind']: r['features'] for r in rows}
+  assert width['taylor:map_dim=4'] == '21' and width['softmax'] == ''
+  md = (tmp_path / 'compare_maps_quick.md').read_text()
+  assert 'load average' in md and '| causal | 128 | taylor:map_dim=4 | stored | 21 |' in md
+
+
+def test_benchmark_compare_maps_rejects_a_malformed_variant(tmp_path, capsys):
+  script = load_script('benchmark_attention')
+  assert script.main(['--compare', 'maps', '--kinds', 'taylor:map_dim', '--out_dir', str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and 'taylor:map_dim=16' in err, err
+  assert not list(tmp_path.iterdir())
+
+
 def test_compare_official_skips_cells_over_the_memory_limit():
   """A cell whose compiled programs exceed ``max_memory_gb`` is compiled, not run, and says why."""
   setup = attention_cost.Setup(batch=1, heads=1, head_dim=8, num_features=8, repeats=1,
