@@ -12,6 +12,9 @@ Pure functions on feature maps that have already been computed. Shapes follow th
   ``causal_exp_feature_attention`` (exp-maps with a ``LogSpaceForm``: posrf, hyperbolic) runs one
   ``lax.scan`` over chunks that forms the chunk's features, updates the running key max and carries
   only the ``[M, Dv]`` state and the normalizer's ``[M]`` (issue 24; docs/architecture.md says why).
+  ``feature_attention`` / ``causal_feature_attention`` do the same for row-wise maps without a
+  stabilizer (Taylor, Hedgehog, T2R, DPFP, ReBased, elementwise maps, elu, relu, rks, grelu; issue 27):
+  features formed one chunk at a time, recomputed in the backward.
 * Padded keys are removed from both numerator and normalizer by zeroing their feature rows.
 * Accumulation is float32 whatever the input dtype (bf16 inputs are upcast on CPU, where a bf16 dot with
   a float32 result is not supported, and use ``preferred_element_type`` elsewhere).
