@@ -346,9 +346,12 @@ class RandomFeatureAttention(nn.Module):
 # statistic, no stabilizer shift. Their attention takes ``linear.feature_attention`` (bidirectional) and
 # ``linear.causal_feature_attention`` (causal), which form the features one chunk at a time (issue 27).
 # Not here: the exp-maps (their own lean path, ``LOG_SPACE_FORMS``), trigrf (a key-norm shift), oprf and
-# saderf (parameters from all queries and keys), posrf_lra (one max over all keys), registered ones.
-ROW_WISE = frozenset({'elu', 'relu', 'rks', 'grelu', 'grelu_det',
-                      *(comp for comp, *_ in maps_lib.KINDS.values())})
+# saderf (parameters from all queries and keys), posrf_lra (one max over all keys), cosformer (positions),
+# registered ones.
+# cosFormer (``components.POSITIONAL``) needs each row's position and the sequence's horizon: stored path.
+ROW_WISE = frozenset({'elu', 'relu', 'rks', 'grelu', 'grelu_det', 'polysketch',
+                      *(comp for comp, *_ in maps_lib.KINDS.values())}
+                     - components_lib.POSITIONAL) & frozenset(components_lib.COMPONENTS)
 
 @functools.lru_cache(maxsize=None)
 def _heads_component(component: str):

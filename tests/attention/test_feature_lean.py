@@ -35,7 +35,7 @@ def _inputs(seed=0, scale=0.8, n=L):
 
 def _params(name, seed=3):
   if components.uses_projection(name) and name not in maps.LEARNED_MAPS and name != 'taylor':
-    return weights.SAMPLERS['orf'](jax.random.PRNGKey(seed), 16, D)       # rks, grelu: a W
+    return weights.SAMPLERS['orf'](jax.random.PRNGKey(seed), 16, D)       # rks, grelu, polysketch: a W
   return maps.example_params(name, D, jax.random.PRNGKey(seed))          # None for parameter-free maps
 
 
@@ -79,9 +79,10 @@ def _assert_close(lean, stored, atol):
 
 def test_row_wise_set_covers_the_maps():
   for comp, *_ in maps.KINDS.values():
-    assert comp in rf.ROW_WISE
-  # Maps with a key statistic or a stabilizer shift keep their own paths.
-  assert not rf.ROW_WISE & {'posrf', 'hyperbolic', 'trigrf', 'oprf', 'saderf', 'posrf_lra'}
+    assert comp in rf.ROW_WISE or comp in components.POSITIONAL
+  assert 'polysketch' in rf.ROW_WISE
+  # Maps with a key statistic, a stabilizer shift or positions keep their own paths.
+  assert not rf.ROW_WISE & {'posrf', 'hyperbolic', 'trigrf', 'oprf', 'saderf', 'posrf_lra', 'cosformer'}
 
 
 @pytest.mark.parametrize('name', sorted(rf.ROW_WISE))
