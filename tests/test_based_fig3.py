@@ -126,3 +126,22 @@ def test_vs_state_table_csv_and_figure(tmp_path):
   csv_text = (tmp_path / 'out' / 'fig3.csv').read_text().splitlines()
   assert len(csv_text) == 1 + len(runs) and csv_text[0].startswith('map,kind,length')
   assert (tmp_path / 'out' / 'fig3.png').stat().st_size > 1000
+
+
+def test_taylor_with_map_dim_decodes_as_the_full_forward():
+  """The decode cache of ``taylor`` with Based's projection (map_dim r < head dim) holds 1 + r + r^2
+  features per value column, and step-by-step logits equal the full causal forward."""
+  import jax
+  from kernelformer import decoder
+  model = decoder.Decoder(vocab_size=7, emb_dim=16, num_layers=2, num_heads=2, qkv_dim=16, mlp_dim=16,
+                          attention={'kind': 'taylor', 'map_dim': 3, 'chunk_size': 2}, max_length=5)
+  tokens = jax.random.randint(jax.random.key(0), (2, 5), 1, 7)
+  fkey = jax.random.key(2)
+  params = model.init({'params': jax.random.key(1), 'features': fkey}, tokens)['params']
+  full = model.apply({'params': params}, tokens, rngs={'features': fkey})
+  steps = decoder.teacher_forced_logits(model, params, tokens, features_key=fkey)
+  np.testing.assert_allclose(np.asarray(steps), np.asarray(full), rtol=2e-4, atol=2e-4)
+  cache = decoder.init_cache(model, 1)
+  shapes = [v.shape for p, v in jax.tree_util.tree_flatten_with_path(cache)[0]
+            if str(getattr(p[-1], 'key', p[-1])) == 'state']
+  assert shapes and all(s[2:] == (1 + 3 + 9, 8) for s in shapes)
