@@ -13,37 +13,47 @@ from kernelformer.reproduce import recall_plot
 
 
 def test_sweep_plans_the_blocks(tmp_path):
+  from configs.sweeps import based_fig3 as fig3
   from kernelformer.reproduce import sweeps
   sweep = sweeps.load_sweep('based_fig3')
   runs = sweeps.plan(sweep, str(tmp_path))
   assert not [r.error for r in runs if r.error]
   cos = any(r.kind == 'cosformer' for r in runs)
-  assert len(runs) == 42 + 5 * cos           # blocks of 9, 8, 8, 8, 9 maps (+ cosformer in each)
+  low = [m for m in fig3.LOW_LR_MAPS if m != 'cosformer' or cos]
+  # blocks of 9 maps (10 with cosformer), the low-lr maps, then 8 (9) maps at each of three points
+  assert len(runs) == 9 + len(low) + 3 * 8 + 4 * cos
   assert {r.task for r in runs} == {'mqar'}
 
   def key(r):
     o = dict(r.point.overrides)
-    return ((o['data.max_length'], o['data.num_pairs']), o['model.emb_dim'],
-            round(np.log10(o['optim.learning_rate']), 2))
+    return (o['data.max_length'], o['data.num_pairs']), o['model.emb_dim']
+
+  def label(r):
+    return r.point.label.split(',')[0]
   blocks = {}
   for r in runs:
     blocks.setdefault(key(r), []).append(r)
-  assert {k: len(v) - cos for k, v in blocks.items()} == {
-      ((64, 4), 64, -1.5): 9, ((128, 8), 64, -1.5): 8, ((64, 4), 32, -1.5): 8,
-      ((256, 16), 64, -1.5): 8, ((64, 4), 64, -2.0): 9}
-  # Block order = run order: the (64, 4) panel at d 64 first, the second learning rate last.
-  assert key(runs[0]) == ((64, 4), 64, -1.5) and key(runs[-1]) == ((64, 4), 64, -2.0)
+  assert {k: len(v) - cos * (2 if k == ((64, 4), 64) else 1) for k, v in blocks.items()} == {
+      ((64, 4), 64): 9 + len(low) - ('cosformer' in low), ((64, 4), 32): 8, ((128, 8), 64): 8,
+      ((256, 16), 64): 8}
+  # Block order = run order: the (64, 4) d-64 panel first (10^-1.5, then 10^-2), the longest last.
+  assert key(runs[0]) == ((64, 4), 64) and key(runs[-1]) == ((256, 16), 64)
+  first = [r for r in runs if key(r) == ((64, 4), 64)]
+  assert [dict(r.point.overrides)['optim.learning_rate'] for r in first] == (
+      [10 ** -1.5] * (9 + cos) + [1e-2] * len(low))
+  assert sorted(label(r) for r in first[9 + cos:]) == sorted(low)
   for r in runs:
     o = dict(r.point.overrides)
     assert o['model.qkv_dim'] == o['model.emb_dim']
     assert o['data.num_train'] == (100_000 if o['data.max_length'] == 64 else 20_000)
+    if key(r) != ((64, 4), 64):     # later blocks: each map at its better learning rate
+      assert o['optim.learning_rate'] == fig3.BEST_LR.get(label(r), 10 ** -1.5)
+      assert label(r) != 'taylor r=8'
     if r.kind == 'posrf-orf':
       assert o['model.attention.num_features'] == o['model.emb_dim']
       assert o['model.attention.redraw_every'] in (0, 100)
-  taylor = sorted((key(r), dict(r.point.overrides)['model.attention.map_dim'])
-                  for r in runs if r.kind == 'taylor')
-  assert [t[1] for t in taylor if t[0] == ((64, 4), 64, -1.5)] == [16, 8] or \
-      sorted(t[1] for t in taylor if t[0] == ((64, 4), 64, -1.5)) == [8, 16]
+  assert sorted(dict(r.point.overrides)['model.attention.map_dim'] for r in first[:9 + cos]
+                if r.kind == 'taylor') == [8, 16]
   # The preset: Based's layout (conv layer + mixer, no positions, no MLP), wd 0.1, the top lr.
   cfg = sweeps.point_config(runs[0].point, sweep.common)
   assert (cfg.model.short_conv, cfg.model.pos_encoding, cfg.model.state_mixer) == (3, 'none',
