@@ -131,7 +131,7 @@ def test_vs_state_table_csv_and_figure(tmp_path):
   assert '| softmax | 64 | 8,384 | KV cache | 90.0 [0.03] |' in four
   assert '| linear-elu | 64 | 4,352 | 64 | — |' in four
   assert 'Ranked: softmax (90.0 @ 8,384) > taylor r=4 (60.0 @ 1,167) > posrf-orf fixed' in four
-  assert 'chance 25 %' in four and 'chance 12 %' in eight and '| linear-elu | 64 | 4,352 |' in eight
+  assert 'chance 25 %' in four and 'chance 12.5 %' in eight and '| linear-elu | 64 | 4,352 |' in eight
   assert 'Total wall time of the finished runs: 60 s' in eight
   csv_text = (tmp_path / 'out' / 'fig3.csv').read_text().splitlines()
   assert len(csv_text) == 1 + len(runs) and csv_text[0].startswith('map,kind,length')

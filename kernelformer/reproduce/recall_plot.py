@@ -393,7 +393,7 @@ def state_markdown(rows: list[dict]) -> str:
   total = sum(r['seconds'] or 0 for r in rows)
   for (length, pairs), by_map in sorted(_points(rows).items()):
     lines += [f'**Length {length}, {pairs} key-value pairs** — test accuracy (%) on the queries; '
-              f'chance {100 / pairs:.0f} % guessing among the example\'s {pairs} values, '
+              f'chance {100 / pairs:g} % guessing among the example\'s {pairs} values, '
               f'{100 * 2 / 8192:.3f} % uniform over the 4,096 values', '',
               "| map | d_model | state (Based's count) | M' held here | best [lr] | "
               + ' | '.join(f'lr {v:.3g}' for v in lrs) + ' | wall (s) |',
@@ -443,6 +443,7 @@ def plot_state(rows: list[dict], path: str) -> bool:
       else:
         style = '--' if 'redraw' in name else '-'
         ax.plot(xs, ys, marker='o', ls=style, color=colors[name], label=name)
+    ax.axhline(100 / setting[1], color='0.6', ls='--', lw=0.8, label='chance: guess among the values')
     ax.set_xscale('log')
     ax.set_xlabel("state size (Based's count: 3 d + (d_v + 1) E)")
     ax.set_title(f'MQAR, length {setting[0]}, {setting[1]} pairs')
