@@ -81,7 +81,7 @@ def test_state_size_hand_counts(kind, d, length, extra, expected):
 
 
 @pytest.mark.parametrize('kind,m', [('linear-elu', 0), ('relu', 0), ('hedgehog', 0), ('dpfp', 0),
-                                    ('dpfp-nu2', 0), ('posrf-orf', 16)])
+                                    ('dpfp-nu2', 0), ('posrf-orf', 16), ('cosformer', 0)])
 def test_counted_features_are_what_the_decoder_holds(kind, m):
   """E in the state-size formula is the feature dimension of the decoder's own recurrent state."""
   held, _ = recall_plot.state_features(kind, m or 1, 8, 1)
