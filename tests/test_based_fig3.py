@@ -120,7 +120,7 @@ def test_vs_state_table_csv_and_figure(tmp_path):
           _run(tmp_path, 'e', 'posrf-orf', 0.03, 0.1, att={'num_features': 64, 'redraw_every': 100}),
           _run(tmp_path, 'f', 'linear-elu', 0.03, None),                   # planned, unfinished
           _run(tmp_path, 'g', 'linear-elu', 0.03, 0.05, length=128, pairs=8)]
-  (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'based_fig3', 'runs': runs}))
+  (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'not_a_named_sweep', 'runs': runs}))
   out = tmp_path / 'out' / 'fig3'
   assert recall_plot.main([str(tmp_path), '--out', str(out), '--vs_state']) == 0
   md = (tmp_path / 'out' / 'fig3.md').read_text()
@@ -155,3 +155,11 @@ def test_taylor_with_map_dim_decodes_as_the_full_forward():
   shapes = [v.shape for p, v in jax.tree_util.tree_flatten_with_path(cache)[0]
             if str(getattr(p[-1], 'key', p[-1])) == 'state']
   assert shapes and all(s[2:] == (1 + 3 + 9, 8) for s in shapes)
+
+
+def test_vs_state_drops_unfinished_runs_the_current_plan_no_longer_has(tmp_path):
+  """A run an earlier definition planned (and that never finished) is not shown as missing."""
+  runs = [_run(tmp_path, 'a', 'relu', 0.03, 0.5), _run(tmp_path, 'gone', 'relu', 0.01, None)]
+  (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'x', 'runs': runs}))
+  assert [r['workdir'] for r in recall_plot.collect_state(str(tmp_path), {'a'})] == ['a']
+  assert len(recall_plot.collect_state(str(tmp_path))) == 2

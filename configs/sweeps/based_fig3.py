@@ -36,10 +36,12 @@ d_model >= 128,
 Taylor r = 24, the source's Identity/Square/AllPoly maps, the training mixture and the long tests.
 
   nice -n 10 kernelformer sweep --sweep based_fig3 --sweep_dir runs/sweeps/based_fig3
-  python -m kernelformer.reproduce.recall_plot runs/sweeps/based_fig3 --out docs/recall/based_fig3 \\
+  python -m kernelformer.reproduce.recall_plot runs/sweeps/based_fig3 --out docs/recall/based_fig3_runs \\
       --vs_state
 
-Runtime: see docs/recall/based_fig3.md (blocks 1-4 in ~70 min on the shared 2-core CPU, load 10-14).
+Runtime (docs/recall/based_fig3.md): 63 min wall on the shared 2-core CPU (load 11-18) for blocks 1-3
+and 6 of the 9 (128, 8) runs, where the 70-min budget stopped it; the rest (3 runs at (128, 8), block 5)
+is ~25 min more. Rerunning the command runs only the unfinished points.
 """
 from __future__ import annotations
 

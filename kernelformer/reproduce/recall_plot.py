@@ -23,6 +23,14 @@ run; the figure plots the best accuracy against the column, a line per kernel, a
 
   python -m kernelformer.reproduce.recall_plot runs/sweeps/zoology_fig2 --out docs/recall/zoology_fig2 \
       --best_of optim.learning_rate
+
+``--vs_state`` (Based's figure 3, ``configs/sweeps/based_fig3.py``): per (length, pairs) a row per (feature
+map, state size) with the best test accuracy over the learning rates, each run's accuracy and wall time,
+and the maps ranked; the figure plots it against Based's state-size count (``based_state_size``), one
+panel per (length, pairs); ``<out>.csv`` lists every run.
+
+  python -m kernelformer.reproduce.recall_plot runs/sweeps/based_fig3 --out docs/recall/based_fig3_runs \
+      --vs_state
 """
 from __future__ import annotations
 
@@ -335,12 +343,17 @@ def map_label(kind: str, map_dim: int = 0, redraw_every: Optional[int] = None) -
   return kind
 
 
-def collect_state(sweep_dir: str) -> list[dict]:
-  """One dict per planned run of a based_fig3-style sweep: map, setting, d_model, lr, state, accuracy."""
+def collect_state(sweep_dir: str, plan: Optional[set[str]] = None) -> list[dict]:
+  """One dict per run of a based_fig3-style sweep: map, setting, d_model, lr, state, accuracy.
+
+  Every finished run is kept; an unfinished one only when ``plan`` is None or names it (as ``collect``).
+  """
   meta, runs = report.collect(sweep_dir)
   planned = {e['workdir']: e for e in meta.get('runs', [])}
   rows = []
   for r in runs:
+    if r.results is None and plan is not None and r.workdir not in plan:
+      continue
     res = r.results or {}
     cfg = res.get('config') or {}
     over = dict(planned.get(r.workdir, {}).get('overrides') or {})
@@ -450,9 +463,14 @@ def plot_state(rows: list[dict], path: str) -> bool:
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel('test accuracy on queries (%), best lr')
-  axes[0][-1].legend(fontsize=7, loc='best')
+  legend = {}
+  for ax in axes[0]:                       # every map once, whichever panels it reached
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(lab, h)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.legend(list(legend.values()), list(legend), fontsize=8, loc='center left',
+             bbox_to_anchor=(1.0, 0.5))
+  fig.savefig(path, dpi=110, bbox_inches='tight')
   plt.close(fig)
   return True
 
@@ -483,7 +501,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f'error: no sweep directory {a.sweep_dir!r}', file=sys.stderr)
     return 2
   if a.vs_state:
-    rows = collect_state(a.sweep_dir)
+    meta = report._read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}  # pylint: disable=protected-access
+    rows = collect_state(a.sweep_dir, current_plan(meta['name']) if meta.get('name') else None)
     os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
     with open(a.out + '.md', 'w', encoding='utf-8') as f:
       f.write(state_markdown(rows))
