@@ -25,6 +25,15 @@ Presets (``--config configs/mqar.py:<preset>``):
                 replacement, each value repeated after its query; 2 layers of 64 dims, 2 heads, 800
                 steps at lr 3e-3, softmax; test accuracy 0.9995, docs/causal.md). Kept for the runs
                 measured on it (configs/sweeps/recall.py).
+  based         Based's figure-3 feature-map study (Arora et al. 2024; HazyResearch/zoology d88d6f5,
+                ``zoology/experiments/paper_configs/arxiv24_based_figure3/configs.py``) at CPU scale, for
+                configs/sweeps/based_fig3.py: Zoology's task (vocabulary 8,192, lines 10-17), Based's
+                model layout (2 layers: a BaseConv layer with a kernel-3 short convolution, then the
+                linear-attention layer, 1 head, no positions, no MLP; lines 45-57, 98-123), weight decay
+                0.1, cosine decay, lr 10^-1.5 (the top of Based's grid ``np.logspace(-3, -1.5, 4)``, line
+                131). Training examples as the source (100,000 at length 64; the sweep sets 20,000 at 128
+                and 256, lines 15-17) but 600 steps x batch 32 (19,200 examples: every one fresh), not 32
+                epochs at batch 256; 1,000 test examples per setting (lines 22-28), 200 for validation.
   tiny          seconds; the smoke tests: Zoology's task and model options (BaseConv + attention,
                 identity state mixer, no positions) at vocabulary 16, length 16, 2 pairs.
 Data is generated on the fly from ``data.seed`` (nothing on disk). ``data.task='selective_copy'`` runs
@@ -41,8 +50,12 @@ from __future__ import annotations
 
 from kernelformer.configs import common
 
-PRESETS = ('zoology', 'cpu', 'legacy_quick', 'tiny')
+PRESETS = ('zoology', 'cpu', 'based', 'legacy_quick', 'tiny')
 ZOOLOGY_VOCAB = 8192      # iclr24_zoology_figure2/configs.py line 11
+# Based figure 3's learning rates, np.logspace(-3, -1.5, 4) (arxiv24_based_figure3/configs.py line 131);
+# the ``based`` preset takes the largest (the one that learns fastest in a CPU-sized run).
+BASED_LEARNING_RATES = (1e-3, 10 ** -2.5, 1e-2, 10 ** -1.5)
+BASED_LR = BASED_LEARNING_RATES[-1]
 
 
 def recall_data(c, *, vocab_size: int, num_pairs: int, length: int, num_train: int,
@@ -112,6 +125,16 @@ def get_config(preset: str = 'cpu'):
     zoology_optim(c, learning_rate=1e-3, num_train_steps=600, batch_size=64)
     c.eval_every = 300
     c.checkpoint_every = 300
+    c.log_every = 100
+  elif preset == 'based':
+    recall_data(c, vocab_size=ZOOLOGY_VOCAB, num_pairs=4, length=64, num_train=100_000,
+                num_eval=1_000)
+    c.data.num_val = 200
+    zoology_model(c, dim=64, short_conv=3)
+    c.model.attention.attention_dropout = 0.0   # Based's mixer: dropout = nn.Identity (based.py line 101)
+    zoology_optim(c, learning_rate=BASED_LR, num_train_steps=600, batch_size=32)
+    c.eval_every = 600
+    c.checkpoint_every = 600
     c.log_every = 100
   elif preset == 'legacy_quick':
     # Why these sizes: recall needs a two-layer induction circuit (layer 1 copies each key into the

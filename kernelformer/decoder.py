@@ -250,7 +250,8 @@ class CausalSelfAttention(nn.Module):
       raise ValueError(f'decode=True takes one token per call under a position bias, got {t}')
     # Running key max per feature column; the cache holds zeros before the first token, which stand
     # for -inf ("no key yet") so the first key sets the shift.
-    m = components_lib.feature_count(kwargs['component'], kwargs['num_features'], q.shape[-1])
+    m = components_lib.feature_count(kwargs['component'], kwargs['num_features'], q.shape[-1],
+                                     map_dim=kwargs.get('map_dim', 0) or 0)
     shift = self.variable('cache', 'key_shift', jnp.zeros, (b, h, m), jnp.float32)
     shift_in = jnp.where(idx == 0, -jnp.inf, shift.value)
     unit_keys = (rpe and kwargs['normalize_qk']

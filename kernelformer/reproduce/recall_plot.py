@@ -23,6 +23,14 @@ run; the figure plots the best accuracy against the column, a line per kernel, a
 
   python -m kernelformer.reproduce.recall_plot runs/sweeps/zoology_fig2 --out docs/recall/zoology_fig2 \
       --best_of optim.learning_rate
+
+``--vs_state`` (Based's figure 3, ``configs/sweeps/based_fig3.py``): per (length, pairs) a row per (feature
+map, state size) with the best test accuracy over the learning rates, each run's accuracy and wall time,
+and the maps ranked; the figure plots it against Based's state-size count (``based_state_size``), one
+panel per (length, pairs); ``<out>.csv`` lists every run.
+
+  python -m kernelformer.reproduce.recall_plot runs/sweeps/based_fig3 --out docs/recall/based_fig3_runs \
+      --vs_state
 """
 from __future__ import annotations
 
@@ -44,13 +52,17 @@ def _get(config: dict, dotted: str):
 
 
 @functools.lru_cache(maxsize=None)
-def state_features(kind: str, num_features: int, head_dim: int, num_heads: int) -> tuple[int, str]:
+def state_features(kind: str, num_features: int, head_dim: int, num_heads: int,
+                   map_dim: int = 0) -> tuple[int, str]:
   """``(M', state)``: the feature dimension of the decode state and its per-head description."""
   import jax  # pylint: disable=g-import-not-at-top
   from kernelformer import decoder  # pylint: disable=g-import-not-at-top
+  attention = {'kind': kind, 'num_features': num_features}
+  if map_dim:
+    attention['map_dim'] = map_dim
   model = decoder.Decoder(vocab_size=8, emb_dim=head_dim * num_heads, num_layers=1,
                           num_heads=num_heads, qkv_dim=head_dim * num_heads, mlp_dim=8,
-                          attention={'kind': kind, 'num_features': num_features}, max_length=4)
+                          attention=attention, max_length=4)
   cache = decoder.init_cache(model, 1)
   flat = {'/'.join(str(getattr(k, 'key', k)) for k in path): v.shape
           for path, v in jax.tree_util.tree_flatten_with_path(cache)[0]}
@@ -267,6 +279,213 @@ def plot_best_of(rows: list[dict], path: str, column: str) -> bool:
   return True
 
 
+# ----------------------------------------------------------------------------------------------------
+# Based's figure 3 (configs/sweeps/based_fig3.py): accuracy against recurrent state size per feature map.
+
+CONV_TAPS = 3   # Based's BaseConv kernel_size (arxiv24_based_figure3/configs.py line 54)
+
+
+def based_expanded_size(kind: str, head_dim: int, *, num_features: int = 0, map_dim: int = 0,
+                        ) -> Optional[int]:
+  """E, the feature dimension Based's ``state_size`` counts per value column; None for softmax.
+
+  HazyResearch/zoology d88d6f5: ``TaylorExp.expanded_size`` = r(r+1)/2 + r + 1 (``mixers/feature_maps/
+  taylor.py`` lines 40-41: the symmetric x x^T counted once; this repository's ``taylor`` holds all
+  r^2 products, M' = 1 + r + r^2), ``CosFormerFeatureMap`` 2 d (``cosformer.py`` lines 57-58), PosELU /
+  ReLU / Identity / Square d (``base.py`` lines 31-32). Maps not in Based's figure: hedgehog 2d, dpfp
+  2 nu d, t2r M, the random-feature kinds M (Based's Performer computes ``expanded_dim`` = 256 features
+  but counts d, ``performer.py`` lines 78-93, as it inherits ``expanded_size``; the sweep sets M = d).
+  ``map_dim`` > 0: Taylor's projected dimension r (else r = ``head_dim``).
+  """
+  from kernelformer.features import maps  # pylint: disable=g-import-not-at-top
+  d = head_dim
+  if kind == 'softmax':
+    return None
+  if kind == 'taylor':
+    r = map_dim or d
+    return r * (r + 1) // 2 + r + 1
+  if kind == 'cosformer':
+    return 2 * d
+  if kind == 'hedgehog':
+    return 2 * d
+  if kind.startswith('dpfp'):
+    nu = int(kind[len('dpfp-nu'):]) if kind.startswith('dpfp-nu') else 1
+    return 2 * nu * d
+  if kind in ('linear-elu', 'relu') or kind.replace('-', '_') in maps.ELEMENTWISE:
+    return d
+  return num_features            # t2r and the random-feature kinds: M rows of W, one feature each
+
+
+def based_state_size(kind: str, d_model: int, head_dim: int, length: int, *, num_heads: int = 1,
+                     num_features: int = 0, map_dim: int = 0, conv_taps: int = CONV_TAPS) -> int:
+  """The state Based's figure 3 plots, for our 2-layer layout (BaseConv layer, then the mixer layer).
+
+  Zoology's ``_compute_state_size`` (``zoology/model.py`` lines 266-286) sums each layer's mixer
+  ``state_size``: the BaseConv layer's short convolution holds ``d_model x kernel_size``
+  (``mixers/convolution.py`` lines 64-65; ``base_conv.py`` lines 65-66), the Based mixer
+  ``num_kv_heads x head_dim x E + num_kv_heads x E`` (``mixers/based.py`` lines 228-231: S = sum
+  phi(k) v^T and the normalizer z = sum phi(k)), softmax attention ``2 x d_model x length`` (its KV
+  cache, ``mixers/attention.py`` lines 70-71; Zoology takes the longest test length, here the run's).
+  """
+  conv = conv_taps * d_model
+  e = based_expanded_size(kind, head_dim, num_features=num_features, map_dim=map_dim)
+  if e is None:
+    return conv + 2 * d_model * length
+  return conv + num_heads * (head_dim + 1) * e
+
+
+def map_label(kind: str, map_dim: int = 0, redraw_every: Optional[int] = None) -> str:
+  """The figure's line for a run: Taylor by its r, the random-feature kinds by fixed draw / redraws."""
+  if kind == 'taylor':
+    return f'taylor r={map_dim}' if map_dim else 'taylor (r = d)'
+  if redraw_every is not None:
+    return f'{kind} fixed' if int(redraw_every) == 0 else f'{kind} redraw/{int(redraw_every)}'
+  return kind
+
+
+def collect_state(sweep_dir: str, plan: Optional[set[str]] = None) -> list[dict]:
+  """One dict per run of a based_fig3-style sweep: map, setting, d_model, lr, state, accuracy.
+
+  Every finished run is kept; an unfinished one only when ``plan`` is None or names it (as ``collect``).
+  """
+  meta, runs = report.collect(sweep_dir)
+  planned = {e['workdir']: e for e in meta.get('runs', [])}
+  rows = []
+  for r in runs:
+    if r.results is None and plan is not None and r.workdir not in plan:
+      continue
+    res = r.results or {}
+    cfg = res.get('config') or {}
+    over = dict(planned.get(r.workdir, {}).get('overrides') or {})
+
+    def val(key, default=None):
+      v = _get(cfg, key) if cfg else None
+      return over.get(key, default) if v is None else v
+    heads = int(val('model.num_heads', 1))
+    d = int(val('model.emb_dim', 64))
+    head_dim = int(val('model.qkv_dim', d)) // heads
+    length = int(val('data.max_length', 0) or 0)
+    m = int(val('model.attention.num_features', 0) or 0)
+    r_dim = int(val('model.attention.map_dim', 0) or 0)
+    redraw = val('model.attention.redraw_every')
+    kind = r.kind
+    if kind not in ('posrf-orf',) and not kind.endswith('-orf'):
+      redraw = None
+    elif redraw is None:
+      redraw = 100                 # the random-feature kinds' default (attention/random_features.py)
+    rows.append(dict(
+        map=map_label(kind, r_dim, redraw), kind=kind, length=length,
+        pairs=val('data.num_pairs'), d=d, lr=val('optim.learning_rate'), seed=val('seed', 0),
+        state=based_state_size(kind, d, head_dim, length, num_heads=heads, num_features=m,
+                               map_dim=r_dim),
+        mprime=(None if kind == 'softmax' else
+                state_features(kind, m or 1, head_dim, heads, r_dim)[0]),
+        accuracy=r.accuracy, seconds=res.get('wall_time_s'), workdir=r.workdir))
+  return rows
+
+
+def _best(rows: list[dict]) -> Optional[dict]:
+  done = [r for r in rows if r['accuracy'] is not None]
+  return max(done, key=lambda r: r['accuracy']) if done else None
+
+
+def _points(rows: list[dict]) -> dict:
+  """(length, pairs) -> map -> state -> its runs (every learning rate and seed)."""
+  out: dict = {}
+  for r in rows:
+    out.setdefault((r['length'], r['pairs']), {}).setdefault(r['map'], {}).setdefault(
+        r['state'], []).append(r)
+  return out
+
+
+def state_markdown(rows: list[dict]) -> str:
+  """Per (length, pairs): a row per (map, state size): the best accuracy over the learning rates (the
+  winner in brackets), each run's accuracy by learning rate, wall time; then the maps ranked."""
+  lrs = sorted({r['lr'] for r in rows if r['lr'] is not None})
+  lines = []
+  total = sum(r['seconds'] or 0 for r in rows)
+  for (length, pairs), by_map in sorted(_points(rows).items()):
+    lines += [f'**Length {length}, {pairs} key-value pairs** — test accuracy (%) on the queries; '
+              f'chance {100 / pairs:g} % guessing among the example\'s {pairs} values, '
+              f'{100 * 2 / 8192:.3f} % uniform over the 4,096 values', '',
+              "| map | d_model | state (Based's count) | M' held here | best [lr] | "
+              + ' | '.join(f'lr {v:.3g}' for v in lrs) + ' | wall (s) |',
+              '|---|---|---|---|---|' + '---|' * len(lrs) + '---|']
+    ranking = []
+    for name, by_state in by_map.items():
+      for state, runs in sorted(by_state.items()):
+        best = _best(runs)
+        cells = []
+        for v in lrs:
+          hit = [r for r in runs if r['lr'] == v]
+          cells.append(', '.join(_cell(r) for r in hit) if hit else '')
+        secs = sum(r['seconds'] or 0 for r in runs)
+        bcell = MISSING if best is None else f"{best['accuracy']:.1f} [{best['lr']:.3g}]"
+        lines.append(f"| {name} | {runs[0]['d']} | {state:,} | {runs[0]['mprime'] or 'KV cache'} | "
+                     f"{bcell} | " + ' | '.join(cells) + f' | {secs:.0f} |')
+        if best is not None:
+          ranking.append((best['accuracy'], name, state))
+    ranking.sort(key=lambda t: -t[0])
+    lines += ['', 'Ranked: ' + ' > '.join(f'{n} ({a:.1f} @ {s:,})' for a, n, s in ranking), '']
+  lines.append(f'Total wall time of the finished runs: {total:.0f} s ({total / 60:.1f} min).')
+  return '\n'.join(lines) + '\n'
+
+
+def plot_state(rows: list[dict], path: str) -> bool:
+  """One panel per (length, pairs): best accuracy over lr against Based's state size, a line per map
+  (softmax: one point at its KV cache, and a dotted line at its accuracy); False when nothing finished."""
+  done = [r for r in rows if r['accuracy'] is not None]
+  if not done:
+    return False
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  points = _points(done)
+  settings = sorted(points)
+  maps_all = list(dict.fromkeys(r['map'] for r in done if r['kind'] != 'softmax'))
+  colors = {m: f'C{i % 10}' for i, m in enumerate(maps_all)}
+  fig, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 4.4), squeeze=False,
+                           sharey=True)
+  for ax, setting in zip(axes[0], settings):
+    for name, by_state in points[setting].items():
+      xs = sorted(by_state)
+      ys = [_best(by_state[x])['accuracy'] for x in xs]
+      if name == 'softmax':
+        ax.plot(xs, ys, marker='s', color='k', ls='none', label='softmax (KV cache)')
+        ax.axhline(max(ys), color='k', ls=':', lw=1)
+      else:
+        style = '--' if 'redraw' in name else '-'
+        ax.plot(xs, ys, marker='o', ls=style, color=colors[name], label=name)
+    ax.axhline(100 / setting[1], color='0.6', ls='--', lw=0.8, label='chance: guess among the values')
+    ax.set_xscale('log')
+    ax.set_xlabel("state size (Based's count: 3 d + (d_v + 1) E)")
+    ax.set_title(f'MQAR, length {setting[0]}, {setting[1]} pairs')
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('test accuracy on queries (%), best lr')
+  legend = {}
+  for ax in axes[0]:                       # every map once, whichever panels it reached
+    for h, lab in zip(*ax.get_legend_handles_labels()):
+      legend.setdefault(lab, h)
+  fig.tight_layout()
+  fig.legend(list(legend.values()), list(legend), fontsize=8, loc='center left',
+             bbox_to_anchor=(1.0, 0.5))
+  fig.savefig(path, dpi=110, bbox_inches='tight')
+  plt.close(fig)
+  return True
+
+
+def write_state_csv(rows: list[dict], path: str) -> None:
+  import csv  # pylint: disable=g-import-not-at-top
+  keys = ('map', 'kind', 'length', 'pairs', 'd', 'lr', 'seed', 'state', 'mprime', 'accuracy',
+          'seconds', 'workdir')
+  with open(path, 'w', newline='', encoding='utf-8') as f:
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+      w.writerow({k: r[k] for k in keys})
+
+
 def main(argv: Optional[list[str]] = None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument('sweep_dir')
@@ -274,10 +493,23 @@ def main(argv: Optional[list[str]] = None) -> int:
   p.add_argument('--best_of', default=None,
                  help='config key to take the best over per point (e.g. optim.learning_rate)')
   p.add_argument('--column', default='model.emb_dim', help='with --best_of: the table columns')
+  p.add_argument('--vs_state', action='store_true',
+                 help="Based's figure 3 (configs/sweeps/based_fig3.py): accuracy against state size "
+                      'per feature map, best over the learning rates; also writes OUT.csv')
   a = p.parse_args(argv)
   if not os.path.isdir(a.sweep_dir):
     print(f'error: no sweep directory {a.sweep_dir!r}', file=sys.stderr)
     return 2
+  if a.vs_state:
+    meta = report._read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}  # pylint: disable=protected-access
+    rows = collect_state(a.sweep_dir, current_plan(meta['name']) if meta.get('name') else None)
+    os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
+    with open(a.out + '.md', 'w', encoding='utf-8') as f:
+      f.write(state_markdown(rows))
+    write_state_csv(rows, a.out + '.csv')
+    wrote = plot_state(rows, a.out + '.png')
+    print(f"wrote {a.out}.md, {a.out}.csv{' and ' + a.out + '.png' if wrote else ''}")
+    return 0
   if a.best_of:
     rows = collect_best_of(a.sweep_dir, a.best_of, a.column)
     os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
