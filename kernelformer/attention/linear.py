@@ -137,8 +137,12 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
       key_shift = jnp.concatenate([beta0[:, None].astype(key_shift.dtype), key_shift], axis=1)
   n_all = kv_chunk.shape[1]
   if key_shift is None:
-    kv_prev = jnp.cumsum(kv_chunk, axis=1) - kv_chunk
-    ks_prev = jnp.cumsum(ks_chunk, axis=1) - ks_chunk
+    # Shifted inclusive sums, not ``cumsum - own chunk``: the subtraction's gradient cancels the
+    # cotangent of every later chunk against the own chunk's, which loses the keys' gradient where a
+    # normalizer is clamped to eps (g / eps ~ 1e6 enters and cancels; off by ~0.1 for relu maps).
+    zero = lambda x: jnp.zeros_like(x[:, :1])
+    kv_prev = jnp.concatenate([zero(kv_chunk), jnp.cumsum(kv_chunk, axis=1)[:, :-1]], axis=1)
+    ks_prev = jnp.concatenate([zero(ks_chunk), jnp.cumsum(ks_chunk, axis=1)[:, :-1]], axis=1)
     if state is not None:
       final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta0)
   else:

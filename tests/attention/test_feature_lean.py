@@ -108,10 +108,10 @@ def test_lean_equals_stored_values_and_gradients(name):
 
 def test_causal_zero_normalizer_row_gradients_match_the_quadratic_oracle():
   """relu: query 0 of batch row 0 sees only key 0 and relu(q_0).relu(k_0) = 0, so its normalizer is
-  clamped to eps and g/D ~ 1e6. The lean path's gradients equal the quadratic oracle's
-  (``quadratic_reference``: no prefix sums) to 1e-5. The stored path forms the exclusive prefix as
-  cumsum - own chunk, so that 1e6 enters and cancels in the keys' gradient: it is off by ~0.1 there
-  (measured 0.095 in dk, 0.042 in dv) -- the lean path is the more accurate one."""
+  clamped to eps and g/D ~ 1e6. The lean path's and the stored path's gradients equal the quadratic
+  oracle's (``quadratic_reference``: no prefix sums) to 1e-5. The stored path used to form the
+  exclusive prefix as cumsum - own chunk, so that 1e6 entered and cancelled in the keys' gradient: it
+  was off by ~0.1 there (measured 0.095 in dk, 0.042 in dv)."""
   q, k, v, g = _inputs()
   q, k = q.at[0, 0].set(jnp.abs(q[0, 0])), k.at[0, 0].set(-jnp.abs(k[0, 0]))
   mask = jnp.arange(L)[None, :] < jnp.array([[L - 7], [L]])
@@ -122,15 +122,17 @@ def test_causal_zero_normalizer_row_gradients_match_the_quadratic_oracle():
     return linear.quadratic_reference(pq[:, :, None], pk[:, :, None], v[:, :, None], mask=mask,
                                       causal=True)[:, :, 0]
 
-  def both(q, k, v):
+  def three(q, k, v):
     return (_value_and_grads(_lean('relu', mask, True), q, k, v, None, g),
+            _value_and_grads(_stored('relu', mask, True), q, k, v, None, g),
             _value_and_grads(quadratic, q, k, v, None, g))
 
-  (out_l, grads_l), (out_q, grads_q) = fast_jit(both)(q, k, v)
-  np.testing.assert_array_equal(np.asarray(out_l[0, 0]), 0.0)        # numerator 0 over eps
-  np.testing.assert_allclose(out_l, out_q, atol=1e-5)
-  for a, b in zip(grads_l, grads_q):
-    np.testing.assert_allclose(a, b, atol=1e-5)
+  *paths, (out_q, grads_q) = fast_jit(three)(q, k, v)
+  for out, grads in paths:
+    np.testing.assert_array_equal(np.asarray(out[0, 0]), 0.0)        # numerator 0 over eps
+    np.testing.assert_allclose(out, out_q, atol=1e-5)
+    for a, b in zip(grads, grads_q):
+      np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 @pytest.mark.parametrize('name', ['taylor', 'hedgehog'])
