@@ -644,6 +644,24 @@ class _Specs:
   def seq(self, x, width):            # [B, L, H, w]: the program's rows
     return (x, (None, self.rows, None, width), lambda i, j, s, t: (i, s, j, 0))
 
+  @property
+  def _col_tiles(self) -> bool:
+    """elu / relu with several feature tiles: feature r is a function of column r alone, so a
+    program reads (and differentiates) only its tile's columns of q, k."""
+    return not self.cfg.projected and self.cfg.m_tiles > 1
+
+  def x(self, x, width):              # q or k as the features read it: all d, or the tile's columns
+    if self._col_tiles:
+      return (x, (None, self.rows, None, self.mt), lambda i, j, s, t: (i, s, j, t))
+    return self.seq(x, width)
+
+  def x_out(self, shape, dtype):
+    """dq or dk: per tile partial sums (``seq_out``), or for column tiles the tile's own columns."""
+    if self._col_tiles:
+      return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, self.mt),
+              lambda i, j, s, t: (i, s, j, t))
+    return self.seq_out(shape, dtype)
+
   def rowvec(self, x):                # [B, L, H]: den, row shift
     return (x, (None, self.rows, None), lambda i, j, s, t: (i, s, j))
 
@@ -727,7 +745,7 @@ def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
 
   kv_p, ks_p, m_p = _pallas(
       cfg, _fwd_kv_kernel, 'feature_attention_fwd_kv', (b, h, splits_k, tiles),
-      [sp.seq(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
+      [sp.x(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
       [sp.state_out(b, h, splits_k, nm, dv), sp.state_out(b, h, splits_k, nm),
        sp.state_out(b, h, splits_k, nm)])
   # Merge the splits' partial states onto their common per-feature max (exp(m_s - beta) <= 1).
@@ -740,7 +758,7 @@ def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   sq_ = _Specs(cfg, c)
   out, den, a = _pallas(
       cfg, _fwd_q_kernel, 'feature_attention_fwd_q', (b, h, lq // c, tiles),
-      [sq_.seq(q, d), *sq_.params(w_in, th_in, sq), sq_.merged(beta), sq_.merged(kv, dv),
+      [sq_.x(q, d), *sq_.params(w_in, th_in, sq), sq_.merged(beta), sq_.merged(kv, dv),
        sq_.merged(ks)],
       [sq_.seq_out((b, lq, h, dv), v.dtype), sq_.rowvec_out((b, lq, h)),
        sq_.rowvec_out((b, lq, h))])
@@ -800,7 +818,7 @@ def _forward_causal(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   if n_seg > 1:
     kv_p, ks_p, m_p = _pallas(
         cfg, _fwd_kv_kernel, 'feature_attention_fwd_causal_states', (b, h, n_seg, tiles),
-        [sp.seq(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
+        [sp.x(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
         [sp.state_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm),
          sp.state_out(b, h, n_seg, nm)])
     kv0, ks0, m0 = _segment_scan(kv_p, ks_p, m_p)
@@ -810,7 +828,7 @@ def _forward_causal(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
     m0 = jnp.full((b, h, 1, nm), _NEG, jnp.float32)
   out, den, a, m = _pallas(
       cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h, n_seg, tiles),
-      [sp.seq(q, d), sp.seq(k, d), sp.seq(v, dv), sp.mask(mask),
+      [sp.x(q, d), sp.x(k, d), sp.seq(v, dv), sp.mask(mask),
        *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2], sp.params(None, None, sk)[2],
        sp.state(kv0, dv), sp.state(ks0), sp.state(m0)],
       [sp.seq_out((b, length, h, dv), v.dtype), sp.rowvec_out((b, length, h)),
@@ -838,7 +856,7 @@ def _backward(cfg: _Config, res, g):
     sp = _Specs(cfg, cfg.block_k * inner)
     kv0, ks0, m0 = kv
     common = [
-        sp.seq(q, d), sp.seq(k, d), sp.seq(v, dv), sp.mask(mask), sp.seq(out, dv), sp.rowvec(den),
+        sp.x(q, d), sp.x(k, d), sp.seq(v, dv), sp.mask(mask), sp.seq(out, dv), sp.rowvec(den),
         sp.rowvec(a), sp.seq(g, dv),
         *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2],
         sp.params(None, None, sk)[2], sp.chunk_shifts(shift, inner)]
@@ -846,7 +864,7 @@ def _backward(cfg: _Config, res, g):
     q_outs = _pallas(
         cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h, n_seg, tiles),
         common + [sp.state(kv0, dv), sp.state(ks0), sp.state(m0)],
-        [sp.seq_out(q.shape, q.dtype), *param_outs,
+        [sp.x_out(q.shape, q.dtype), *param_outs,
          sp.state_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm)])
     # Suffix states for the key kernels: segment s's query sums are relative to its first chunk's
     # shift; merged over later segments (references -shift: a query carries +shift); segment s's
@@ -863,7 +881,7 @@ def _backward(cfg: _Config, res, g):
     k_outs = _pallas(
         cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h, n_seg, tiles),
         common + [sp.state(r_kv, dv), sp.state(r_ks), sp.state(m_next)],
-        [sp.seq_out(k.shape, k.dtype), sp.seq_out(v.shape, v.dtype), *param_outs])
+        [sp.x_out(k.shape, k.dtype), sp.seq_out(v.shape, v.dtype), *param_outs])
     dq, dk, dvv = (_tile_sum(q_outs[0], q.dtype), _tile_sum(k_outs[0], k.dtype),
                    _tile_sum(k_outs[1], v.dtype))
     if not proj:
@@ -880,18 +898,18 @@ def _backward(cfg: _Config, res, g):
 
   q_outs = _pallas(
       cfg, _bwd_q_kernel, 'feature_attention_bwd_q', (b, h, splits_q, tiles),
-      [spq.seq(q, d), spq.seq(out, dv), spq.rowvec(den), spq.rowvec(a), spq.seq(g, dv),
+      [spq.x(q, d), spq.seq(out, dv), spq.rowvec(den), spq.rowvec(a), spq.seq(g, dv),
        *spq.params(w_in, th_in, sq), spq.merged(beta), spq.merged(kv, dv), spq.merged(ks)],
-      [spq.seq_out(q.shape, q.dtype), spq.state_out(b, h, splits_q, nm, dv),
+      [spq.x_out(q.shape, q.dtype), spq.state_out(b, h, splits_q, nm, dv),
        spq.state_out(b, h, splits_q, nm),
        spq.state_out(b, h, splits_q, nm, d, keep=proj), spq.state_out(b, h, splits_q, nm, keep=proj)])
   dq = _tile_sum(q_outs[0], q.dtype)
   dkv, dks = jnp.sum(q_outs[1], axis=2), jnp.sum(q_outs[2], axis=2)
   k_outs = _pallas(
       cfg, _bwd_k_kernel, 'feature_attention_bwd_k', (b, h, splits_k, tiles),
-      [spk.seq(k, d), spk.seq(v, dv), spk.mask(mask), *spk.params(w_in, th_in, sk),
+      [spk.x(k, d), spk.seq(v, dv), spk.mask(mask), *spk.params(w_in, th_in, sk),
        spk.merged(beta), spk.merged(dkv, dv), spk.merged(dks)],
-      [spk.seq_out(k.shape, k.dtype), spk.seq_out(v.shape, v.dtype),
+      [spk.x_out(k.shape, k.dtype), spk.seq_out(v.shape, v.dtype),
        spk.state_out(b, h, splits_k, nm, d, keep=proj), spk.state_out(b, h, splits_k, nm, keep=proj)])
   dk, dvv = _tile_sum(k_outs[0], k.dtype), _tile_sum(k_outs[1], v.dtype)
   if not proj:
@@ -1083,8 +1101,6 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   tl = tiling(feature, causal, nm, d_pad, dv_pad, v.dtype)
   if block_m is None:
     block_m = tl.block_m
-  if not projected and block_m != nm:
-    raise ValueError(f'feature {feature!r} is not tiled along the features: block_m must be {nm}')
   _check_block('block_m', block_m)
   if nm % block_m:
     raise ValueError(f'block_m must divide the padded feature count {nm}; got {block_m}')

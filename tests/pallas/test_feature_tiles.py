@@ -2,7 +2,9 @@
 same outputs and gradients as one tile holding every feature (CPU, Pallas interpret mode).
 
 M = 24 features: exp pads to M' = 32 (two tiles of 16, the second partly padding); trig has 2M = 48
-features padded to 64 (four tiles, the last all padding). L = 40 with blocks of 16 (padding rows),
+features padded to 64 (four tiles, the last all padding); elu / relu (M = d) at d = 24, padded to 32:
+two tiles of 16 columns, each program reading and differentiating only its tile's columns of q, k
+(the second tile partly padding). L = 40 with blocks of 16 (padding rows),
 a masked batch (all, 23 and 1 valid keys), causal at two segments. One tile is the configuration the
 rest of tests/pallas checks against the XLA path; the tiled one must agree with it to float32
 rounding of the changed summation order (the tiles' merge rescales by exp(a_T - a) <= 1).
@@ -19,6 +21,7 @@ import pytest
 from kernelformer.pallas import feature_attention
 
 B, L, H, D, DV, M = 3, 40, 2, 8, 8, 24
+D_PLAIN = 24        # elu / relu: the features are the (padded) head dim
 JIT_OPTIONS = {'xla_backend_optimization_level': 0}
 
 
@@ -34,26 +37,33 @@ def _run(feature, causal):
 
   @functools.partial(jax.jit, compiler_options=JIT_OPTIONS)
   def both(q, k, v, w, fw, mask, g):
-    full = 32 if feature == 'exp' else 64
+    full = 64 if feature == 'trig' else 32
     return grads(16, q, k, v, w, fw, mask, g), grads(full, q, k, v, w, fw, mask, g)
   return both
 
 
 @pytest.mark.parametrize('causal', [False, True], ids=['bidirectional', 'causal'])
-@pytest.mark.parametrize('feature', ['exp', 'trig'])
+@pytest.mark.parametrize('feature', ['exp', 'trig', 'elu', 'relu'])
 def test_tiled_features_equal_one_tile(feature, causal):
   ks = jax.random.split(jax.random.PRNGKey(7), 8)
   scale = 0.25 if feature == 'trig' else 0.5
-  q = scale * jax.random.normal(ks[0], (B, L, H, D))
-  k = scale * jax.random.normal(ks[1], (B, L, H, D))
+  d = D if feature in ('exp', 'trig') else D_PLAIN
+  q = scale * jax.random.normal(ks[0], (B, L, H, d))
+  k = scale * jax.random.normal(ks[1], (B, L, H, d))
   v = jax.random.normal(ks[2], (B, L, H, DV))
   g = jax.random.normal(ks[3], (B, L, H, DV))
-  w = jax.random.normal(ks[4], (H, M, D))
-  fw = (1.0 + 0.5 * jax.random.uniform(ks[5], (H, M))) / M
+  w = fw = None
+  if feature in ('exp', 'trig'):
+    w = jax.random.normal(ks[4], (H, M, D))
+    fw = (1.0 + 0.5 * jax.random.uniform(ks[5], (H, M))) / M
   mask = jnp.arange(L)[None, :] < jnp.asarray([40, 23, 1])[:, None]
   (out_t, grads_t), (out_1, grads_1) = _run(feature, causal)(q, k, v, w, fw, mask, g)
   np.testing.assert_allclose(out_t, out_1, rtol=2e-5, atol=2e-6)
+  assert len(grads_t) == 5
   for name, a, b in zip(('q', 'k', 'v', 'w', 'feature_weights'), grads_t, grads_1):
+    if w is None and name in ('w', 'feature_weights'):
+      assert a is None and b is None
+      continue
     a, b = np.asarray(a), np.asarray(b)
     scale = np.max(np.abs(b))
     assert np.max(np.abs(a - b)) <= 1e-5 * scale, (name, np.max(np.abs(a - b)), scale)
@@ -66,6 +76,6 @@ def test_block_m_checks():
     feature_attention(q, q, q, w, block_m=64)      # M' = 32
   with pytest.raises(ValueError, match='power of two'):
     feature_attention(q, q, q, w, block_m=24)
-  q = jnp.zeros((1, 16, 1, 32))
-  with pytest.raises(ValueError, match='not tiled'):
-    feature_attention(q, q, q, None, feature='elu', block_m=16)
+  q = jnp.zeros((1, 16, 1, 24))                   # elu / relu: M' = padded d = 32
+  with pytest.raises(ValueError, match='divide'):
+    feature_attention(q, q, q, None, feature='elu', block_m=64)
