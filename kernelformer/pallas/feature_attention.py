@@ -113,6 +113,7 @@ _PROJECTED = ('exp', 'trig')        # kinds that use the projection W
 _NEG = -1e30                        # a finite -inf: max/shift arithmetic never forms inf - inf
 _MIN_TILE = 16                      # Triton's smallest dot operand side
 _TARGET_PROGRAMS = 256              # split heuristic: about two waves on a 132-SM GPU (not tuned)
+_K_CHUNK = 16                       # column chunk of the x W^T contraction (see _projection)
 _CAUSAL_CHUNKS_PER_PROGRAM = 4      # causal segment G (chunks per program): grid B*H*ceil(L/(C*G))
 # ``pl.squeezed`` (newer JAX) and ``None`` (older) both mean "block of size 1, dimension dropped".
 _SQ = getattr(pl, 'squeezed', None)
@@ -136,6 +137,7 @@ class _Config:
   num_stages: int = 2
   block_m: int = 0   # feature columns per program (the M tile); 0 = all of them
   m_tiles: int = 1   # programs along the feature axis; > 1: outputs are partial sums merged by XLA
+  k_chunk: int = 0   # x W^T summed over column chunks of this width when d exceeds it (0 = whole)
 
   @property
   def projected(self) -> bool:
@@ -179,9 +181,28 @@ class _Tile(NamedTuple):
   phase: Optional[Array]  # trig: w.x - theta; else None
 
 
-def _log_magnitude(cfg: _Config, x: Array, w: Array, theta: Array):
+def _projection(cfg: _Config, x: Array, w: Array, src=None) -> Array:
+  """``x W^T [C, M]`` to float32 accuracy. With ``src = (x_ref, rows, w_ref)`` and d above
+  ``cfg.k_chunk``, summed over column chunks of ``k_chunk`` loaded from the refs: a dot operand is
+  held whole by every warp that uses it (an A operand of 16 rows by d, split into tf32 high and low
+  parts, is d registers per thread), so at d = 128 the whole-width dot alone exceeded the register
+  file; chunks bound it by ``k_chunk`` (docs/pallas.md, "Resources")."""
+  d = x.shape[1]
+  if src is None or not cfg.k_chunk or d <= cfg.k_chunk:
+    return _dot(cfg, x, w, 'nt', exact=True)
+  x_ref, rows, w_ref = src
+  proj = None
+  for c0 in range(0, d, cfg.k_chunk):
+    cols = pl.ds(c0, cfg.k_chunk)
+    part = _dot(cfg, x_ref[rows, cols].astype(jnp.float32), w_ref[:, cols].astype(jnp.float32),
+                'nt', exact=True)
+    proj = part if proj is None else proj + part
+  return proj
+
+
+def _log_magnitude(cfg: _Config, x: Array, w: Array, theta: Array, src=None):
   """``(l [C, M], phase [C, M] or None)`` for a chunk ``x [C, d]`` (projected kinds)."""
-  proj = _dot(cfg, x, w, 'nt', exact=True)
+  proj = _projection(cfg, x, w, src)
   half_sq = 0.5 * jnp.sum(x * x, axis=1, keepdims=True)
   if cfg.kind == 'exp':
     return proj - half_sq, None
@@ -209,22 +230,22 @@ def _plain_tile(cfg: _Config, x: Array, s: Array, valid: Optional[Array] = None)
   return _Tile(s[None, :] * ehat, ehat, None, None)
 
 
-def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s):
+def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s, src=None):
   """``l`` of a key chunk with masked keys and zero-weight columns set to ``_NEG``; and the phase."""
-  lg, phase = _log_magnitude(cfg, x, w, theta)
+  lg, phase = _log_magnitude(cfg, x, w, theta, src)
   ok = valid[:, None] & (s != 0)[None, :]
   return jnp.where(ok, lg, _NEG), phase, ok
 
 
-def _key_tile(cfg: _Config, x, valid, w, theta, s, shift) -> _Tile:
+def _key_tile(cfg: _Config, x, valid, w, theta, s, shift, src=None) -> _Tile:
   """Key features with the per-feature shift ``shift [M]`` (the running max the forward used)."""
   if not cfg.projected:
     return _plain_tile(cfg, x, s, valid)
-  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s)
+  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s, src)
   return _finish(cfg, lg - shift[None, :], phase, s, ok)
 
 
-def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None):
+def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None):
   """Query features: ``l + shift`` (the keys' shift, compensated) minus a per-row shift ``a``.
 
   ``row_shift=None`` (forward): ``a`` is the max of ``l + shift`` over this tile's columns, returned
@@ -233,7 +254,7 @@ def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None):
   """
   if not cfg.projected:
     return _plain_tile(cfg, x, s), jnp.zeros((x.shape[0],), jnp.float32)
-  lg, phase = _log_magnitude(cfg, x, w, theta)
+  lg, phase = _log_magnitude(cfg, x, w, theta, src)
   ok = (s != 0)[None, :]
   u = jnp.where(ok, lg + shift[None, :], _NEG)
   a = jnp.max(u, axis=1) if row_shift is None else row_shift
@@ -245,11 +266,15 @@ def _safe(cfg: _Config, den: Array) -> Array:
   return jnp.where(jnp.abs(den) < cfg.eps, jnp.where(den < 0, -cfg.eps, cfg.eps), den)
 
 
-def _output_grads(cfg: _Config, g: Array, o: Array, den: Array):
-  """``gN = g / D~ [C, dv]`` and ``gD = -(g . out) / D~ [C]`` (zero where the eps guard replaced D)."""
+def _output_grads(cfg: _Config, g: Array, go: Array, den: Array):
+  """``gN = g / D~ [C, dv]`` and ``gD = -(g . out) / D~ [C]`` (zero where the eps guard replaced D).
+
+  ``go`` is the row dot ``g . out`` [C], formed by XLA before the backward kernels: a kernel then
+  never loads the output tile (a ``[C, dv]`` block that only fed this one reduction).
+  """
   dens = _safe(cfg, den)
   gn = g / dens[:, None]
-  gd = jnp.where(jnp.abs(den) < cfg.eps, 0.0, -jnp.sum(g * o, axis=1) / dens)
+  gd = jnp.where(jnp.abs(den) < cfg.eps, 0.0, -go / dens)
   return gn, gd
 
 
@@ -302,7 +327,7 @@ def _fwd_kv_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref,
     vt = v_ref[sl, :]
     valid = mask_ref[sl] > 0
     if cfg.projected:
-      lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s)
+      lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s, (k_ref, sl, w_ref))
       m_new = jnp.maximum(m, jnp.max(lg, axis=0))
       alpha = jnp.exp(m - m_new)                         # <= 1; exp(0) = 1 while nothing is valid
       kv, ks = kv * alpha[:, None], ks * alpha
@@ -336,7 +361,7 @@ def _fwd_q_kernel(cfg: _Config, q_ref, w_ref, th_ref, s_ref, beta_ref, kv_ref, k
   beta = beta_ref[...]
   kv, ks = kv_ref[...], ks_ref[...]
   x = q_ref[...].astype(jnp.float32)
-  tile, a = _query_tile(cfg, x, w, theta, s, beta)
+  tile, a = _query_tile(cfg, x, w, theta, s, beta, src=(q_ref, slice(None), w_ref))
   num = _dot(cfg, tile.phi, kv, 'nn')
   den = jnp.sum(tile.phi * ks[None, :], axis=1)
   o_ref[...] = _out_value(cfg, num, den, o_ref.dtype)
@@ -366,14 +391,14 @@ def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_re
     vt = v_ref[sl, :]
     valid = mask_ref[sl] > 0
     if cfg.projected:
-      lg, phase, ok = _key_log_magnitude(cfg, xk, valid, w, theta, sk)
+      lg, phase, ok = _key_log_magnitude(cfg, xk, valid, w, theta, sk, (k_ref, sl, w_ref))
       m_new = jnp.maximum(m, jnp.max(lg, axis=0))
       alpha = jnp.exp(m - m_new)
       kv, ks = kv * alpha[:, None], ks * alpha
       tk = _finish(cfg, lg - m_new[None, :], phase, sk, ok)
     else:
       m_new, tk = m, _plain_tile(cfg, xk, sk, valid)
-    tq, a = _query_tile(cfg, xq, w, theta, sq, m_new)
+    tq, a = _query_tile(cfg, xq, w, theta, sq, m_new, src=(q_ref, sl, w_ref))
     att = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
     num = _dot(cfg, tq.phi, kv, 'nn') + _dot(cfg, att, vt, 'nn')
     den = jnp.sum(tq.phi * ks[None, :], axis=1) + jnp.sum(att, axis=1)
@@ -389,7 +414,7 @@ def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_re
   lax.fori_loop(0, n_chunks, body, init)
 
 
-def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, a_ref, g_ref, w_ref, th_ref, s_ref, beta_ref,
+def _bwd_q_kernel(cfg: _Config, q_ref, go_ref, den_ref, a_ref, g_ref, w_ref, th_ref, s_ref, beta_ref,
                   kv_ref, ks_ref, dq_ref, dkv_ref, dks_ref, dw_ref, ds_ref):
   """Bidirectional backward, query side, one feature tile: its share of ``dq`` and this split's share
   of ``dS, dz, dW, ds`` for the tile's columns."""
@@ -405,8 +430,8 @@ def _bwd_q_kernel(cfg: _Config, q_ref, o_ref, den_ref, a_ref, g_ref, w_ref, th_r
     sl = pl.ds(pl.multiple_of(t * c, c), c)
     x = q_ref[sl, :].astype(jnp.float32)
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
-                           o_ref[sl, :].astype(jnp.float32), den_ref[sl])
-    tile, _ = _query_tile(cfg, x, w, theta, s, beta, a_ref[sl])
+                           go_ref[sl], den_ref[sl])
+    tile, _ = _query_tile(cfg, x, w, theta, s, beta, a_ref[sl], (q_ref, sl, w_ref))
     dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :]
     dx, dw_t, ds_t = _tile_grad(cfg, dphi, tile, x, w, s)
     dq_ref[sl, :] = dx.astype(dq_ref.dtype)
@@ -445,7 +470,7 @@ def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, be
     x = k_ref[sl, :].astype(jnp.float32)
     vt = v_ref[sl, :]
     valid = mask_ref[sl] > 0
-    tile = _key_tile(cfg, x, valid, w, theta, s, beta)
+    tile = _key_tile(cfg, x, valid, w, theta, s, beta, (k_ref, sl, w_ref))
     dphi = jnp.where(valid[:, None], _dot(cfg, vt, dkv, 'nt') + dks[None, :], 0.0)
     dv_ref[sl, :] = _dot(cfg, tile.phi, dkv, 'nn').astype(dv_ref.dtype)
     dx, dw_t, ds_t = _tile_grad(cfg, dphi, tile, x, w, s)
@@ -462,7 +487,7 @@ def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, be
     ds_ref[...] = ds
 
 
-def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, a_ref, g_ref,
+def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, den_ref, a_ref, g_ref,
                          w_ref, th_ref, sq_ref, sk_ref, m_ref, kv0_ref, ks0_ref, m0_ref,
                          dq_ref, dw_ref, ds_ref, pkv_ref, pks_ref):
   """Causal backward, forward scan over one segment and feature tile: ``dphi(q_i) = S_i gN_i + z_i gD_i``.
@@ -491,10 +516,10 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     m_t = m_ref[t, :]
     alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
     kv, ks = kv * alpha[:, None], ks * alpha
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t)
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl])
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref))
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref))
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
-                           o_ref[sl, :].astype(jnp.float32), den_ref[sl])
+                           go_ref[sl], den_ref[sl])
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
     dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :] + _dot(cfg, cm, tk.phi, 'nn')
     dx, dw_t, ds_t = _tile_grad(cfg, dphi, tq, xq, w, sq)
@@ -520,7 +545,7 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     ds_ref[...] = ds
 
 
-def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den_ref, a_ref, g_ref,
+def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, den_ref, a_ref, g_ref,
                          w_ref, th_ref, sq_ref, sk_ref, m_ref, rkv0_ref, rks0_ref, mnext_ref,
                          dk_ref, dv_ref, dw_ref, ds_ref):
   """Causal backward, reverse scan over one segment and feature tile: ``dphi(k_j) = R_j v_j + r_j``,
@@ -551,10 +576,10 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, o_ref, den
     m_t = m_ref[t, :]
     alpha = jnp.exp(m_t - m_next)
     r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t)
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl])
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref))
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref))
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
-                           o_ref[sl, :].astype(jnp.float32), den_ref[sl])
+                           go_ref[sl], den_ref[sl])
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)
     dphi = _dot(cfg, vt, r_kv, 'nt') + r_ks[None, :] + _dot(cfg, cm, tq.phi, 'tn')
     dphi = jnp.where(valid[:, None], dphi, 0.0)
@@ -849,6 +874,8 @@ def _backward(cfg: _Config, res, g):
   w_in = w if cfg.projected else None
   th_in = theta if cfg.projected else None
   g = g.astype(v.dtype) if g.dtype != v.dtype else g
+  # g . out per row (the normalizer's cotangent needs only this reduction of the output).
+  go = jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
   proj = cfg.projected
 
   if cfg.causal:
@@ -856,7 +883,7 @@ def _backward(cfg: _Config, res, g):
     sp = _Specs(cfg, cfg.block_k * inner)
     kv0, ks0, m0 = kv
     common = [
-        sp.x(q, d), sp.x(k, d), sp.seq(v, dv), sp.mask(mask), sp.seq(out, dv), sp.rowvec(den),
+        sp.x(q, d), sp.x(k, d), sp.seq(v, dv), sp.mask(mask), sp.rowvec(go), sp.rowvec(den),
         sp.rowvec(a), sp.seq(g, dv),
         *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2],
         sp.params(None, None, sk)[2], sp.chunk_shifts(shift, inner)]
@@ -898,7 +925,7 @@ def _backward(cfg: _Config, res, g):
 
   q_outs = _pallas(
       cfg, _bwd_q_kernel, 'feature_attention_bwd_q', (b, h, splits_q, tiles),
-      [spq.x(q, d), spq.seq(out, dv), spq.rowvec(den), spq.rowvec(a), spq.seq(g, dv),
+      [spq.x(q, d), spq.rowvec(go), spq.rowvec(den), spq.rowvec(a), spq.seq(g, dv),
        *spq.params(w_in, th_in, sq), spq.merged(beta), spq.merged(kv, dv), spq.merged(ks)],
       [spq.x_out(q.shape, q.dtype), spq.state_out(b, h, splits_q, nm, dv),
        spq.state_out(b, h, splits_q, nm),
@@ -955,14 +982,15 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
   spills, shared memory within the block limit. ``fits()`` says whether a shape is covered.
   """
   width = max(head_dim, value_dim)
+  f32 = jnp.dtype(dtype) == jnp.float32
   if width > 64:
     block, block_m = 16, 16
   elif causal:
-    block, block_m = 16, 32
+    block, block_m = 16, (16 if f32 or width <= 32 else 32)
   else:     # float32 operands (tf32x3: two parts each) need the smaller query block
-    block, block_m = (16 if jnp.dtype(dtype) == jnp.float32 else 32), 32
-  if feature not in _PROJECTED:
-    block_m = num_features                  # elu / relu: M = d, not tiled
+    block, block_m = (16 if f32 else 32), (16 if width <= 32 else 32)
+  if feature not in _PROJECTED:             # elu / relu: M = d, tiles of q's own columns
+    block_m = 16 if causal and width > 32 else 32
   return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)
 
 
@@ -1125,7 +1153,7 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
                 inner_k=inner_k, eps=float(eps), interpret=bool(interpret),
                 operand_dtype=jnp.dtype(v.dtype).name if half else 'float32',
                 num_warps=num_warps or tl.num_warps, num_stages=num_stages or tl.num_stages,
-                block_m=block_m, m_tiles=nm // block_m)
+                block_m=block_m, m_tiles=nm // block_m, k_chunk=_K_CHUNK)
 
   qp = _pad_axis(_pad_axis(q, 3, d_pad), 1, lq_pad)
   kp = _pad_axis(_pad_axis(k, 3, d_pad), 1, lk_pad)

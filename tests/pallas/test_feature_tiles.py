@@ -12,6 +12,7 @@ rounding of the changed summation order (the tiles' merge rescales by exp(a_T - 
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -79,3 +80,30 @@ def test_block_m_checks():
   q = jnp.zeros((1, 16, 1, 24))                   # elu / relu: M' = padded d = 32
   with pytest.raises(ValueError, match='divide'):
     feature_attention(q, q, q, None, feature='elu', block_m=64)
+
+
+@pytest.mark.parametrize('feature,causal', [('exp', True), ('trig', False)])
+def test_chunked_projection_equals_whole(feature, causal, monkeypatch):
+  """x W^T summed over column chunks loaded from the refs (``_K_CHUNK``; 16 compiled, 4 here:
+  d = 8, padded to 16, in four chunks) gives the outputs and gradients of the whole-width dot."""
+  fa = importlib.import_module('kernelformer.pallas.feature_attention')
+  ks = jax.random.split(jax.random.PRNGKey(3), 6)
+  q = 0.5 * jax.random.normal(ks[0], (2, 24, H, D))
+  k = 0.5 * jax.random.normal(ks[1], (2, 24, H, D))
+  v = jax.random.normal(ks[2], (2, 24, H, DV))
+  g = jax.random.normal(ks[3], (2, 24, H, DV))
+  w = jax.random.normal(ks[4], (H, M, D))
+
+  def run(chunk):
+    monkeypatch.setattr(fa, '_K_CHUNK', chunk)
+    f = lambda q, k, v, w: feature_attention(q, k, v, w, feature=feature, causal=causal,
+                                             block_q=16, block_k=16, num_splits=2, block_m=16)
+    out, vjp = jax.vjp(f, q, k, v, w)
+    return out, vjp(g)
+
+  out_c, grads_c = run(4)
+  out_1, grads_1 = run(0)
+  np.testing.assert_allclose(out_c, out_1, rtol=2e-5, atol=2e-6)
+  for name, a, b in zip('qkvw', grads_c, grads_1):
+    a, b = np.asarray(a), np.asarray(b)
+    assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), name
