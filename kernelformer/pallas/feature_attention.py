@@ -987,10 +987,12 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
     block, block_m = 16, 16
   elif causal:
     block, block_m = 16, (16 if f32 or width <= 32 else 32)
+  elif feature == 'trig':   # bf16 at 32-row blocks: ptxas held 128 registers and spilled
+    block, block_m = 16, (32 if f32 and width > 32 else 16)
   else:     # float32 operands (tf32x3: two parts each) need the smaller query block
     block, block_m = (16 if f32 else 32), (16 if width <= 32 else 32)
   if feature not in _PROJECTED:             # elu / relu: M = d, tiles of q's own columns
-    block_m = 16 if causal and width > 32 else 32
+    block_m = 16 if causal else 32
   return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)
 
 
