@@ -977,9 +977,13 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
   """The block table: what ``feature_attention`` launches by default for padded sizes.
 
   ``num_features`` is the padded feature count M' (2M rounded up for trig; d for elu / relu),
-  ``head_dim`` / ``value_dim`` the padded d and dv. Every entry was compiled for sm_90a and sm_80 by
+  ``head_dim`` / ``value_dim`` the padded d and dv. Chosen by compiling every case for sm_90a with
   ``kernelformer benchmark pallas-resources`` (docs/pallas.md, "Resources"): registers <= 255, no
-  spills, shared memory within the block limit. ``fits()`` says whether a shape is covered.
+  spills, shared memory within the block limit in 80 of the 96 cases; the rest (causal backward,
+  mostly float32) still spill. ``fits()`` says whether a shape was measured as fitting. What sets the
+  registers is the mma.sync operand layout: ~K/2 values per thread for an A operand of 16 rows by K,
+  K*N/(32 x warps along N) for a B operand, twice that for tf32x3 -- so the feature tile (N) and the
+  chunked projection (K) matter, num_warps hardly.
   """
   width = max(head_dim, value_dim)
   f32 = jnp.dtype(dtype) == jnp.float32
