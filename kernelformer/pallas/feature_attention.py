@@ -1193,9 +1193,10 @@ def fits(feature: str, causal: bool, num_features: Optional[int], head_dim: int,
   and fits an H100 (registers <= 255, no spills, shared memory within the block limit).
 
   Looked up in ``resources.json`` (written by ``kernelformer benchmark pallas-resources
-  --write_table``); an entry counts only if its tiling is the one ``tiling()`` chooses now, so a
-  changed block table sends 'auto' back to XLA until the check is re-run. ``num_features`` is M (the
-  rows of W; ignored for elu / relu). Value dim = head dim.
+  --write_table``); an entry counts only if its tiling is the one ``tiling()`` chooses now and it was
+  measured for today's kernel code (``kernel_source``, a hash of this file without docstrings), so a
+  changed block table or kernel sends 'auto' back to XLA until the check is re-run. ``num_features``
+  is M (the rows of W; ignored for elu / relu). Value dim = head dim.
   """
   from kernelformer.pallas import resources  # pylint: disable=g-import-not-at-top
   d = _pow2_at_least(head_dim)
@@ -1208,8 +1209,10 @@ def fits(feature: str, causal: bool, num_features: Optional[int], head_dim: int,
   tl = list(tiling(feature, causal, nm, d, d, jnp.dtype(dtype)))
   mode = 'causal' if causal else 'bidirectional'
   name = jnp.dtype(dtype).name
+  source = resources.kernel_source_hash()
   return any(e['mode'] == mode and e['feature'] == feature and e['num_features'] == nm
              and e['head_dim'] == d and e['dtype'] == name and e['tiling'] == tl and e['fits']
+             and e.get('kernel_source') == source
              for e in resources.load_table())
 
 

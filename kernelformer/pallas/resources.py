@@ -297,6 +297,28 @@ def markdown(rows: list[dict], archs: tuple[str, ...]) -> str:
   return '\n'.join(lines)
 
 
+KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'feature_attention.py')
+
+
+def kernel_source_hash(path: Optional[str] = None) -> str:
+  """sha256 (16 hex digits) of the kernels' code: feature_attention.py parsed, docstrings dropped.
+
+  resources.json's verdicts hold for the code that was compiled; an entry whose ``kernel_source``
+  differs from today's is not trusted by ``feature_attention.fits`` (impl='auto' goes to XLA until the
+  check is re-run). Comments and docstrings do not count, any change to the code does.
+  """
+  import ast  # pylint: disable=g-import-not-at-top
+  import hashlib  # pylint: disable=g-import-not-at-top
+  with open(path or KERNEL_SOURCE) as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    body = getattr(node, 'body', None)
+    if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+      node.body = body[1:] or [ast.Pass()]
+  return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+
+
 def table_entries(rows: list[dict], arch: str = '90a') -> list[dict]:
   """For resources.json: per case, whether all its kernels fit ``arch``, keyed with its tiling."""
   by_case = {}
@@ -311,7 +333,8 @@ def table_entries(rows: list[dict], arch: str = '90a') -> list[dict]:
                     'fits': all(r[arch]['fits'] for r in rs),
                     'max_registers': max(r[arch].get('registers', 0) for r in rs),
                     'max_shared': max(r[arch].get('shared', 0) for r in rs),
-                    'toolchain': rs[0][arch].get('toolchain', '')})
+                    'toolchain': rs[0][arch].get('toolchain', ''),
+                    'kernel_source': kernel_source_hash()})
   return entries
 
 
@@ -332,6 +355,7 @@ def write_table(entries: list[dict], path: Optional[str] = None) -> None:
   with open(path, 'w') as f:
     json.dump({'note': 'written by kernelformer benchmark pallas-resources --write_table; fits = '
                        'every kernel of the case fits sm_90a (registers <= 255, no spills, shared '
-                       'memory <= 232448 B) at the listed tiling (block, block_m, warps, stages)',
+                       'memory <= 232448 B) at the listed tiling (block, block_m, warps, stages), '
+                       'for the kernel code whose hash is kernel_source (resources.kernel_source_hash)',
                'entries': sorted(merged.values(), key=key)}, f, indent=1)
     f.write('\n')

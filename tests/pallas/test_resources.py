@@ -81,7 +81,8 @@ def _table(tmp_path, monkeypatch, entries):
 def test_fit_gate_follows_the_table_and_the_tiling(tmp_path, monkeypatch):
   tl = fa.tiling('exp', False, 128, 64, 64, jnp.dtype('bfloat16'))
   entry = {'mode': 'bidirectional', 'feature': 'exp', 'num_features': 128, 'head_dim': 64,
-           'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True}
+           'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True,
+           'kernel_source': resources.kernel_source_hash()}
   _table(tmp_path, monkeypatch, [entry])
   assert fa.fits('exp', False, 128, 64, jnp.bfloat16)
   assert fa.fits('exp', False, 100, 64, jnp.bfloat16)       # M = 100 pads to 128
@@ -96,6 +97,35 @@ def test_fit_gate_follows_the_table_and_the_tiling(tmp_path, monkeypatch):
   other[0] *= 2
   _table(tmp_path, monkeypatch, [dict(entry, tiling=other)])  # measured at another block table
   assert not fa.fits('exp', False, 128, 64, jnp.bfloat16)
+  for stale in ({'kernel_source': '0' * 16}, {}):               # measured for other kernel code
+    _table(tmp_path, monkeypatch, [{**{k: v for k, v in entry.items() if k != 'kernel_source'},
+                                    **stale}])
+    assert not fa.fits('exp', False, 128, 64, jnp.bfloat16)
+
+
+def test_kernel_source_hash_ignores_docstrings_and_comments_not_code(tmp_path):
+  src = open(resources.KERNEL_SOURCE).read()
+  base = resources.kernel_source_hash()
+  variants = {'docstring': src.replace('"""Whether every kernel', '"""Whether each kernel', 1),
+              'comment': src + '\n# a comment\n',
+              'code': src + '\nEXTRA = 1\n'}
+  got = {}
+  for name, text in variants.items():
+    path = tmp_path / f'{name}.py'
+    path.write_text(text)
+    got[name] = resources.kernel_source_hash(str(path))
+  assert variants['docstring'] != src
+  assert got['docstring'] == base and got['comment'] == base and got['code'] != base
+
+
+def test_shipped_table_was_measured_for_todays_kernels():
+  """Every entry of resources.json carries the hash of the kernel code it was compiled from; where
+  it is not today's, impl='auto' takes XLA for that case (re-run pallas-resources --write_table)."""
+  entries = resources.load_table()
+  assert entries and all('kernel_source' in e for e in entries)
+  stale = [e for e in entries if e['kernel_source'] != resources.kernel_source_hash()]
+  assert not stale, (f'{len(stale)} resources.json entries were measured for other kernel code: '
+                     'run kernelformer benchmark pallas-resources --write_table')
 
 
 def test_write_table_merges_by_case(tmp_path):
@@ -124,7 +154,8 @@ def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   tl = resources.launch(listed)
   _table(tmp_path, monkeypatch, [
       {'mode': 'bidirectional', 'feature': 'exp', 'num_features': 128, 'head_dim': 64,
-       'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True}])
+       'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True,
+       'kernel_source': resources.kernel_source_hash()}])
   good = dict(_res(), fits=True)
   bad = dict(_res(stores=8), fits=False)
   verdict = {}
