@@ -240,7 +240,7 @@ class CausalSelfAttention(nn.Module):
     with the chunk size of the full forward; T = 1 is token-by-token decoding). Under RPE one token per
     call.
     """
-    eps = kwargs['feature_eps']
+    eps = rf_lib.normalizer_eps(kwargs.get('component', ''), kwargs.get('feature_eps'))
     index = self._index()
     idx = index.value
     b, t, h, _ = q.shape

@@ -105,6 +105,23 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=outs)(q, k, proj)
 
 
+# Components whose features carry a data-dependent shift (a key maximum, per chunk when causal) that
+# cancels between numerator and normalizer: their D is exp(-shift) times the unshifted one, so a fixed
+# guard of 1e-6 acts at an arbitrary point of the true D. With the per-chunk running maximum a query whose
+# visible keys all lie far below its chunk's largest key has a small but valid D; the 1e-6 guard then
+# replaced it (B=8, H=8, L=1K, d=64, M=256: output off by 0.25 from the float64 estimator). Their guard
+# only has to keep a row with no visible key (D = 0) finite.
+SHIFTED_COMPONENTS = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf'})
+SHIFTED_EPS = 1e-30
+
+
+def normalizer_eps(component: str, feature_eps: Optional[float] = None) -> float:
+  """The normalizer guard: ``feature_eps`` if given, else 1e-30 for shifted exp components, else 1e-6."""
+  if feature_eps is not None:
+    return float(feature_eps)
+  return SHIFTED_EPS if component in SHIFTED_COMPONENTS else linear.DEFAULT_EPS
+
+
 class RandomFeatureAttention(nn.Module):
   """Linear attention with random (or learned, or deterministic) features; see the module docstring.
 
@@ -120,7 +137,9 @@ class RandomFeatureAttention(nn.Module):
     normalize_qk: l2-normalize q and k (instead of the d^-1/4 scale) before the map, as Luo et al.'s
       NPRF; the kernel then sees q.k in [-1, 1].
     chunk_size: chunk length of the causal linear-attention core.
-    feature_eps: the normalizer guard of the core (|D| below it is replaced by +-eps).
+    feature_eps: the normalizer guard of the core (|D| below it is replaced by +-eps); None (default)
+      = ``normalizer_eps(component)``: 1e-6, or 1e-30 for the shifted exp components (posrf,
+      hyperbolic, oprf, saderf), whose D is in the units of a data-dependent shift.
     share_heads: one draw of W (and one learned sampler) for all heads instead of one per head.
   """
 
@@ -133,7 +152,7 @@ class RandomFeatureAttention(nn.Module):
   fastfood_variant: str = 'sgb'
   normalize_qk: bool = False
   chunk_size: int = 64
-  feature_eps: float = 1e-6
+  feature_eps: Optional[float] = None
   share_heads: bool = False
   impl: str = 'auto'   # 'auto' (fused Pallas on GPU where supported, else XLA) | 'pallas' | 'xla'
   map_dim: int = 0     # taylor: learned per-head projection of q, k to this many dims first (Based: 16)
@@ -241,7 +260,7 @@ class RandomFeatureAttention(nn.Module):
     lean = (form is not None or row_wise) and position_bias is None
     if lean and row_wise:
       out = _row_wise_attention(self.component, qf, kf, v, proj, mask, causal=causal,
-                                per_head=not (self.share_heads or proj is None), eps=self.feature_eps,
+                                per_head=not (self.share_heads or proj is None), eps=normalizer_eps(self.component, self.feature_eps),
                                 chunk_size=self.chunk_size)
       if not self.is_mutable_collection('intermediates'):
         return out
@@ -249,10 +268,10 @@ class RandomFeatureAttention(nn.Module):
       proj_axis = None if (self.share_heads or proj is None) else 0
       if causal:
         one_head = lambda qh, kh, vh, p: linear.causal_exp_feature_attention(
-            form, qh, kh, vh, p, mask=mask, eps=self.feature_eps, chunk_size=self.chunk_size)
+            form, qh, kh, vh, p, mask=mask, eps=normalizer_eps(self.component, self.feature_eps), chunk_size=self.chunk_size)
       else:
         one_head = lambda qh, kh, vh, p: linear.exp_feature_attention(
-            form, qh, kh, vh, p, mask=mask, eps=self.feature_eps)
+            form, qh, kh, vh, p, mask=mask, eps=normalizer_eps(self.component, self.feature_eps))
       out = jax.vmap(one_head, in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
       if not self.is_mutable_collection('intermediates'):
         return out
@@ -281,9 +300,9 @@ class RandomFeatureAttention(nn.Module):
       # Imported here: rpe.py imports this module to register nprf-rpe, and only this branch needs it.
       from kernelformer.attention import rpe  # pylint: disable=g-import-not-at-top
       return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal,
-                                      eps=self.feature_eps)
+                                      eps=normalizer_eps(self.component, self.feature_eps))
     return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
-                                   chunk_size=self.chunk_size, eps=self.feature_eps,
+                                   chunk_size=self.chunk_size, eps=normalizer_eps(self.component, self.feature_eps),
                                    key_shift=key_shift[0] if key_shift else None)
 
 
@@ -339,7 +358,7 @@ class RandomFeatureAttention(nn.Module):
     block_k = self.chunk_size if causal else None
     return pallas.feature_attention(qf, kf, v, w, feature=PALLAS_FEATURES[self.component],
                                     feature_weights=weights, mask=mask, causal=causal,
-                                    block_k=block_k, eps=self.feature_eps)
+                                    block_k=block_k, eps=normalizer_eps(self.component, self.feature_eps))
 
 
 # Components whose features of a row depend on that row alone (and the map's parameters): no key

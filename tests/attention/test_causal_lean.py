@@ -184,3 +184,55 @@ def test_padded_peak_key_sets_no_shift():
                                 _stored('posrf', mask, 4)(q, k, v, proj)))
   out_l, out_s = f(q, k, v)
   np.testing.assert_allclose(out_l, out_s, rtol=1e-5, atol=1e-5)
+
+
+def _exact_posrf_causal(q, k, v, w):
+  """float64 causal attention with the unshifted FAVOR+ kernel sum_r exp(w_r.q - |q|^2/2) exp(w_r.k - |k|^2/2)."""
+  q, k, v, w = (np.asarray(x, np.float64) for x in (q, k, v, w))
+  fq = np.exp(q @ w.T - 0.5 * np.sum(q * q, -1, keepdims=True))
+  fk = np.exp(k @ w.T - 0.5 * np.sum(k * k, -1, keepdims=True))
+  kappa = np.tril(fq @ fk.T)
+  return (kappa @ v) / kappa.sum(-1, keepdims=True)
+
+
+def test_shifted_normalizer_is_not_clamped_by_a_fixed_eps():
+  """A key aligned with w_0 at the end of the first chunk sets that chunk's shift for feature 0 to
+  |w_0|^2 / 2 = 32, and every earlier query of the chunk puts its mass on feature 0: their normalizers,
+  in the shift's units, are ~e^-30 although valid. The default guard of the shifted components
+  (``normalizer_eps('posrf')`` = 1e-30) leaves them alone -- lean and stored causal paths equal the
+  float64 estimator to 1e-5 -- where a fixed 1e-6 replaced them (these rows off by O(1)), and the module
+  uses that default."""
+  from kernelformer.attention import random_features as rf
+  from kernelformer.features import projection as projection_lib
+  n, d, m, c = 32, 64, 64, 16
+  ks = jax.random.split(jax.random.PRNGKey(11), 3)
+  w = weights.SAMPLERS['orf'](ks[0], m, d)
+  wd = np.asarray(projection_lib.dense_matrix(w))
+  q = jax.random.normal(ks[1], (1, n, d)) * d ** -0.25
+  k = (jax.random.normal(ks[2], (1, n, d)) * d ** -0.25).at[0, c - 1].set(jnp.asarray(wd[0]))
+  v = jax.random.normal(jax.random.PRNGKey(12), (1, n, DV))
+  exact = _exact_posrf_causal(q[0], k[0], v[0], wd)
+  eps = rf.normalizer_eps('posrf')
+  assert eps < 1e-20 and rf.normalizer_eps('trigrf') == linear.DEFAULT_EPS
+  assert rf.normalizer_eps('posrf', 1e-3) == 1e-3
+  form = components.LOG_SPACE_FORMS['posrf']
+  lean = linear.causal_exp_feature_attention(form, q, k, v, w, eps=eps, chunk_size=c)[0]
+  pq, pk, shift = components.COMPONENTS['posrf'](q, k, w, causal_chunk=c)
+  stored = linear.linear_attention(pq[:, :, None], pk[:, :, None], v[:, :, None], causal=True,
+                                   chunk_size=c, key_shift=shift[:, :, None], eps=eps)[0, :, 0]
+  np.testing.assert_allclose(lean, exact, atol=1e-5)
+  np.testing.assert_allclose(stored, exact, atol=1e-5)
+  clamped = linear.causal_exp_feature_attention(form, q, k, v, w, eps=1e-6, chunk_size=c)[0]
+  assert np.max(np.abs(np.asarray(clamped) - exact)) > 0.1        # what the fixed guard did
+  # The module's default guard is the component's: the same output as an explicit 1e-30.
+  qm, km, vm = q[:, :, None], k[:, :, None], v[:, :, None]
+  outs = {}
+  for eps_opt in (None, 1e-30):
+    extra = {} if eps_opt is None else {'feature_eps': eps_opt}
+    module = registry.build({'kind': 'posrf-orf', 'num_features': m, 'max_length': n, **extra},
+                            chunk_size=c, impl='xla')
+    rngs = {'params': jax.random.PRNGKey(6), 'features': jax.random.PRNGKey(7)}
+    variables = module.init(rngs, qm, km, vm, causal=True)
+    outs[eps_opt] = np.asarray(module.apply(variables, qm, km, vm, causal=True,
+                                            rngs={'features': rngs['features']}))
+  np.testing.assert_array_equal(outs[None], outs[1e-30])
