@@ -26,6 +26,7 @@ are not.
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -127,3 +128,11 @@ def matmul_flops_per_second(size: int = 2048, dtype=jnp.float32, repeats: int = 
   flops = 2.0 * size ** 3
   timing = time_compiled(compiled, (a, b), repeats=repeats)
   return flops / timing.median_s, flops
+
+
+def load_average() -> str:
+  """The 1-, 5- and 15-minute load averages, as every benchmark table states them ('n/a' if none)."""
+  try:
+    return ' '.join(f'{x:.1f}' for x in os.getloadavg())
+  except (OSError, AttributeError):
+    return 'n/a'
