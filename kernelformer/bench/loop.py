@@ -4,7 +4,8 @@ Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step
 plus the on-device window of sums and the non-finite check), on the same model and batches:
 
 * **trainer**: ``trainer._Run.train`` for ``steps`` steps -- host batches placed on the devices
-  ``trainer.PREFETCH`` ahead, at most ``trainer.MAX_IN_FLIGHT`` steps in flight, the watchdog armed
+  ``trainer.PREFETCH`` ahead (on CPU: by the step's own dispatch, ``trainer.stages_on_host``; that
+  copy is counted here, the bare loop's is not), at most ``trainer.MAX_IN_FLIGHT`` steps in flight, the watchdog armed
   per step, the progress bar, and a logging boundary every ``log_every`` steps (one read of the
   window) plus one read at the end. The round's host batches are read before it starts, so the
   figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
