@@ -3,8 +3,19 @@
 ``softmax(Q K^T / sqrt(d)) V`` with a key padding mask and an optional causal mask. Without dropout it
 calls ``jax.nn.dot_product_attention``: on a GPU with bf16/fp16 inputs the cuDNN flash kernel (key padding
 expressed as ``key_value_seq_lengths``, which assumes right padding, as every ``lra_tasks`` pipeline
-produces), elsewhere XLA. With attention dropout in training the weights are formed explicitly, as the
-fused kernels take no dropout.
+produces), elsewhere XLA. ``implementation=None`` is decided here, not passed on: jax's own ``None``
+means XLA in jax 0.10 (its source: "defaults to XLA for now").
+
+Where it falls back (and needs memory quadratic in L):
+
+* **attention dropout in training** (``attention_dropout > 0`` and not deterministic; the LRA configs
+  set 0.1): the ``[B, H, L, S]`` float32 weights are formed explicitly (``softmax_weights``), since
+  neither cuDNN's flash kernel behind ``jax.nn.dot_product_attention`` nor XLA's takes dropout. On a
+  GPU this is what ran out of memory in the LRA-Text-shaped step (L = 4096, batch 32: 74 GiB asked,
+  docs/benchmarks/gpu-h100-2026-11-26.md); set ``attention_dropout=0`` for flash. Evaluation
+  (deterministic) always takes ``jax.nn.dot_product_attention``;
+* **a position bias** (``position_bias``): XLA (materialised logits) unless ``implementation='cudnn'``;
+* **float32 inputs on a GPU**, and every CPU: XLA (materialised logits; cuDNN flash takes half only).
 
 Relative-position bias (Luo et al. 2021, eq. 6): with ``position_bias`` ``b [H, 2L - 1]`` the logits are
 ``q.k / sqrt(d) + b_{j-i}``, the exact quadratic form that ``nprf-rpe`` approximates by FFT. The bias goes
@@ -13,6 +24,8 @@ XLA path (the cuDNN path with a bias is used only when asked for by ``implementa
 has not been checked on a GPU here).
 """
 from __future__ import annotations
+
+import logging
 
 import flax.linen as nn
 import jax
@@ -85,6 +98,10 @@ class SoftmaxAttention(nn.Module):
                position_bias=None):
     del step  # no random features
     if self.attention_dropout > 0.0 and not deterministic:
+      if jax.default_backend() == 'gpu':   # once per trace: the quadratic fallback (module docstring)
+        logging.warning('softmax attention with attention_dropout=%g in training forms the [B, H, L, '
+                        'S] weights (L=%d, no flash kernel takes dropout); attention_dropout=0 uses '
+                        'cuDNN flash', self.attention_dropout, q.shape[1])
       w = softmax_weights(q, k, mask=mask, causal=causal, position_bias=position_bias)
       w = nn.Dropout(rate=self.attention_dropout)(w, deterministic=False)
       return jnp.einsum('bhls,bshd->blhd', w, v.astype(jnp.float32)).astype(v.dtype)

@@ -4,7 +4,8 @@ Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step
 plus the on-device window of sums and the non-finite check), on the same model and batches:
 
 * **trainer**: ``trainer._Run.train`` for ``steps`` steps -- host batches placed on the devices
-  ``trainer.PREFETCH`` ahead, at most ``trainer.MAX_IN_FLIGHT`` steps in flight, the watchdog armed
+  ``trainer.PREFETCH`` ahead (on CPU: by the step's own dispatch, ``trainer.stages_on_host``; that
+  copy is counted here, the bare loop's is not), at most ``trainer.MAX_IN_FLIGHT`` steps in flight, the watchdog armed
   per step, the progress bar, and a logging boundary every ``log_every`` steps (one read of the
   window) plus one read at the end. The round's host batches are read before it starts, so the
   figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
@@ -21,7 +22,6 @@ length (no data files needed), so the Text-sized setting runs anywhere.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import statistics
 import tempfile
@@ -29,9 +29,9 @@ import time
 from typing import Optional, Sequence
 
 import jax
-import numpy as np
 
 import lra_tasks
+from kernelformer.bench import train_step
 from kernelformer.training import input_pipeline
 from kernelformer.training import metrics as metrics_lib
 from kernelformer.training import sharding
@@ -79,11 +79,8 @@ class _RandomTokens:
   """A random-access source of ``n`` examples: random tokens of the task's vocabulary and length."""
 
   def __init__(self, info, n: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    self._rows = [
-        {**{name: rng.integers(1, info.vocab_size, size=(info.max_length,)).astype(np.int32)
-            for name in trainer.input_names(info)},
-         'targets': np.asarray(rng.integers(0, info.num_classes), np.int32)} for _ in range(n)]
+    batch = train_step.random_batch(info, n, seed)
+    self._rows = [{name: x[i] for name, x in batch.items()} for i in range(n)]
 
   def __len__(self):
     return len(self._rows)
@@ -204,9 +201,3 @@ def markdown(results: Sequence[LoopTiming], header: str) -> str:
                  f'{t.trainer_steps_per_s:.2f} | {t.bare_steps_per_s:.2f} | {t.ratio:.3f} | {pipe} |')
   return '\n'.join(lines) + '\n'
 
-
-def load_average() -> str:
-  try:
-    return ' '.join(f'{x:.1f}' for x in os.getloadavg())
-  except OSError:
-    return 'n/a'

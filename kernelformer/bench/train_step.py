@@ -16,7 +16,6 @@ exactly as ``train_and_evaluate`` runs it; the batch is random tokens of the tas
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import time
 from typing import Sequence
@@ -40,9 +39,11 @@ class StepTiming:
   compile_s: float
 
 
-def _batch(config, info, batch_size: int, length: int) -> dict:
-  rng = np.random.default_rng(0)
-  batch = {name: rng.integers(1, info.vocab_size, size=(batch_size, length)).astype(np.int32)
+def random_batch(info, batch_size: int, seed: int = 0) -> dict:
+  """``batch_size`` examples of random tokens of the task's vocabulary and length (numpy), with random
+  targets: the input both step benchmarks feed (no data files needed)."""
+  rng = np.random.default_rng(seed)
+  batch = {name: rng.integers(1, info.vocab_size, size=(batch_size, info.max_length)).astype(np.int32)
            for name in trainer.input_names(info)}
   batch['targets'] = rng.integers(0, info.num_classes, size=(batch_size,)).astype(np.int32)
   return batch
@@ -66,7 +67,7 @@ def measure(config: ml_collections.ConfigDict, kinds: Sequence[str], *, batch_si
   task = lra_tasks.get(config.data.task)
   info = task.info(config.data)
   redraw = int(config.model.attention.redraw_every or 100)
-  batch = _batch(config, info, batch_size, info.max_length)
+  batch = random_batch(info, batch_size)
   runs = {}
   for kind in kinds:
     c = config.copy_and_resolve_references()
@@ -98,9 +99,3 @@ def markdown(results: Sequence[StepTiming], header: str) -> str:
     lines.append(f'| {t.kind} | {t.step_ms:.1f} | {t.redraw_step_ms:.1f} | {t.compile_s:.1f} |')
   return '\n'.join(lines) + '\n'
 
-
-def load_average() -> str:
-  try:
-    return ' '.join(f'{x:.1f}' for x in os.getloadavg())
-  except OSError:
-    return 'n/a'

@@ -154,3 +154,34 @@ def kernels_text() -> str:
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   return ('attention kernels (--config.model.attention.kind=NAME; details: kernelformer kernels):\n'
           + wrap(' '.join(registry.list_kernels())))
+
+
+# ---- the benchmark commands that write one table (benchmark train_step, benchmark loop) -------------
+
+def unknown_kind_error(kinds: Sequence[str]) -> Optional[str]:
+  """The one-line error for the first attention kind the registry does not know, else None."""
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  for kind in kinds:
+    try:
+      registry.get(kind)
+    except registry.UnknownKernelError as e:
+      return f'error: {e}'
+  return None
+
+
+def write_benchmark_table(name: str, argv: Sequence[str], out_dir: str, details: str,
+                          table: Callable[[str], str]) -> str:
+  """``table(header)`` with the header every benchmark table starts with -- the exact command, the
+  device, CPU, cores and jax version, then ``details`` (load average, shape) -- written to
+  ``<out_dir>/<name>.md`` and printed; returns it."""
+  import platform  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  header = (f'`kernelformer benchmark {name} {" ".join(argv)}`; {jax.devices()[0].device_kind} '
+            f'({platform.processor() or platform.machine()}, {os.cpu_count()} cores), jax '
+            f'{jax.__version__}; {details}')
+  text = table(header)
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, f'{name}.md'), 'w') as f:
+    f.write(text)
+  print(text)
+  return text

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
+
+from kernelformer.commands import _common
 
 
 def main(argv) -> int:
-  from kernelformer.bench import loop  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import loop, measure  # pylint: disable=g-import-not-at-top
   parser = argparse.ArgumentParser(prog='kernelformer benchmark loop', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--settings', default=','.join(loop.SETTINGS),
@@ -54,23 +55,15 @@ def main(argv) -> int:
   if args.rounds < 1:
     print('error: --rounds must be >= 1', file=sys.stderr)
     return 2
-  if args.kind:
-    from kernelformer import registry  # pylint: disable=g-import-not-at-top
-    try:
-      registry.get(args.kind)
-    except registry.UnknownKernelError as e:
-      print(f'error: {e}', file=sys.stderr)
-      return 2
-  before = loop.load_average()
+  error = _common.unknown_kind_error([args.kind] if args.kind else [])
+  if error:
+    print(error, file=sys.stderr)
+    return 2
+  before = measure.load_average()
   results = loop.measure(settings, steps=steps, rounds=args.rounds, kind=args.kind or None,
                          time_limit_s=args.time_limit_s, with_pipeline=args.with_pipeline)
-  import jax  # pylint: disable=g-import-not-at-top
-  header = (f'`kernelformer benchmark loop {" ".join(argv)}`; {jax.devices()[0].device_kind} '
-            f'({platform.processor() or platform.machine()}, {os.cpu_count()} cores), jax '
-            f'{jax.__version__}; load average before {before}, after {loop.load_average()}.')
-  table = loop.markdown(results, header)
-  os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, 'loop.md'), 'w') as f:
-    f.write(table)
-  print(table)
+  _common.write_benchmark_table(
+      'loop', argv, args.out_dir,
+      f'load average before {before}, after {measure.load_average()}.',
+      lambda header: loop.markdown(results, header))
   return 0

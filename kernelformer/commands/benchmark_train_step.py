@@ -12,7 +12,6 @@ import argparse
 import ast
 import importlib.util
 import os
-import platform
 import sys
 
 from kernelformer.commands import _common
@@ -39,15 +38,12 @@ def main(argv) -> int:
   parser.add_argument('--repeats', type=int, default=10)
   parser.add_argument('--out_dir', default=os.path.join('runs', 'benchmarks'))
   args = parser.parse_args(argv)
-  from kernelformer import registry  # pylint: disable=g-import-not-at-top
-  from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import measure, train_step  # pylint: disable=g-import-not-at-top
   kinds = [k.strip() for k in args.kinds.split(',') if k.strip()]
-  for k in kinds:
-    try:
-      registry.get(k)
-    except registry.UnknownKernelError as e:
-      print(f'error: {e}', file=sys.stderr)
-      return 2
+  error = _common.unknown_kind_error(kinds)
+  if error:
+    print(error, file=sys.stderr)
+    return 2
   config = _load(args.config)
   with config.unlocked():
     if args.length:
@@ -67,15 +63,9 @@ def main(argv) -> int:
         print(f'error: --set {item}: {e}', file=sys.stderr)
         return 2
   results = train_step.measure(config, kinds, batch_size=args.batch_size, repeats=args.repeats)
-  import jax  # pylint: disable=g-import-not-at-top
-  header = (f'`kernelformer benchmark train_step {" ".join(argv)}`; {jax.devices()[0].device_kind} '
-            f'({platform.processor() or platform.machine()}, {os.cpu_count()} cores), jax '
-            f'{jax.__version__}; load average after the run: {train_step.load_average()}; '
-            f'batch {args.batch_size}, length {config.data.max_length}, '
-            f'redraw_every {config.model.attention.redraw_every or 100}.')
-  table = train_step.markdown(results, header)
-  os.makedirs(args.out_dir, exist_ok=True)
-  with open(os.path.join(args.out_dir, 'train_step.md'), 'w') as f:
-    f.write(table)
-  print(table)
+  _common.write_benchmark_table(
+      'train_step', argv, args.out_dir,
+      f'load average after the run: {measure.load_average()}; batch {args.batch_size}, length '
+      f'{config.data.max_length}, redraw_every {config.model.attention.redraw_every or 100}.',
+      lambda header: train_step.markdown(results, header))
   return 0

@@ -245,10 +245,13 @@ def count_params(params) -> int:
 # only skips is not training).
 MAX_CONSECUTIVE_SKIPS = 10
 ON_NONFINITE = ('stop', 'skip')
-# Steps dispatched ahead of the one the host waits for: the device always has the next step queued,
-# while the watchdog still names the step that does not finish.
-MAX_IN_FLIGHT = 2
-# Training batches placed on the devices ahead of their step (flax's prefetch_to_device).
+# Steps dispatched ahead of the one the host waits for: the device always has the next steps queued,
+# while the watchdog still names the step that does not finish. Each holds only its batch and its
+# window; 8 rather than 2 because every wait is a wake-up of the host thread, which on a loaded CPU
+# costs as much as a small step (docs/benchmarks.md, "The training loop against a bare loop").
+MAX_IN_FLIGHT = 8
+# Training batches placed on the devices ahead of their step (flax's prefetch_to_device); on a
+# single-process CPU run they are not placed ahead (``prefetch_to_device``).
 PREFETCH = 2
 # best/ keeps the last two bests: the test falls back to the earlier if the newest does not restore.
 KEEP_BEST = 2
@@ -271,7 +274,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   The loop never waits for the host between boundaries (logging, validation, checkpoint, stop): the
   step's loss, accuracy, gradient norm and learning rate are summed on the device (``loop_step``), a
   non-finite step is detected there and its update not applied, and the host reads the sums once per
-  boundary. Batches are placed on the devices ``PREFETCH`` steps ahead.
+  boundary. Batches are placed on the devices ``PREFETCH`` steps ahead (on CPU: by the step itself).
 
   Run safety (``workdir_lib.RunError`` carries the exit code the CLI uses; each is one line):
   * the workdir is locked (``workdir/lock``) while the run is in progress;
@@ -335,7 +338,8 @@ def make_loop_step(train_step, policy: str):
   host, reading ``window`` at the next boundary, stops with the exact step and the state before it.
   """
 
-  def loop_step(state: TrainState, window: dict, batch):
+  def loop_step(state: TrainState, packed: dict, batch):
+    window = unpack_window(packed)
     new_state, m = train_step(state, batch)
     finite = jnp.isfinite(m['loss']) & jnp.isfinite(m['grad_norm'])
     halted = window['bad_step'] >= 0
@@ -359,30 +363,61 @@ def make_loop_step(train_step, policy: str):
     w['bad_loss'] = jnp.where(first_bad, m['loss'].astype(jnp.float32), window['bad_loss'])
     w['bad_grad_norm'] = jnp.where(first_bad, m['grad_norm'].astype(jnp.float32),
                                    window['bad_grad_norm'])
-    return kept, w
+    return kept, pack_window(w)
 
   return loop_step
 
 
+# The window travels as two arrays, so that a boundary reads it in two transfers, not twelve.
+WINDOW_FLOATS = ('loss', 'accuracy', 'learning_rate', 'grad_norm', 'aux_loss', 'bad_loss',
+                 'bad_grad_norm')
+WINDOW_INTS = ('applied', 'skipped', 'first_skipped', 'consecutive', 'bad_step')
+
+
+def pack_window(window: dict) -> dict:
+  """``{'f': float32[7], 'i': int32[5]}`` from the named window fields (``WINDOW_FLOATS``/``_INTS``)."""
+  return {'f': jnp.stack([jnp.asarray(window[k], jnp.float32) for k in WINDOW_FLOATS]),
+          'i': jnp.stack([jnp.asarray(window[k], jnp.int32) for k in WINDOW_INTS])}
+
+
+def unpack_window(packed: dict) -> dict:
+  """The named fields of a packed window (device arrays, or numpy after ``jax.device_get``)."""
+  return {**{k: packed['f'][n] for n, k in enumerate(WINDOW_FLOATS)},
+          **{k: packed['i'][n] for n, k in enumerate(WINDOW_INTS)}}
+
+
 def empty_window() -> dict:
   f, i = jnp.float32, jnp.int32
-  return {'loss': jnp.zeros((), f), 'accuracy': jnp.zeros((), f), 'learning_rate': jnp.zeros((), f),
-          'grad_norm': jnp.zeros((), f), 'aux_loss': jnp.zeros((), f),
-          'applied': jnp.zeros((), i), 'skipped': jnp.zeros((), i),
-          'first_skipped': -jnp.ones((), i), 'consecutive': jnp.zeros((), i),
-          'bad_step': -jnp.ones((), i), 'bad_loss': jnp.zeros((), f), 'bad_grad_norm': jnp.zeros((), f)}
+  return pack_window({
+      'loss': jnp.zeros((), f), 'accuracy': jnp.zeros((), f), 'learning_rate': jnp.zeros((), f),
+      'grad_norm': jnp.zeros((), f), 'aux_loss': jnp.zeros((), f),
+      'applied': jnp.zeros((), i), 'skipped': jnp.zeros((), i),
+      'first_skipped': -jnp.ones((), i), 'consecutive': jnp.zeros((), i),
+      'bad_step': -jnp.ones((), i), 'bad_loss': jnp.zeros((), f), 'bad_grad_norm': jnp.zeros((), f)})
 
 
 def next_window(window: dict) -> dict:
   """A new logging window that keeps the run-long fields (skips in a row, the stopping step)."""
-  fresh = empty_window()
+  fresh, old = unpack_window(empty_window()), unpack_window(window)
   for k in ('consecutive', 'bad_step', 'bad_loss', 'bad_grad_norm'):
-    fresh[k] = window[k]
-  return fresh
+    fresh[k] = old[k]
+  return pack_window(fresh)
+
+
+def stages_on_host(mesh) -> bool:
+  """One process whose devices are CPUs: a "device" buffer is host memory, so placing a batch ahead
+  buys no overlap, and ``jax.device_put`` costs more host time (Python, per leaf) than the copy the
+  compiled step makes of a numpy argument in its own (C++) dispatch."""
+  return jax.process_count() == 1 and all(d.platform == 'cpu' for d in mesh.devices.flat)
 
 
 def prefetch_to_device(batches: Iterable[dict], mesh, size: int = PREFETCH):
-  """Yields ``batches`` placed on ``mesh`` (batch-sharded), ``size`` batches ahead of the consumer."""
+  """Yields ``batches`` placed on ``mesh`` (batch-sharded), ``size`` batches ahead of the consumer;
+  on a CPU-only single process (``stages_on_host``) the host batches themselves, which the compiled
+  step (``in_shardings`` batch-sharded) places as it is called."""
+  if stages_on_host(mesh):
+    yield from batches
+    return
   queue = collections.deque()
   place = ((lambda b: jax.device_put(b, sharding.batch_sharded(mesh))) if jax.process_count() == 1
            else (lambda b: sharding.shard_batch(b, mesh)))  # one process: one call, half the time
@@ -564,13 +599,17 @@ class _Run:
     until = self.num_steps if until is None else until
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
     batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
+    log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
     for step, batch in zip(range(start, until), batches):
       done = step + 1
       if self.compiled is None:
         self.compile(batch, done)
       # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
       self.watchdog.arm(f'training step {done}', self.step_limit)
-      with _maybe_profile(self.config, self.workdir, step, start):
+      if profile:
+        with _maybe_profile(self.config, self.workdir, step, start):
+          self.state, self.window = self.compiled(self.state, self.window, batch)
+      else:
         self.state, self.window = self.compiled(self.state, self.window, batch)
       self.meta['steps_trained'] += 1
       self.dispatched = done
@@ -581,7 +620,7 @@ class _Run:
         self.timer.tick(done)
       if self.needs_state(done):
         self.boundary(done)
-      elif done % self.config.log_every == 0:
+      elif done % log_every == 0:
         self.pending_logs.append((done, self.window))
         self.window = self.next_window(self.window)
       elif done == until:
@@ -612,7 +651,7 @@ class _Run:
       self.watchdog.arm(f'training step {done}' if done == self.dispatched else
                         f'training steps {done}-{self.dispatched} (dispatched, waiting for {done})',
                         self.step_limit)
-      jax.block_until_ready(window['applied'])
+      window['i'].block_until_ready()
       self.flush_logs(done)
 
   def flush_logs(self, upto: int) -> None:
@@ -628,7 +667,7 @@ class _Run:
   # ---- boundaries: the only places the host reads the device ----------------------------------------
   def read(self, done: int, window) -> dict:
     """Reads a window (the one transfer of a boundary); stops a diverged run."""
-    window = {k: v.item() for k, v in jax.device_get(window).items()}
+    window = {k: v.item() for k, v in unpack_window(jax.device_get(window)).items()}
     first, t0 = self.span
     self.meta['timed_steps'] += done - first
     self.meta['train_seconds'] += time.perf_counter() - t0

@@ -87,3 +87,24 @@ def test_softmax_bias_shape_is_checked():
   q, k, v, bias, _ = _inputs()
   with pytest.raises(ValueError, match='position_bias'):
     softmax.softmax_attention(q, k, v, position_bias=bias[:, :-2])
+
+
+def test_training_without_attention_dropout_takes_dot_product_attention(monkeypatch):
+  # Only attention dropout in training forms the [B, H, L, S] weights (the module docstring's
+  # fallbacks); without it a training call is jax.nn.dot_product_attention (cuDNN flash on a GPU),
+  # with the same numbers as evaluation.
+  q, k, v, _, mask = _inputs(3)
+  calls = []
+  real = softmax.softmax_weights
+  monkeypatch.setattr(softmax, 'softmax_weights', lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  for causal in (False, True):
+    module = registry.build({'kind': 'softmax', 'attention_dropout': 0.0})
+    train = module.apply({}, q, k, v, mask=mask, causal=causal, deterministic=False,
+                         rngs={'dropout': jax.random.PRNGKey(0)})
+    evaluation = module.apply({}, q, k, v, mask=mask, causal=causal, deterministic=True)
+    assert not calls
+    np.testing.assert_array_equal(np.asarray(train), np.asarray(evaluation))
+    np.testing.assert_allclose(np.asarray(train), _naive(q, k, v, mask, causal), rtol=1e-5, atol=1e-6)
+  dropping = registry.build({'kind': 'softmax', 'attention_dropout': 0.1})
+  dropping.apply({}, q, k, v, mask=mask, deterministic=False, rngs={'dropout': jax.random.PRNGKey(0)})
+  assert calls                                       # the documented fallback

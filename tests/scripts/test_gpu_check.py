@@ -97,3 +97,15 @@ def test_spent_budget_skips_the_remaining_lengths(tmp_path):
 def test_without_dry_run_on_cpu_is_one_line_error(tmp_path):
   with pytest.raises(SystemExit, match='needs a GPU .* --dry_run'):
     gpu_check.main(['--out_dir', str(tmp_path)])
+
+
+
+def test_text_step_has_no_attention_dropout():
+  # On the H100 the softmax (cuDNN) Text step asked 74 GiB: configs/text.py's attention dropout (0.1)
+  # sent the model down the explicit-weights path (tests/attention/test_softmax.py: only attention
+  # dropout in training forms the weights). The check's step (the GPU config, not the dry run's tiny
+  # one) must be the flash-able one, and the same model for all three variants.
+  for variant in ('pallas', 'xla', 'cudnn'):
+    config = gpu_check.text_config(variant, False)
+    assert config.model.attention.attention_dropout == 0.0, variant
+    assert config.data.max_length + 1 == 4096 and config.model.dtype == 'bfloat16'
