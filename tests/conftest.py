@@ -72,14 +72,16 @@ SLOW_TESTS = frozenset({
     'test_scanned_layers_draw_independent_features_and_train',
     'test_error_after_a_resume_leaves_the_record',
     'test_file_size_limit_ends_in_one_line',
+    'test_gradient_reaches_only_the_map_and_the_step_adds_and_logs_it',
+    'test_gradient_accumulation_carries_the_aux_loss',
 })
 
 
 # The registry-wide properties (one test per registered kind, 85 kinds and growing) run in the first
 # command for every kind except the rest of the component x weight-sampler grid: every component keeps
 # one sampler there (orf; grelu: iid and orf as performer-relu; trigrf also fastfoodl) and posrf keeps
-# every sampler, so each component and each sampler is checked by the first command and every kind by
-# the two commands together.
+# every sampler, so each component and each sampler is checked by the first command; likewise one kind
+# of each deterministic map family; every kind is checked by the two commands together.
 REGISTRY_SUITES = frozenset({
     'test_incremental_equals_full_forward',                # tests/test_decoder.py
     'test_identical_documents_give_identical_embeddings',  # tests/test_encoder_dual.py
@@ -91,9 +93,15 @@ REGISTRY_SUITES = frozenset({
 GRID_COMPONENTS_IN_SECOND_COMMAND = ('trigrf', 'rks', 'hyperbolic', 'oprf', 'saderf', 'grelu')
 GRID_KINDS_IN_FIRST_COMMAND = frozenset({'trigrf-orf', 'trigrf-fastfoodl', 'rks-orf', 'hyperbolic-orf',
                                          'oprf-orf', 'saderf-orf', 'grelu-iid'})
+# Variants of a deterministic map whose family stays in the first command (dpfp; relu, squared-relu and
+# linear-elu for the elementwise maps; polysketch for its learned form).
+MAP_VARIANTS_IN_SECOND_COMMAND = frozenset({'dpfp-nu2', 'dpfp-nu3', 'gelu', 'swish', 'sigmoid', 'square',
+                                            'identity', 'polysketch-learned'})
 
 
 def grid_kind_in_second_command(kind: str) -> bool:
+  if kind in MAP_VARIANTS_IN_SECOND_COMMAND:
+    return True
   component = kind.split('-', 1)[0]
   return (component in GRID_COMPONENTS_IN_SECOND_COMMAND and '-' in kind
           and kind not in GRID_KINDS_IN_FIRST_COMMAND)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import functools
 import json
 import os
 import re
@@ -300,6 +301,7 @@ def markdown(rows: list[dict], archs: tuple[str, ...]) -> str:
 KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'feature_attention.py')
 
 
+@functools.lru_cache(maxsize=8)
 def kernel_source_hash(path: Optional[str] = None) -> str:
   """sha256 (16 hex digits) of the kernels' code: feature_attention.py parsed, docstrings dropped.
 
