@@ -31,7 +31,8 @@ def attention_config(kind: str = 'softmax') -> ml_collections.ConfigDict:
         continue
       default = f.default
       if default is dataclasses.MISSING or default is None:
-        options[f.name] = str if f.name in ('implementation',) else object
+        # Options whose None default means "per mechanism / per component" keep their value's type.
+        options[f.name] = {'implementation': str, 'feature_eps': float}.get(f.name, object)
       else:
         options[f.name] = type(default)
   for name in sorted(options):
