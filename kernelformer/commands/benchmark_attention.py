@@ -166,24 +166,33 @@ def main(argv=None) -> int:
 
 def _compare_official(args, setup, lengths, hw_before, argv) -> int:
   """``--compare official``: runs ``attention_cost.compare_official`` and writes its table."""
-  from kernelformer.bench import attention_cost, output  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
   causal_modes = (True,) if args.causal else (False, True)
   start = time.time()
   rows = attention_cost.compare_official(lengths, setup, causal_modes=causal_modes,
                                          log=lambda s: print(s, flush=True))
   elapsed = time.time() - start
-  hw_after = hardware()
   name = args.name or ('compare_official_quick' if args.quick else 'compare_official')
+  setup_line = (f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
+                f'M {args.num_features}, {args.dtype}, last L/8 keys padded; medians of {args.repeats} '
+                f'interleaved rounds after one warm-up call each; run took {elapsed:.0f} s.')
+  return _write_comparison(args, name, f'posrf-orf vs official Performer FAVOR+ ({name})', rows,
+                           attention_cost.COMPARE_FIELDS, attention_cost.compare_markdown(rows),
+                           [setup_line], hw_before, argv)
+
+
+def _write_comparison(args, name, title, rows, fields, table, setup_lines, hw_before, argv) -> int:
+  """Writes ``<out_dir>/<name>.csv`` and ``.md`` (title, command, hardware before/after, setup, table)."""
+  from kernelformer.bench import output  # pylint: disable=g-import-not-at-top
   prefix = os.path.join(args.out_dir, name)
   os.makedirs(args.out_dir, exist_ok=True)
-  output.write_csv(rows, prefix + '.csv', attention_cost.COMPARE_FIELDS)
+  output.write_csv(rows, prefix + '.csv', fields)
   command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
-  table = attention_cost.compare_markdown(rows)
-  lines = [f'# posrf-orf vs official Performer FAVOR+ ({name})', '', f'Command: `{command.strip()}`', '',
-           f'Hardware at start: {hw_before}', '', f'Hardware at end: {hw_after}', '',
-           f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
-           f'M {args.num_features}, {args.dtype}, last L/8 keys padded; medians of {args.repeats} '
-           f'interleaved rounds after one warm-up call each; run took {elapsed:.0f} s.', '', table, '']
+  lines = [f'# {title}', '', f'Command: `{command.strip()}`', '',
+           f'Hardware at start: {hw_before}', '', f'Hardware at end: {hardware()}', '']
+  for line in setup_lines:
+    lines += [line, '']
+  lines += [table, '']
   with open(prefix + '.md', 'w') as f:
     f.write('\n'.join(lines))
   print()
@@ -194,7 +203,7 @@ def _compare_official(args, setup, lengths, hw_before, argv) -> int:
 
 def _compare_maps(args, setup, kinds, lengths, hw_before, argv) -> int:
   """``--compare maps``: runs ``attention_cost.compare_maps`` and writes its table."""
-  from kernelformer.bench import attention_cost, output  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
   for text in kinds:
     try:
       attention_cost.parse_kind_variant(text)
@@ -207,26 +216,15 @@ def _compare_maps(args, setup, kinds, lengths, hw_before, argv) -> int:
                                               log=lambda s: print(s, flush=True))
   elapsed = time.time() - start
   name = args.name or ('compare_maps_quick' if args.quick else 'compare_maps')
-  prefix = os.path.join(args.out_dir, name)
-  os.makedirs(args.out_dir, exist_ok=True)
-  output.write_csv(rows, prefix + '.csv', attention_cost.MAPS_FIELDS)
-  command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
-  table = attention_cost.maps_markdown(rows)
-  lines = [f'# Feature maps, lean and stored paths ({name})', '', f'Command: `{command.strip()}`', '',
-           f'Hardware at start: {hw_before}', '', f'Hardware at end: {hardware()}', '',
-           f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, M {args.num_features} '
-           f'(posrf-orf, t2r), {args.dtype}, every key real; fwd+bwd (jax.vjp of the module); medians '
-           f'of {args.repeats} interleaved rounds after one warm-up call each; compiled memory from '
-           f'XLA (temp + arguments + outputs); run took {elapsed:.0f} s.', '']
+  setup_lines = [f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, M '
+                 f'{args.num_features} (posrf-orf, t2r), {args.dtype}, every key real; fwd+bwd (jax.vjp of '
+                 f'the module); medians of {args.repeats} interleaved rounds after one warm-up call each; '
+                 f'compiled memory from XLA (temp + arguments + outputs); run took {elapsed:.0f} s.']
   if skipped:
-    lines += ['Skipped: ' + '; '.join(f'`{k}`: {v}' for k, v in skipped.items()), '']
-  lines += [table, '']
-  with open(prefix + '.md', 'w') as f:
-    f.write('\n'.join(lines))
-  print()
-  print(table)
-  print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md']))
-  return 0
+    setup_lines.append('Skipped: ' + '; '.join(f'`{k}`: {v}' for k, v in skipped.items()))
+  return _write_comparison(args, name, f'Feature maps, lean and stored paths ({name})', rows,
+                           attention_cost.MAPS_FIELDS, attention_cost.maps_markdown(rows), setup_lines,
+                           hw_before, argv)
 
 
 def _compare_projections(args, setup, hw_before, argv) -> int:
