@@ -197,6 +197,20 @@ def _shifted_exclusive_prefix(kv_chunk: Array, ks_chunk: Array, key_shift: Array
   return kv_prev, ks_prev
 
 
+def _query_chunk_cotangents(phi, kv, ksum, g, den, eps):
+  """Backward of ``out = (phi kv) / safe(phi ksum)`` for one chunk of query rows (bidirectional).
+
+  Returns ``d phi`` and the chunk's contributions to ``d kv`` and ``d ksum``; the guard passes no
+  gradient to the normalizer where it acts (as ``jnp.where`` in ``safe_normalizer`` does).
+  """
+  sden = safe_normalizer(den, eps)
+  out = jnp.einsum('...cf,...fd->...cd', phi, kv) / sden[..., None]
+  gn = g / sden[..., None]
+  gden = jnp.where(jnp.abs(den) < eps, 0.0, -jnp.sum(g * out, axis=-1) / sden)
+  dphi = jnp.einsum('...cd,...fd->...cf', gn, kv) + gden[..., None] * ksum[..., None, :]
+  return dphi, jnp.einsum('...cf,...cd->...fd', phi, gn), jnp.einsum('...cf,...c->...f', phi, gden)
+
+
 def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None = None,
                         causal: bool = False, eps: float = DEFAULT_EPS,
                         score_weights: Array | None = None) -> Array:
@@ -370,13 +384,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
       dkv, dksum, dw = carry
       qc, gc, denc = xs
       phi, vjp = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), beta), qc, diff)
-      sden = safe_normalizer(denc, eps)
-      out = jnp.einsum('...cf,...fd->...cd', phi, kv) / sden[..., None]
-      gn = gc / sden[..., None]
-      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * out, axis=-1) / sden)
-      dphi = jnp.einsum('...cd,...fd->...cf', gn, kv) + gden[..., None] * ksum[..., None, :]
-      dkv = dkv + jnp.einsum('...cf,...cd->...fd', phi, gn)
-      dksum = dksum + jnp.einsum('...cf,...c->...f', phi, gden)
+      dphi, dkv_c, dksum_c = _query_chunk_cotangents(phi, kv, ksum, gc, denc, eps)
+      dkv, dksum = dkv + dkv_c, dksum + dksum_c
       dq, ddiff = vjp(dphi.astype(phi.dtype))
       return (dkv, dksum, add(dw, ddiff)), dq
 
@@ -736,13 +745,8 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
       dkv, dksum, dw = carry
       qc, gc, denc = xs
       phi, vjp = jax.vjp(query_features, qc, diff)
-      sden = safe_normalizer(denc, eps)
-      out = jnp.einsum('...cf,...fd->...cd', phi, kv) / sden[..., None]
-      gn = gc / sden[..., None]
-      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * out, axis=-1) / sden)
-      dphi = jnp.einsum('...cd,...fd->...cf', gn, kv) + gden[..., None] * ksum[..., None, :]
-      dkv = dkv + jnp.einsum('...cf,...cd->...fd', phi, gn)
-      dksum = dksum + jnp.einsum('...cf,...c->...f', phi, gden)
+      dphi, dkv_c, dksum_c = _query_chunk_cotangents(phi, kv, ksum, gc, denc, eps)
+      dkv, dksum = dkv + dkv_c, dksum + dksum_c
       dq, ddiff = vjp(dphi.astype(phi.dtype))
       return (dkv, dksum, add(dw, ddiff)), dq
 
