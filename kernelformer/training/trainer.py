@@ -327,19 +327,22 @@ def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
   return run.finish(test)
 
 
-def make_loop_step(train_step, policy: str):
+def make_loop_step(train_step, policy: str, log_every: int = 1):
   """``loop_step(state, window, batch) -> (state, window)``: ``train_step`` plus on-device bookkeeping.
 
   ``window`` holds sums over the steps since the last log (loss, accuracy, learning rate, gradient
   norm, over applied steps only), counts, and the first step that stops the run (``bad_step``, -1
-  while none). A step whose loss or gradient norm is non-finite is not applied (the state is kept,
+  while none). The step after a log step (``state.step`` a multiple of ``log_every``) starts a new
+  window itself (``next_window``), so a log boundary costs the host one read and no dispatch. A step whose loss or gradient norm is non-finite is not applied (the state is kept,
   only its step advances under 'skip'); under 'stop', and under 'skip' after
   ``MAX_CONSECUTIVE_SKIPS`` in a row, ``bad_step`` is recorded and no later update is applied, so the
   host, reading ``window`` at the next boundary, stops with the exact step and the state before it.
   """
 
   def loop_step(state: TrainState, packed: dict, batch):
-    window = unpack_window(packed)
+    fresh = state.step % log_every == 0
+    window = unpack_window(jax.tree.map(lambda new, old: jnp.where(fresh, new, old),
+                                        next_window(packed), packed))
     new_state, m = train_step(state, batch)
     finite = jnp.isfinite(m['loss']) & jnp.isfinite(m['grad_norm'])
     halted = window['bad_step'] >= 0
@@ -498,13 +501,12 @@ class _Run:
     tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
     train_step, eval_step = make_steps(model, tx, schedule, config, keys)
     repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
-    self.loop_step = jax.jit(make_loop_step(train_step, self.policy),
+    self.loop_step = jax.jit(make_loop_step(train_step, self.policy, int(config.log_every)),
                              in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl),
                              donate_argnums=0)
     self.eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
     self.state = init_state(model, tx, info, config, keys, mesh)
     self.window = jax.device_put(empty_window(), repl)
-    self.next_window = jax.jit(next_window, out_shardings=repl)
 
   def restore(self) -> None:
     """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
@@ -621,8 +623,7 @@ class _Run:
       if self.needs_state(done):
         self.boundary(done)
       elif done % log_every == 0:
-        self.pending_logs.append((done, self.window))
-        self.window = self.next_window(self.window)
+        self.pending_logs.append((done, self.window))   # the next step starts a new window
       elif done == until:
         self.read_window(done)
       self.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
@@ -690,7 +691,6 @@ class _Run:
     window = self.read_window(done)
     if done % c.log_every == 0 or done == self.num_steps:
       self.log(done, window)
-      self.window = self.next_window(self.window)
     val = None
     if done % c.eval_every == 0 or done == self.num_steps:
       val = self.validate(done)
