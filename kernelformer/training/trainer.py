@@ -339,10 +339,9 @@ def make_loop_step(train_step, policy: str, log_every: int = 1):
   host, reading ``window`` at the next boundary, stops with the exact step and the state before it.
   """
 
-  def loop_step(state: TrainState, packed: dict, batch):
+  def loop_step(state: TrainState, packed: jax.Array, batch):
     fresh = state.step % log_every == 0
-    window = unpack_window(jax.tree.map(lambda new, old: jnp.where(fresh, new, old),
-                                        next_window(packed), packed))
+    window = unpack_window(jnp.where(fresh, next_window(packed), packed))
     new_state, m = train_step(state, batch)
     finite = jnp.isfinite(m['loss']) & jnp.isfinite(m['grad_norm'])
     halted = window['bad_step'] >= 0
@@ -371,25 +370,38 @@ def make_loop_step(train_step, policy: str, log_every: int = 1):
   return loop_step
 
 
-# The window travels as two arrays, so that a boundary reads it in two transfers, not twelve.
+# The window travels as one int32 array (the float fields as their bits), so that a boundary reads it
+# in one transfer: ``np.asarray`` of one array costs the host ~2 us, ``jax.device_get`` of a dict of
+# two ~25 us -- a fifth of a tiny step (docs/benchmarks.md, "The training loop against a bare loop").
+WINDOW_INTS = ('applied', 'skipped', 'first_skipped', 'consecutive', 'bad_step')
 WINDOW_FLOATS = ('loss', 'accuracy', 'learning_rate', 'grad_norm', 'aux_loss', 'bad_loss',
                  'bad_grad_norm')
-WINDOW_INTS = ('applied', 'skipped', 'first_skipped', 'consecutive', 'bad_step')
 
 
-def pack_window(window: dict) -> dict:
-  """``{'f': float32[7], 'i': int32[5]}`` from the named window fields (``WINDOW_FLOATS``/``_INTS``)."""
-  return {'f': jnp.stack([jnp.asarray(window[k], jnp.float32) for k in WINDOW_FLOATS]),
-          'i': jnp.stack([jnp.asarray(window[k], jnp.int32) for k in WINDOW_INTS])}
+def pack_window(window: dict) -> jax.Array:
+  """``int32[12]``: the ``WINDOW_INTS`` fields, then the bits of the float32 ``WINDOW_FLOATS``."""
+  floats = jnp.stack([jnp.asarray(window[k], jnp.float32) for k in WINDOW_FLOATS])
+  return jnp.concatenate([jnp.stack([jnp.asarray(window[k], jnp.int32) for k in WINDOW_INTS]),
+                          jax.lax.bitcast_convert_type(floats, jnp.int32)])
 
 
-def unpack_window(packed: dict) -> dict:
-  """The named fields of a packed window (device arrays, or numpy after ``jax.device_get``)."""
-  return {**{k: packed['f'][n] for n, k in enumerate(WINDOW_FLOATS)},
-          **{k: packed['i'][n] for n, k in enumerate(WINDOW_INTS)}}
+def unpack_window(packed: jax.Array) -> dict:
+  """The named fields (scalar arrays) of a packed window, inside a traced function."""
+  n = len(WINDOW_INTS)
+  floats = jax.lax.bitcast_convert_type(packed[n:], jnp.float32)
+  return {**{k: packed[i] for i, k in enumerate(WINDOW_INTS)},
+          **{k: floats[i] for i, k in enumerate(WINDOW_FLOATS)}}
 
 
-def empty_window() -> dict:
+def window_values(packed) -> dict:
+  """The named fields of a packed window as Python numbers: one read of the device array."""
+  values = np.asarray(packed)
+  n = len(WINDOW_INTS)
+  return {**dict(zip(WINDOW_INTS, values[:n].tolist())),
+          **dict(zip(WINDOW_FLOATS, values[n:].view(np.float32).tolist()))}
+
+
+def empty_window() -> jax.Array:
   f, i = jnp.float32, jnp.int32
   return pack_window({
       'loss': jnp.zeros((), f), 'accuracy': jnp.zeros((), f), 'learning_rate': jnp.zeros((), f),
@@ -399,7 +411,7 @@ def empty_window() -> dict:
       'bad_step': -jnp.ones((), i), 'bad_loss': jnp.zeros((), f), 'bad_grad_norm': jnp.zeros((), f)})
 
 
-def next_window(window: dict) -> dict:
+def next_window(window: jax.Array) -> jax.Array:
   """A new logging window that keeps the run-long fields (skips in a row, the stopping step)."""
   fresh, old = unpack_window(empty_window()), unpack_window(window)
   for k in ('consecutive', 'bad_step', 'bad_loss', 'bad_grad_norm'):
@@ -652,7 +664,7 @@ class _Run:
       self.watchdog.arm(f'training step {done}' if done == self.dispatched else
                         f'training steps {done}-{self.dispatched} (dispatched, waiting for {done})',
                         self.step_limit)
-      window['i'].block_until_ready()
+      window.block_until_ready()
       self.flush_logs(done)
 
   def flush_logs(self, upto: int) -> None:
@@ -668,7 +680,7 @@ class _Run:
   # ---- boundaries: the only places the host reads the device ----------------------------------------
   def read(self, done: int, window) -> dict:
     """Reads a window (the one transfer of a boundary); stops a diverged run."""
-    window = {k: v.item() for k, v in unpack_window(jax.device_get(window)).items()}
+    window = window_values(window)
     first, t0 = self.span
     self.meta['timed_steps'] += done - first
     self.meta['train_seconds'] += time.perf_counter() - t0
