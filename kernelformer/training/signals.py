@@ -206,6 +206,9 @@ class StopSignals:
         EXIT_CODES[self.signum])
 
 
+_UNSEEN = object()
+
+
 class Watchdog:
   """Exits the process (``EXIT_HUNG``) when the armed deadline passes without ``arm``/``disarm``."""
 
@@ -215,16 +218,25 @@ class Watchdog:
     self._what = ''
     self._limit = 0.0
     self._poll = poll_s
+    self._progress = None
+    self._seen = _UNSEEN
     self._stop = threading.Event()
     self._thread: Optional[threading.Thread] = None
     self.on_fire = None   # called (e.g. to release the workdir lock) before the process exits
 
-  def arm(self, what: str, limit_s: float) -> None:
-    """From now, ``what`` must finish (the next ``arm`` or ``disarm``) within ``limit_s`` (0: no limit)."""
+  def arm(self, what, limit_s: float, progress=None) -> None:
+    """From now, ``what`` must finish (the next ``arm`` or ``disarm``) within ``limit_s`` (0: no limit).
+
+    ``what`` is the text the watchdog prints, or a callable that returns it when the watchdog fires.
+    ``progress`` (optional) is a callable that the watchdog thread calls at each poll: when its value
+    changes, something finished, and the deadline starts again -- for a host that waits for several
+    queued steps at once, the limit then still applies to each step, not to the whole wait."""
     with self._lock:
       self._what = what
       self._limit = float(limit_s)
       self._deadline = time.monotonic() + self._limit if limit_s and limit_s > 0 else None
+      self._progress = progress
+      self._seen = _UNSEEN
     if self._deadline is not None and self._thread is None:
       self._thread = threading.Thread(target=self._watch, name='kernelformer-watchdog', daemon=True)
       self._thread.start()
@@ -240,9 +252,22 @@ class Watchdog:
   def _watch(self) -> None:
     while not self._stop.wait(min(self._poll, max(self._limit / 10, 0.05))):
       with self._lock:
+        if self._deadline is not None and self._progress is not None:
+          try:
+            seen = self._progress()
+          except Exception:  # pylint: disable=broad-except  (a probe that fails shows no progress)
+            seen = self._seen
+          if self._seen is not _UNSEEN and seen != self._seen:
+            self._deadline = time.monotonic() + self._limit   # something finished since the last poll
+          self._seen = seen
         late = self._deadline is not None and time.monotonic() > self._deadline
         what, limit = self._what, self._limit
       if late:
+        if callable(what):
+          try:
+            what = what()
+          except Exception:  # pylint: disable=broad-except
+            what = 'a training step'
         print(f'watchdog: no progress for {limit:g} s while {what}; the run looks hung and was stopped '
               f'(nothing new saved; the last checkpoint is kept). Raise config.watchdog_step_s / '
               f'watchdog_compile_s if it is only slow.', file=sys.stderr, flush=True)

@@ -246,10 +246,13 @@ def count_params(params) -> int:
 MAX_CONSECUTIVE_SKIPS = 10
 ON_NONFINITE = ('stop', 'skip')
 # Steps dispatched ahead of the one the host waits for: the device always has the next steps queued,
-# while the watchdog still names the step that does not finish. Each holds only its batch and its
-# window; 8 rather than 2 because every wait is a wake-up of the host thread, which on a loaded CPU
-# costs as much as a small step (docs/benchmarks.md, "The training loop against a bare loop").
-MAX_IN_FLIGHT = 8
+# while the watchdog still names the first step that does not finish. Each holds only its batch and
+# its window. When more than MAX_IN_FLIGHT are in flight the host waits until RESUME_IN_FLIGHT are:
+# one wait (one wake-up of the host thread) per MAX_IN_FLIGHT - RESUME_IN_FLIGHT steps, not one per
+# step -- on a loaded CPU a wake-up costs as much as a small step (docs/benchmarks.md, "The training
+# loop against a bare loop").
+MAX_IN_FLIGHT = 16
+RESUME_IN_FLIGHT = 8
 # Training batches placed on the devices ahead of their step (flax's prefetch_to_device); on a
 # single-process CPU run they are not placed ahead (``prefetch_to_device``).
 PREFETCH = 2
@@ -619,7 +622,8 @@ class _Run:
       if self.compiled is None:
         self.compile(batch, done)
       # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
-      self.watchdog.arm(f'training step {done}', self.step_limit)
+      self.dispatching = done
+      self.watchdog.arm(self.unfinished_steps, self.step_limit, self.first_unfinished)
       if profile:
         with _maybe_profile(self.config, self.workdir, step, start):
           self.state, self.window = self.compiled(self.state, self.window, batch)
@@ -628,7 +632,10 @@ class _Run:
       self.meta['steps_trained'] += 1
       self.dispatched = done
       self.in_flight.append((done, self.window))
-      self.wait(0 if done == start + 1 else MAX_IN_FLIGHT)
+      if done == start + 1:
+        self.wait(0)
+      elif len(self.in_flight) > MAX_IN_FLIGHT:
+        self.wait(RESUME_IN_FLIGHT)
       if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
         self.span = (done, time.perf_counter())
         self.timer.tick(done)
@@ -657,15 +664,32 @@ class _Run:
       raise self.stop.stop_error(self.last_saved, self.workdir)
 
   def wait(self, keep: int) -> None:
-    """Waits (no transfer) until at most ``keep`` steps are in flight, arming the watchdog per step;
+    """Waits (no transfer) until at most ``keep`` steps are in flight -- one wait, for the newest step
+    that must finish (steps finish in order) -- with the watchdog naming the first unfinished step;
     logs whose step is done are read and written."""
+    if len(self.in_flight) <= keep:
+      return
+    done, window = self.in_flight[-keep - 1]
+    if not window.is_ready():
+      self.watchdog.arm(self.unfinished_steps, self.step_limit, self.first_unfinished)
+      window.block_until_ready()   # the steps before it are done too; they leave the queue after it
     while len(self.in_flight) > keep:
-      done, window = self.in_flight.popleft()
-      self.watchdog.arm(f'training step {done}' if done == self.dispatched else
-                        f'training steps {done}-{self.dispatched} (dispatched, waiting for {done})',
-                        self.step_limit)
-      window.block_until_ready()
-      self.flush_logs(done)
+      self.in_flight.popleft()
+    self.flush_logs(done)
+
+  def first_unfinished(self) -> int:
+    """The first training step dispatched (or being dispatched) that has not finished; called by the
+    watchdog's thread (steps finish in order; reading ``is_ready`` transfers nothing)."""
+    for done, window in list(self.in_flight):
+      if not window.is_ready():
+        return done
+    return self.dispatching
+
+  def unfinished_steps(self) -> str:
+    """What the watchdog names when a training step does not finish."""
+    first = self.first_unfinished()
+    return (f'training step {first}' if first >= self.dispatching else
+            f'training steps {first}-{self.dispatching} (dispatched; {first} has not finished)')
 
   def flush_logs(self, upto: int) -> None:
     while self.pending_logs and self.pending_logs[0][0] <= upto:
