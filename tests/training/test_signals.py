@@ -201,6 +201,33 @@ def wait_for(predicate, proc, timeout=180):
   assert proc.p.poll() is None, (proc.p.returncode, proc.p.stderr.read()[-2000:])
 
 
+WATCHDOG_PROGRESS = """
+import sys, time
+from kernelformer.training import signals
+w = signals.Watchdog()
+t0, steps = time.monotonic(), [0]
+def progress():   # a step finishes every 0.1 s for the first 2 s, then none
+  return min(int((time.monotonic() - t0) / 0.1), 20)
+w.arm(lambda: f'training step {progress() + 1}', 0.5, progress)
+time.sleep(10)
+print('not stopped', flush=True)
+"""
+
+
+def test_watchdog_restarts_its_deadline_while_steps_finish():
+  """A host waiting for several queued steps arms the watchdog once (``_Run.wait``): the limit applies
+  per finished step (the progress probe), and the text is made when it fires."""
+  t0 = time.monotonic()
+  proc = subprocess.run([sys.executable, '-c', WATCHDOG_PROGRESS], capture_output=True, text=True,
+                        timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                            os.path.abspath(__file__)))))
+  elapsed = time.monotonic() - t0
+  assert proc.returncode == 4, proc.stderr[-2000:]
+  assert 'no progress for 0.5 s while training step 21;' in proc.stderr, proc.stderr[-2000:]
+  assert 'not stopped' not in proc.stdout
+  assert elapsed > 2.4, elapsed   # not before the last step + 0.5 s (a 0.5 s limit from arm: ~0.5 s)
+
+
 def test_second_sigint_while_jax_imports_exits_at_once(tmp_path):
   workdir = tmp_path / 'run'
   p = subprocess.Popen([sys.executable, '-m', 'kernelformer', 'train', '--config', 'listops:tiny',
