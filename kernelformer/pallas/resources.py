@@ -303,22 +303,32 @@ KERNEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'featur
 
 @functools.lru_cache(maxsize=8)
 def kernel_source_hash(path: Optional[str] = None) -> str:
-  """sha256 (16 hex digits) of the kernels' code: feature_attention.py parsed, docstrings dropped.
+  """sha256 (16 hex digits) of the kernels' code: feature_attention.py without docstrings and comments.
 
   resources.json's verdicts hold for the code that was compiled; an entry whose ``kernel_source``
   differs from today's is not trusted by ``feature_attention.fits`` (impl='auto' goes to XLA until the
-  check is re-run). Comments and docstrings do not count, any change to the code does.
+  check is re-run). Docstrings (their lines, from the AST), comments, trailing spaces and blank lines
+  do not count; any change to the code does. Text-based, so the same on every Python version.
   """
   import ast  # pylint: disable=g-import-not-at-top
   import hashlib  # pylint: disable=g-import-not-at-top
+  import io  # pylint: disable=g-import-not-at-top
+  import tokenize  # pylint: disable=g-import-not-at-top
   with open(path or KERNEL_SOURCE) as f:
-    tree = ast.parse(f.read())
-  for node in ast.walk(tree):
+    src = f.read()
+  lines = src.splitlines()
+  drop = set()
+  for node in ast.walk(ast.parse(src)):
     body = getattr(node, 'body', None)
     if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
         and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-      node.body = body[1:] or [ast.Pass()]
-  return hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:16]
+      drop.update(range(body[0].lineno, body[0].end_lineno + 1))
+  for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+    if tok.type == tokenize.COMMENT:
+      row, col = tok.start
+      lines[row - 1] = lines[row - 1][:col]
+  kept = [line.rstrip() for i, line in enumerate(lines, 1) if i not in drop and line.strip()]
+  return hashlib.sha256('\n'.join(kept).encode()).hexdigest()[:16]
 
 
 def table_entries(rows: list[dict], arch: str = '90a') -> list[dict]:
