@@ -447,6 +447,36 @@ def prefetch_to_device(batches: Iterable[dict], mesh, size: int = PREFETCH):
     yield queue.popleft()
 
 
+def code_segments(previous, start: int, current: dict, resumed: bool) -> list:
+  """The code that trained each stretch of the run: ``[{'from_step', 'code_version'}, ...]``.
+
+  A run resumed under other code (another commit, a dirty tree, another package version) is legal --
+  a fix can be picked up mid-run -- but it can change what the remaining steps compute (a numerics fix,
+  a new default), so it is never silent: a new entry starts at the resume step, one warning line names
+  both versions, and results.json carries the whole list. Checkpoints written before this field
+  existed resume with an entry of unknown code for their steps.
+  """
+  segments = [dict(s) for s in previous] if isinstance(previous, list) else []
+  if resumed and not segments and start > 0:
+    segments = [{'from_step': 0, 'code_version': {'package_version': 'unknown (checkpoint older '
+                                                                      'than code_versions)'}}]
+  if segments and segments[-1].get('code_version') == current:
+    return segments
+  if segments:
+    logging.warning('resumed at step %d under other code (%s) than trained the steps before it (%s); '
+                    'both are recorded in results.json code_versions', start,
+                    _describe_code(current), _describe_code(segments[-1].get('code_version') or {}))
+  segments.append({'from_step': int(start), 'code_version': dict(current)})
+  return segments
+
+
+def _describe_code(version: dict) -> str:
+  commit = version.get('git_commit')
+  if commit:
+    return f"commit {commit[:12]}{' (dirty tree)' if version.get('git_dirty') else ''}"
+  return f"package {version.get('package_version', 'unknown')}"
+
+
 class _Run:
   """One training run in a workdir; each method is one phase (see ``_train_and_evaluate``)."""
 
@@ -548,7 +578,9 @@ class _Run:
                  'timed_steps': int(meta.get('timed_steps', 0)),
                  'train_seconds': float(meta.get('train_seconds', 0.0)),
                  'wall_seconds': float(meta.get('wall_seconds', 0.0))}
-    self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started}
+    self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started,
+                 'code_versions': code_segments(meta.get('code_versions'), start,
+                                                workdir_lib.code_version(), restored is not None)}
     self.compiled_memory = meta.get('compiled_memory_bytes')
     self.committed, self.pending_events = False, []
     self.val_source = self.task.source(config.data, 'val')
@@ -912,6 +944,7 @@ class _Run:
         'num_processes': jax.process_count(),
         'backend': jax.default_backend(),
         'code_version': workdir_lib.code_version(),
+        'code_versions': self.meta['code_versions'],   # one entry per code that trained (code_segments)
         'config_fingerprint': self.record.fingerprint,
         'config_changes': self.record.changes,
         'config': config.to_dict(),

@@ -38,7 +38,7 @@ def test_smoke_train_and_evaluate(tmp_path, kind):
   assert (workdir / 'best').is_dir() and (workdir / 'checkpoints').is_dir()
 
 
-def test_resumed_run_equals_uninterrupted(tmp_path):
+def test_resumed_run_equals_uninterrupted(tmp_path, monkeypatch, caplog):
   c = tiny_config(tmp_path, **{'model.attention.kind': 'posrf-iid',
                                'model.attention.redraw_every': 4,
                                'model.dropout_rate': 0.1,
@@ -66,10 +66,34 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
     if step == c.num_train_steps:
       resumed.update(params=state.params)
 
-  trainer.train_and_evaluate(c, str(tmp_path / 'resumed'), hooks=[record])
+  # The resume runs under other code (a new commit): allowed, but named in a warning and recorded.
+  first_code = trainer.workdir_lib.code_version()
+  other_code = {'package_version': 'test', 'git_commit': 'f' * 40, 'git_dirty': False}
+  monkeypatch.setattr(trainer.workdir_lib, 'code_version', lambda: dict(other_code))
+  with caplog.at_level('WARNING'):
+    trainer.train_and_evaluate(c, str(tmp_path / 'resumed'), hooks=[record])
   assert seen[0] == 5  # continued after the checkpoint, not from scratch
   for a, b in zip(leaves(full['params']), leaves(resumed['params'])):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+  results = json.loads((tmp_path / 'resumed' / 'results.json').read_text())
+  assert results['code_versions'] == [{'from_step': 0, 'code_version': first_code},
+                                      {'from_step': 4, 'code_version': other_code}]
+  assert any('resumed at step 4 under other code (commit ffffffffffff)' in r.getMessage()
+             for r in caplog.records)
+  uninterrupted = json.loads((tmp_path / 'full' / 'results.json').read_text())
+  assert uninterrupted['code_versions'] == [{'from_step': 0, 'code_version': first_code}]
+
+
+def test_code_segments_resumed_under_the_same_code_add_nothing():
+  a = {'package_version': '1', 'git_commit': 'a' * 40, 'git_dirty': False}
+  first = trainer.code_segments(None, 0, a, resumed=False)
+  assert first == [{'from_step': 0, 'code_version': a}]
+  assert trainer.code_segments(first, 8, dict(a), resumed=True) == first
+  dirty = {**a, 'git_dirty': True}
+  assert trainer.code_segments(first, 8, dirty, resumed=True)[1] == {'from_step': 8, 'code_version': dirty}
+  # A checkpoint written before the field existed: its steps are of unknown code, not of today's.
+  old = trainer.code_segments(None, 8, a, resumed=True)
+  assert [s['from_step'] for s in old] == [0, 8] and 'unknown' in old[0]['code_version']['package_version']
 
 
 def test_one_device_and_eight_devices_agree(tmp_path):
