@@ -18,7 +18,9 @@ that cannot change a run's numbers: ``kernelformer.training.fingerprint.config_f
 the workdir uses to tell a run from another (its ``EXCLUDED`` list: logging, checkpoint frequency, data
 location, attention implementation, ...). A cell averages only runs of one fingerprint; runs of one row and task that
 differ in anything else (steps, options, data, ...) become separate rows named by what differs, and
-``Report.warnings`` says so (printed by ``kernelformer report`` and at the top of the markdown).
+``Report.warnings`` says so (printed by ``kernelformer report`` and at the top of the markdown). A run
+trained by more than one code version (resumed after an update: results.json ``code_versions``) is
+averaged as usual and named in a warning.
 
 "Compiled memory" is XLA's ``argument + temp`` bytes of the compiled train step: the state and batch it
 reads plus its scratch (its outputs alias the donated state, so they are not added). It is what the
@@ -212,7 +214,7 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
 def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
   """Groups the runs of ``sweep_dir`` into cells; ``paper`` overrides the sweep's own ('none': no paper)."""
   meta, runs = collect(sweep_dir)
-  warnings = split_by_fingerprint(runs)
+  warnings = split_by_fingerprint(runs) + mixed_code_warnings(runs)
   paper = meta.get('paper', '') if paper is None else ('' if paper == 'none' else paper)
   if paper and paper not in paper_numbers.PAPERS:
     raise ValueError(f'unknown paper {paper!r}; valid: {", ".join(sorted(paper_numbers.PAPERS))}')
@@ -249,6 +251,18 @@ def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
 
 def _short(key: str) -> str:
   return key if key == '(preset)' else key.rsplit('.', 1)[-1]
+
+
+def mixed_code_warnings(runs: list[RunRecord]) -> list[str]:
+  """A warning per finished run that was resumed under other code (results.json ``code_versions``)."""
+  out = []
+  for r in runs:
+    segments = (r.results or {}).get('code_versions')
+    if isinstance(segments, list) and len(segments) > 1:
+      steps = ', '.join(str(s.get('from_step')) for s in segments if isinstance(s, dict))
+      out.append(f'{r.workdir} was trained by {len(segments)} code versions (from steps {steps}; '
+                 f'results.json code_versions)')
+  return out
 
 
 def split_by_fingerprint(runs: list[RunRecord]) -> list[str]:

@@ -194,6 +194,15 @@ def test_runs_differing_in_more_than_the_seed_are_never_averaged(tmp_path):
   rep = report_lib.build(str(same))
   assert rep.labels == ['posrf-orf'] and not rep.warnings
   assert rep.cells[('posrf-orf', 'listops')].text() == '40.00 ± 14.14 (2/2)'
+  # A run resumed under other code still averages (same config) but is named in a warning.
+  path = same / 'b' / 'results.json'
+  r = json.loads(path.read_text())
+  r['code_versions'] = [{'from_step': 0, 'code_version': {'git_commit': 'a' * 40}},
+                        {'from_step': 200, 'code_version': {'git_commit': 'b' * 40}}]
+  path.write_text(json.dumps(r))
+  rep = report_lib.build(str(same))
+  assert rep.labels == ['posrf-orf'] and rep.cells[('posrf-orf', 'listops')].finished == 2
+  assert len(rep.warnings) == 1 and 'b was trained by 2 code versions (from steps 0, 200' in rep.warnings[0]
 
   # The command prints the warning on stderr and the separate rows.
   proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'report.py'), str(mixed),
