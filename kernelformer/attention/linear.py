@@ -211,6 +211,49 @@ def _query_chunk_cotangents(phi, kv, ksum, g, den, eps):
   return dphi, jnp.einsum('...cf,...cd->...fd', phi, gn), jnp.einsum('...cf,...c->...f', phi, gden)
 
 
+def _bidirectional_backward(query_features, key_features, q, k, v, g, den, kv, ksum, diff, mask,
+                            cq: int, ck: int, eps: float):
+  """Backward of a lean bidirectional ``D^-1 phi(Q) (phi(K)^T V)``: features recomputed, never stored.
+
+  ``query_features(qc, diff) -> phi``, ``key_features(kc, mc, diff) -> phi`` form one chunk's features
+  (``diff``: the differentiable leaves of the projection); ``kv [.., F, Dv]``, ``ksum [.., F]``, ``den``
+  the forward's state and normalizer, ``g`` the output cotangent (float32). A scan over query chunks
+  gives dQ and the state cotangents ``dS = sum_i phi(q_i) (g_i / D_i)^T``, ``dz`` (with
+  ``_query_chunk_cotangents``); a scan over key chunks gives ``dV = phi(K) dS`` and
+  ``dphi(K) = V dS^T + dz``, through ``jax.vjp`` of the key features to dK. Returns ``dq, dk, dv`` (rows
+  joined, float32) and ``dw`` (one per leaf of ``diff``, summed over chunks).
+  """
+  zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
+  add = lambda a, b: tuple(x + y for x, y in zip(a, b))
+
+  def query_step(carry, xs):
+    dkv, dksum, dw = carry
+    qc, gc, denc = xs
+    phi, vjp = jax.vjp(query_features, qc, diff)
+    dphi, dkv_c, dksum_c = _query_chunk_cotangents(phi, kv, ksum, gc, denc, eps)
+    dkv, dksum = dkv + dkv_c, dksum + dksum_c
+    dq, ddiff = vjp(dphi.astype(phi.dtype))
+    return (dkv, dksum, add(dw, ddiff)), dq
+
+  (dkv, dksum, dw), dq = jax.lax.scan(
+      query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
+      (_split_chunks(q, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)),
+      unroll=q.shape[-2] == cq)
+
+  def key_step(dw, xs):
+    kc, vc, mc = xs
+    phi, vjp = jax.vjp(lambda kk, dd: key_features(kk, mc, dd), kc, diff)
+    dv = jnp.einsum('...cf,...fd->...cd', phi, dkv)
+    dphi = jnp.einsum('...cd,...fd->...cf', vc.astype(jnp.float32), dkv) + dksum[..., None, :]
+    dk, ddiff = vjp(dphi.astype(phi.dtype))
+    return add(dw, ddiff), (dk, dv)
+
+  dw, (dk, dv) = jax.lax.scan(
+      key_step, dw, (_split_chunks(k, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)),
+      unroll=k.shape[-2] == ck)
+  return _join_chunks(dq, -2), _join_chunks(dk, -2), _join_chunks(dv, -2), dw
+
+
 def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None = None,
                         causal: bool = False, eps: float = DEFAULT_EPS,
                         score_weights: Array | None = None) -> Array:
@@ -376,39 +419,13 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, beta, kv, ksum, den = res
     dt = jnp.promote_types(q.dtype, jnp.float32)
-    qd, kd, g = q.astype(dt), k.astype(dt), g.astype(jnp.float32)
-    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
-    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
-
-    def query_step(carry, xs):
-      dkv, dksum, dw = carry
-      qc, gc, denc = xs
-      phi, vjp = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), beta), qc, diff)
-      dphi, dkv_c, dksum_c = _query_chunk_cotangents(phi, kv, ksum, gc, denc, eps)
-      dkv, dksum = dkv + dkv_c, dksum + dksum_c
-      dq, ddiff = vjp(dphi.astype(phi.dtype))
-      return (dkv, dksum, add(dw, ddiff)), dq
-
-    (dkv, dksum, dw), dq = jax.lax.scan(
-        query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
-        (_split_chunks(qd, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)),
-        unroll=qd.shape[-2] == cq)
-
-    def key_step(dw, xs):
-      kc, vc, mc = xs
-      phi, vjp = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), beta), kc, diff)
-      dv = jnp.einsum('...cf,...fd->...cd', phi, dkv)
-      dphi = jnp.einsum('...cd,...fd->...cf', vc.astype(jnp.float32), dkv) + dksum[..., None, :]
-      dk, ddiff = vjp(dphi.astype(phi.dtype))
-      return add(dw, ddiff), (dk, dv)
-
-    dw, (dk, dv) = jax.lax.scan(
-        key_step, dw, (_split_chunks(kd, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)),
-        unroll=kd.shape[-2] == ck)
-    float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
-    return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
-            _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
-            tuple(float0(x) for x in nondiff), float0(mask))
+    dq, dk, dv, dw = _bidirectional_backward(
+        lambda qq, dd: query_features(qq, rebuild(dd, nondiff), beta),
+        lambda kk, mc, dd: key_features(kk, mc, rebuild(dd, nondiff), beta),
+        q.astype(dt), k.astype(dt), v, g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck, eps)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+            tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+            tuple(_float0(x) for x in nondiff), _float0(mask))
 
   fn.defvjp(fwd, bwd)
   _FN_CACHE[cache_key] = fn
@@ -737,37 +754,11 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, kv, ksum, den = res
     query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
-    g = g.astype(jnp.float32)
-    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
-    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
-
-    def query_step(carry, xs):
-      dkv, dksum, dw = carry
-      qc, gc, denc = xs
-      phi, vjp = jax.vjp(query_features, qc, diff)
-      dphi, dkv_c, dksum_c = _query_chunk_cotangents(phi, kv, ksum, gc, denc, eps)
-      dkv, dksum = dkv + dkv_c, dksum + dksum_c
-      dq, ddiff = vjp(dphi.astype(phi.dtype))
-      return (dkv, dksum, add(dw, ddiff)), dq
-
-    (dkv, dksum, dw), dq = jax.lax.scan(
-        query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
-        (_split_chunks(q, cq, -2), _split_chunks(g, cq, -2), _split_chunks(den, cq, -1)),
-        unroll=q.shape[-2] == cq)
-
-    def key_step(dw, xs):
-      kc, vc, mc = xs
-      phi, vjp = jax.vjp(lambda kk, dd: key_features(kk, mc, dd), kc, diff)
-      dv = jnp.einsum('...cf,...fd->...cd', phi, dkv)
-      dphi = jnp.einsum('...cd,...fd->...cf', vc, dkv) + dksum[..., None, :]
-      dk, ddiff = vjp(dphi.astype(phi.dtype))
-      return add(dw, ddiff), (dk, dv)
-
-    dw, (dk, dv) = jax.lax.scan(
-        key_step, dw, (_split_chunks(k, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)),
-        unroll=k.shape[-2] == ck)
-    return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
-            _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+    dq, dk, dv, dw = _bidirectional_backward(query_features, key_features, q, k, v,
+                                             g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck,
+                                             eps)
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+            tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
             tuple(_float0(x) for x in nondiff), _float0(mask))
 
   fn.defvjp(fwd, bwd)
