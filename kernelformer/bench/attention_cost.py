@@ -495,10 +495,34 @@ def plot(rows: Sequence[dict[str, Any]], path_prefix: str, title: str = '') -> l
 
 COMPARE_FIELDS = ('causal', 'mode', 'length', 'batch', 'heads', 'head_dim', 'num_features',
                   'masked_keys', 'ours_ms', 'official_ms', 'speedup', 'ours_temp_mib',
-                  'official_temp_mib', 'max_abs_diff', 'repeats', 'load_1min', 'note')
+                  'official_temp_mib', 'ours_total_mib', 'official_total_mib', 'ours_peak_rss_mib',
+                  'official_peak_rss_mib', 'max_abs_diff', 'repeats', 'load_1min', 'note')
+
+
+def _reset_peak_rss() -> bool:
+  """Resets this process's resident high-water mark (``VmHWM``; Linux ``clear_refs`` value 5)."""
+  try:
+    with open('/proc/self/clear_refs', 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
+def _peak_rss_mib() -> Optional[float]:
+  """This process's resident high-water mark ``VmHWM`` in MiB (None where /proc is not Linux's)."""
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
+  return None
 
 
 def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequence[bool] = (False, True),
+                     modes: Sequence[str] = MODES,
                      log: Callable[[str], None] = print) -> list[dict[str, Any]]:
   """Ours (registry ``posrf-orf``) vs ``official_favor.favor_attention`` at equal B, H, d, M, W and mask.
 
@@ -514,7 +538,15 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
   far below 1e-4 and the constant dominates) and the 1-minute load average at the end of the cell.
   A cell where either compiled program needs more than ``setup.max_memory_gb`` (temp + arguments +
   outputs) is compiled but not run: its row keeps both temp memories, has no times, and says so in
-  ``note`` (the difference check needs the forward to fit).
+  ``note`` (the difference check needs the forward to fit). ``modes``: the subset of ``MODES`` to run
+  (the difference check only runs with ``'fwd'``; without ``'fwd+bwd'`` no cotangent is kept).
+
+  Memory: only one side runs at a time and nothing of a side is kept between calls (each call's
+  output is dropped when the call returns), so the process peak is the larger side's, not the sum;
+  ``*_total_mib`` is XLA's temp + arguments + outputs of each executable and ``*_peak_rss_mib`` the
+  process's resident high-water mark over that side's warm-up call alone (reset before it where Linux
+  allows; it includes the shared inputs and the runtime). The difference check runs the official
+  program first, so only its ``[B, L, H, d]`` output is held while ours runs.
   """
   from kernelformer.bench import official_favor  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
@@ -523,6 +555,9 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
     for length in sorted(lengths):
       inputs = make_inputs(setup, length, setup.seed)
       q, k, v, cot = inputs['q'], inputs['k'], inputs['v'], inputs['cotangent']
+      del inputs
+      if 'fwd+bwd' not in modes:
+        cot = None                                # 1 GiB at B=8 H=8 L=64K: not kept when unused
       mask = jnp.broadcast_to(jnp.arange(length)[None, :] < length - length // 8, (setup.batch, length))
       module = registry.build(attention_options('posrf-orf', length, setup.num_features),
                               share_heads=True, impl='xla')
@@ -549,13 +584,16 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
                                                                         causal=causal, eps=0.0)
       limit = setup.max_memory_gb * (1 << 30)
       diff = None
-      for mode in MODES:
+      for mode in [m for m in MODES if m in modes]:
         fns = (ours, official) if mode == 'fwd' else (with_bwd(ours), with_bwd(official))
         compiled = [measure.compile_with_stats(f, q, k, v) for f in fns]
         row = {'causal': causal, 'mode': mode, 'length': length, 'batch': setup.batch,
                'heads': setup.heads, 'head_dim': setup.head_dim, 'num_features': setup.num_features,
                'masked_keys': length // 8, 'ours_temp_mib': compiled[0][1].temp_bytes / MIB,
-               'official_temp_mib': compiled[1][1].temp_bytes / MIB, 'note': ''}
+               'official_temp_mib': compiled[1][1].temp_bytes / MIB,
+               'ours_total_mib': compiled[0][1].total_bytes / MIB,
+               'official_total_mib': compiled[1][1].total_bytes / MIB,
+               'ours_peak_rss_mib': None, 'official_peak_rss_mib': None, 'note': ''}
         too_big = max(st.total_bytes for _, st in compiled)
         if too_big > limit:
           row.update(ours_ms=None, official_ms=None, speedup=None, max_abs_diff=diff, repeats=0,
@@ -563,14 +601,19 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
                      note=f'not run: compiled memory {too_big / (1 << 30):.1f} GiB > '
                           f'--max_memory_gb {setup.max_memory_gb:g}')
           rows.append(row)
-          log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: {row["note"]}')
+          log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: {row["note"]} (ours '
+              f'{row["ours_total_mib"]:.0f} MiB, official {row["official_total_mib"]:.0f} MiB compiled)')
           del compiled
           continue
         if diff is None and mode == 'fwd':
-          diff = float(jnp.max(jnp.abs(compiled[0][0](q, k, v) - jax.jit(official_eps0)(q, k, v))))
+          reference = jax.block_until_ready(jax.jit(official_eps0)(q, k, v))   # the big side first
+          diff = float(jnp.max(jnp.abs(compiled[0][0](q, k, v) - reference)))
+          del reference
         times: list[list[float]] = [[], []]
-        for c, _ in compiled:
+        for (c, _), side in zip(compiled, ('ours', 'official')):
+          reset = _reset_peak_rss()
           jax.block_until_ready(c(q, k, v))          # warm-up
+          row[f'{side}_peak_rss_mib'] = _peak_rss_mib() if reset else None
         for r in range(max(1, setup.repeats)):
           for i in ((0, 1) if r % 2 == 0 else (1, 0)):
             start = time.perf_counter()
@@ -581,9 +624,11 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
                    repeats=len(times[0]),
                    load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None)
         rows.append(row)
+        rss = lambda x: '?' if x is None else f'{x:.0f}'
         log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: ours {t_ours:.1f} ms, '
             f'official {t_off:.1f} ms, official/ours {t_off / t_ours:.2f}x; temp '
-            f'{row["ours_temp_mib"]:.0f} vs {row["official_temp_mib"]:.0f} MiB')
+            f'{row["ours_temp_mib"]:.0f} vs {row["official_temp_mib"]:.0f} MiB; peak RSS '
+            f'{rss(row["ours_peak_rss_mib"])} vs {rss(row["official_peak_rss_mib"])} MiB')
         del compiled
       gc.collect()
   return rows
@@ -592,16 +637,19 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
 def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:
   """The ``compare_official`` rows as one markdown table (cells not run: their note instead of times)."""
   head = ('| attention | mode | L | B | H | ours (ms) | official (ms) | official / ours | temp ours (MiB) | '
-          'temp official (MiB) | max abs diff (eps 0) | rounds | load |')
-  lines = [head, '|' + '---|' * 13]
+          'temp official (MiB) | compiled ours / official (MiB) | peak RSS ours / official (MiB) | '
+          'max abs diff (eps 0) | rounds | load |')
+  lines = [head, '|' + '---|' * 15]
   fmt = lambda x, spec: '—' if x is None or x == '' else format(float(x), spec)
   for r in rows:
     times = (f'{fmt(r["ours_ms"], ".1f")} | {fmt(r["official_ms"], ".1f")} | {fmt(r["speedup"], ".2f")}'
              if r.get('ours_ms') is not None else f'{r.get("note", "not run")} | — | —')
     lines.append(f'| {"causal" if r["causal"] else "bidirectional"} | {r["mode"]} | {r["length"]} | '
                  f'{r["batch"]} | {r["heads"]} | {times} | '
-                 f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | {fmt(r["max_abs_diff"], ".1e")} | '
-                 f'{r["repeats"]} | {fmt(r["load_1min"], ".1f")} |')
+                 f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | '
+                 f'{fmt(r.get("ours_total_mib"), ".0f")} / {fmt(r.get("official_total_mib"), ".0f")} | '
+                 f'{fmt(r.get("ours_peak_rss_mib"), ".0f")} / {fmt(r.get("official_peak_rss_mib"), ".0f")} | '
+                 f'{fmt(r["max_abs_diff"], ".1e")} | {r["repeats"]} | {fmt(r["load_1min"], ".1f")} |')
   return '\n'.join(lines)
 
 

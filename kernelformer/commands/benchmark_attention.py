@@ -24,6 +24,7 @@ PROG = 'kernelformer benchmark attention'
 QUICK_KINDS = ('softmax', 'posrf-orf')
 QUICK_MAP_KINDS = ('softmax', 'taylor:map_dim=4')   # --compare maps --quick
 QUICK_LENGTHS = (128, 256)
+MODES = ('fwd', 'fwd+bwd')    # attention_cost.MODES (not imported here: --help stays fast)
 
 
 def parse_args(argv):
@@ -45,6 +46,8 @@ def parse_args(argv):
                  help='timed calls per cell after one warm-up (fewer for slow cells, see --cell_budget_s)')
   p.add_argument('--dtype', default=d.dtype, choices=('float32', 'bfloat16', 'float16'))
   p.add_argument('--causal', action='store_true')
+  p.add_argument('--modes', default=','.join(MODES),
+                 help='--compare official: comma-separated subset of fwd,fwd+bwd to run (default both)')
   p.add_argument('--max_memory_gb', type=float, default=d.max_memory_gb,
                  help='compile but do not run cells whose compiled memory is larger')
   p.add_argument('--max_call_s', type=float, default=d.max_call_s,
@@ -71,6 +74,10 @@ def parse_args(argv):
                  help=f'{",".join(QUICK_KINDS)} at L={",".join(map(str, QUICK_LENGTHS))}, 1 repeat '
                       f'(--compare maps: {",".join(QUICK_MAP_KINDS)} at L={QUICK_LENGTHS[0]})')
   args = p.parse_args(argv)
+  args.modes = tuple(m.strip() for m in args.modes.split(',') if m.strip())
+  bad = [m for m in args.modes if m not in MODES]
+  if bad or not args.modes:
+    p.error(f'--modes: expected a comma-separated subset of {",".join(MODES)}, got {",".join(bad) or "nothing"}')
   if args.quick:
     maps = args.compare == 'maps'
     args.kinds = ','.join(QUICK_MAP_KINDS if maps else QUICK_KINDS)
@@ -169,13 +176,15 @@ def _compare_official(args, setup, lengths, hw_before, argv) -> int:
   from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
   causal_modes = (True,) if args.causal else (False, True)
   start = time.time()
-  rows = attention_cost.compare_official(lengths, setup, causal_modes=causal_modes,
+  rows = attention_cost.compare_official(lengths, setup, causal_modes=causal_modes, modes=args.modes,
                                          log=lambda s: print(s, flush=True))
   elapsed = time.time() - start
   name = args.name or ('compare_official_quick' if args.quick else 'compare_official')
   setup_line = (f'Setup: batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, '
                 f'M {args.num_features}, {args.dtype}, last L/8 keys padded; medians of {args.repeats} '
-                f'interleaved rounds after one warm-up call each; run took {elapsed:.0f} s.')
+                f'interleaved rounds after one warm-up call each; modes {",".join(args.modes)}; cells '
+                f'whose compiled memory (either side) exceeds --max_memory_gb {args.max_memory_gb:g} '
+                f'are compiled, not run; run took {elapsed:.0f} s.')
   return _write_comparison(args, name, f'posrf-orf vs official Performer FAVOR+ ({name})', rows,
                            attention_cost.COMPARE_FIELDS, attention_cost.compare_markdown(rows),
                            [setup_line], hw_before, argv)
