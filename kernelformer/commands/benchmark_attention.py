@@ -75,9 +75,6 @@ def parse_args(argv):
                       f'(--compare maps: {",".join(QUICK_MAP_KINDS)} at L={QUICK_LENGTHS[0]})')
   args = p.parse_args(argv)
   args.modes = tuple(m.strip() for m in args.modes.split(',') if m.strip())
-  bad = [m for m in args.modes if m not in MODES]
-  if bad or not args.modes:
-    p.error(f'--modes: expected a comma-separated subset of {",".join(MODES)}, got {",".join(bad) or "nothing"}')
   if args.quick:
     maps = args.compare == 'maps'
     args.kinds = ','.join(QUICK_MAP_KINDS if maps else QUICK_KINDS)
@@ -106,6 +103,11 @@ def hardware() -> str:
 
 def main(argv=None) -> int:
   args = parse_args(sys.argv[1:] if argv is None else argv)
+  bad = [m for m in args.modes if m not in MODES]
+  if bad or not args.modes:
+    print(f'{PROG}: error: --modes takes a comma-separated subset of {",".join(MODES)}; got '
+          f'{",".join(bad) or "nothing"}', file=sys.stderr)
+    return 2
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
   if args.kinds is None:

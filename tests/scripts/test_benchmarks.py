@@ -235,6 +235,29 @@ def test_compare_official_skips_cells_over_the_memory_limit():
   assert md.count('not run: compiled memory') == 2 and '| causal | fwd+bwd | 64 | 1 | 1 |' in md
 
 
+def test_compare_official_runs_only_the_modes_asked_and_reports_memory_per_side():
+  """``modes``: only those rows; each carries both sides' compiled totals (>= temp) and per-side peak RSS."""
+  setup = attention_cost.Setup(batch=1, heads=1, head_dim=8, num_features=8, repeats=1)
+  rows = attention_cost.compare_official([64], setup, causal_modes=(True,), modes=('fwd+bwd',),
+                                         log=lambda s: None)
+  assert [r['mode'] for r in rows] == ['fwd+bwd']
+  (r,) = rows
+  assert r['ours_ms'] > 0 and r['official_ms'] > 0 and r['max_abs_diff'] is None   # no fwd: no check
+  for side in ('ours', 'official'):
+    assert r[f'{side}_total_mib'] >= r[f'{side}_temp_mib'] > 0
+    if os.path.exists('/proc/self/clear_refs'):
+      assert r[f'{side}_peak_rss_mib'] > 0
+  assert '| causal | fwd+bwd | 64 | 1 | 1 |' in attention_cost.compare_markdown(rows)
+
+
+def test_benchmark_compare_official_rejects_unknown_modes(tmp_path, capsys):
+  script = load_script('benchmark_attention')
+  assert script.main(['--compare', 'official', '--modes', 'fwd,bwd', '--out_dir', str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert len(err.splitlines()) == 1 and 'fwd,fwd+bwd' in err and 'bwd' in err, err
+  assert not list(tmp_path.iterdir())
+
+
 def test_benchmark_compare_projections_quick(tmp_path):
   """``--compare projections``: projection rows per d, attention rows per mode, transform rows per n."""
   script = load_script('benchmark_attention')
