@@ -546,7 +546,9 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
   ``*_total_mib`` is XLA's temp + arguments + outputs of each executable and ``*_peak_rss_mib`` the
   process's resident high-water mark over that side's warm-up call alone (reset before it where Linux
   allows; it includes the shared inputs and the runtime). The difference check runs the official
-  program first, so only its ``[B, L, H, d]`` output is held while ours runs.
+  program first, so only its ``[B, L, H, d]`` output is held while ours runs. A cell whose run fails in
+  the runtime (``JaxRuntimeError``, e.g. out of device memory) keeps its compiled memory, has no
+  times, and its ``note`` starts with ``failed:``; the other cells still run and are written.
   """
   from kernelformer.bench import official_favor  # pylint: disable=g-import-not-at-top
   import os  # pylint: disable=g-import-not-at-top
@@ -605,20 +607,30 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
               f'{row["ours_total_mib"]:.0f} MiB, official {row["official_total_mib"]:.0f} MiB compiled)')
           del compiled
           continue
-        if diff is None and mode == 'fwd':
-          reference = jax.block_until_ready(jax.jit(official_eps0)(q, k, v))   # the big side first
-          diff = float(jnp.max(jnp.abs(compiled[0][0](q, k, v) - reference)))
-          del reference
-        times: list[list[float]] = [[], []]
-        for (c, _), side in zip(compiled, ('ours', 'official')):
-          reset = _reset_peak_rss()
-          jax.block_until_ready(c(q, k, v))          # warm-up
-          row[f'{side}_peak_rss_mib'] = _peak_rss_mib() if reset else None
-        for r in range(max(1, setup.repeats)):
-          for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-            start = time.perf_counter()
-            jax.block_until_ready(compiled[i][0](q, k, v))
-            times[i].append(time.perf_counter() - start)
+        try:
+          if diff is None and mode == 'fwd':
+            reference = jax.block_until_ready(jax.jit(official_eps0)(q, k, v))   # the big side first
+            diff = float(jnp.max(jnp.abs(compiled[0][0](q, k, v) - reference)))
+            del reference
+          times: list[list[float]] = [[], []]
+          for (c, _), side in zip(compiled, ('ours', 'official')):
+            reset = _reset_peak_rss()
+            jax.block_until_ready(c(q, k, v))          # warm-up
+            row[f'{side}_peak_rss_mib'] = _peak_rss_mib() if reset else None
+          for r in range(max(1, setup.repeats)):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+              start = time.perf_counter()
+              jax.block_until_ready(compiled[i][0](q, k, v))
+              times[i].append(time.perf_counter() - start)
+        except jax.errors.JaxRuntimeError as e:     # e.g. RESOURCE_EXHAUSTED on an accelerator
+          first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+          row.update(ours_ms=None, official_ms=None, speedup=None, max_abs_diff=diff, repeats=0,
+                     load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
+                     note=f'failed: {first}')
+          rows.append(row)
+          log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: {row["note"]}')
+          del compiled
+          continue
         t_ours, t_off = (statistics.median(t) * 1e3 for t in times)
         row.update(ours_ms=t_ours, official_ms=t_off, speedup=t_off / t_ours, max_abs_diff=diff,
                    repeats=len(times[0]),

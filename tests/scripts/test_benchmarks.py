@@ -250,6 +250,30 @@ def test_compare_official_runs_only_the_modes_asked_and_reports_memory_per_side(
   assert '| causal | fwd+bwd | 64 | 1 | 1 |' in attention_cost.compare_markdown(rows)
 
 
+def test_compare_official_records_a_cell_that_fails_at_run_time_and_goes_on(monkeypatch):
+  """A runtime failure (out of device memory) of one cell: its row says ``failed:``, the next cell runs."""
+  import jax  # pylint: disable=g-import-not-at-top
+  real = measure.compile_with_stats
+
+  def compile_failing_at_64(fn, q, *args):
+    compiled, stats = real(fn, q, *args)
+    if q.shape[1] != 64:
+      return compiled, stats
+
+    def call(*a):
+      raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate')
+    return call, stats
+
+  monkeypatch.setattr(attention_cost.measure, 'compile_with_stats', compile_failing_at_64)
+  setup = attention_cost.Setup(batch=1, heads=1, head_dim=8, num_features=8, repeats=1)
+  rows = attention_cost.compare_official([64, 128], setup, causal_modes=(True,), modes=('fwd+bwd',),
+                                         log=lambda s: None)
+  assert [(r['length'], r['repeats']) for r in rows] == [(64, 0), (128, 1)]
+  assert rows[0]['note'].startswith('failed: RESOURCE_EXHAUSTED') and rows[0]['ours_ms'] is None
+  assert rows[0]['official_total_mib'] > 0 and rows[1]['official_ms'] > 0
+  assert 'failed: RESOURCE_EXHAUSTED' in attention_cost.compare_markdown(rows)
+
+
 def test_benchmark_compare_official_rejects_unknown_modes(tmp_path, capsys):
   script = load_script('benchmark_attention')
   assert script.main(['--compare', 'official', '--modes', 'fwd,bwd', '--out_dir', str(tmp_path)]) == 2
