@@ -6,6 +6,8 @@
   python scripts/benchmark_attention.py --quick --out_dir /tmp/bench   # tiny, for tests
   python scripts/benchmark_attention.py --compare official --num_features 256 --repeats 7
       # posrf-orf vs a re-implementation of the official Performer FAVOR+, same W and mask, interleaved
+  python scripts/benchmark_attention.py --compare official --causal --num_features 256 --lengths 65536 \
+      --batch 8 --heads 8 --modes fwd --max_memory_gb 19   # one mode, memory limit lifted (default 8)
 
 Writes ``<out_dir>/<name>.csv``, ``<name>.md`` (markdown tables) and ``<name>_time.png`` /
 ``<name>_memory.png`` (log-log vs length, softmax in black), then prints the issue's claims with the
