@@ -9,7 +9,8 @@
 #   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # issue 24 item 3: causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
-#                                                          #   64K cells do not fit the CPU machine)
+#                                                          #   64K cells do not fit the CPU machine;
+#                                                          #   KF_CAUSAL_LENGTHS=128,256 for a CPU dry run)
 #
 # Part 2 trains the preset unchanged (50k-step schedule, evaluation every 500 steps), stops it with
 # SIGINT after SECONDS (the trainer saves a checkpoint), then re-runs it with num_train_steps set to the
@@ -72,7 +73,7 @@ causal)
   # still runs out of memory is recorded as "failed: RESOURCE_EXHAUSTED ..." and the rest go on.
   export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}
   b=(python3 -m kernelformer benchmark attention --compare official --causal --num_features 256
-     --lengths 1024,4096,16384,65536 --repeats "$reps" --max_memory_gb ${KF_CAUSAL_MAX_GB:-60}
+     --lengths ${KF_CAUSAL_LENGTHS:-1024,4096,16384,65536} --repeats "$reps" --max_memory_gb ${KF_CAUSAL_MAX_GB:-60}
      --out_dir "$out")
   timeout ${KF_CAUSAL_TIMEOUT:-300} "${b[@]}" --batch 8 --heads 8 --name gpu_causal_b8h8 2>&1 | tail -n 12
   echo "causal b8h8 rc ${PIPESTATUS[0]}"
