@@ -138,6 +138,7 @@ class _Config:
   block_m: int = 0   # feature columns per program (the M tile); 0 = all of them
   m_tiles: int = 1   # programs along the feature axis; > 1: outputs are partial sums merged by XLA
   k_chunk: int = 0   # x W^T summed over column chunks of this width when d exceeds it (0 = whole)
+  v_tiles: int = 1   # causal backward: programs along the value columns (dv / block_v); see _first_v
 
   @property
   def projected(self) -> bool:
@@ -298,6 +299,20 @@ def _tile_grad(cfg: _Config, dphi: Array, tile: _Tile, x: Array, w, s: Array):
 
 def _tril(c: int) -> Array:
   return lax.broadcasted_iota(jnp.int32, (c, c), 0) >= lax.broadcasted_iota(jnp.int32, (c, c), 1)
+
+
+def _first_v(cfg: _Config):
+  """Causal backward with value tiles: whether this program holds the first tile of value columns.
+
+  With ``v_tiles > 1`` the causal backward grid's last axis runs over (feature tile, value tile)
+  pairs and each program sees only ``block_v`` columns of v, g and the states ``S, R``. Everything
+  that contracts over dv (``gN V^T``, ``gN S^T``, ``V R^T``) is then a partial sum over value tiles,
+  and dq, dk, dW, ds are linear in ``dphi``: XLA sums them. The normalizer's terms (``gD``, ``z``,
+  ``r``) do not depend on the value columns: only the first value tile adds them. None: one tile.
+  """
+  if cfg.v_tiles == 1:
+    return None
+  return lax.rem(pl.program_id(3), cfg.v_tiles) == 0
 
 
 def _proj_params(w_ref, th_ref):
@@ -505,6 +520,7 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
   tril = _tril(c)
 
   m_first = m_ref[0, :]
+  first = _first_v(cfg)
 
   def body(t, carry):
     kv, ks, m_prev, dw, ds, pkv, pks = carry
@@ -515,11 +531,14 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     valid = mask_ref[sl] > 0
     m_t = m_ref[t, :]
     alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
+    w = None if w_ref is None else w_ref[...].astype(jnp.float32)
     kv, ks = kv * alpha[:, None], ks * alpha
     tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref))
     tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref))
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            go_ref[sl], den_ref[sl])
+    if first is not None:
+      gd = jnp.where(first, gd, 0.0)
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
     dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :] + _dot(cfg, cm, tk.phi, 'nn')
     dx, dw_t, ds_t = _tile_grad(cfg, dphi, tq, xq, w, sq)
@@ -564,6 +583,7 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
   n_chunks, nm = m_ref.shape
   d = k_ref.shape[-1]
   tril = _tril(c)
+  first = _first_v(cfg)
 
   def body(i, carry):
     r_kv, r_ks, m_next, dw, ds = carry
@@ -575,11 +595,14 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     valid = mask_ref[sl] > 0
     m_t = m_ref[t, :]
     alpha = jnp.exp(m_t - m_next)
+    w = None if w_ref is None else w_ref[...].astype(jnp.float32)
     r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
     tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref))
     tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref))
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            go_ref[sl], den_ref[sl])
+    if first is not None:
+      gd = jnp.where(first, gd, 0.0)
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)
     dphi = _dot(cfg, vt, r_kv, 'nt') + r_ks[None, :] + _dot(cfg, cm, tq.phi, 'tn')
     dphi = jnp.where(valid[:, None], dphi, 0.0)
@@ -594,7 +617,10 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
       dw = dw + dw_t
     return r_kv, r_ks, m_t, dw, ds + ds_t
 
-  init = (rkv0_ref[...], rks0_ref[...], mnext_ref[...],
+  rks0 = rks0_ref[...]
+  if first is not None:
+    rks0 = jnp.where(first, rks0, 0.0)
+  init = (rkv0_ref[...], rks0, mnext_ref[...],
           jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
           jnp.zeros((nm,), jnp.float32))
   _, _, _, dw, ds = lax.fori_loop(0, n_chunks, body, init)
@@ -661,13 +687,28 @@ def _f32(shape):
 
 class _Specs:
   """Operand specs on the grid ``(B, H, S, T)``: S programs along the sequence (splits, segments or
-  query chunks), T feature tiles of ``cfg.block_m`` columns. Index maps receive ``(i, j, s, t)``."""
+  query chunks), T feature tiles of ``cfg.block_m`` columns. Index maps receive ``(i, j, s, t)``.
 
-  def __init__(self, cfg: _Config, rows: int):
-    self.cfg, self.rows, self.mt = cfg, rows, cfg.block_m
+  ``v_tiles > 1`` (causal backward only): the last axis runs over T x V (feature tile, value tile)
+  pairs, ``t = f V + u``; a program holds feature tile ``f`` and value columns ``[u bv, (u + 1) bv)``
+  of v, g and the states (``bv = dv / V``). Gradient outputs then get partial sums over value tiles.
+  """
+
+  def __init__(self, cfg: _Config, rows: int, v_tiles: int = 1):
+    self.cfg, self.rows, self.mt, self.vt = cfg, rows, cfg.block_m, v_tiles
+
+  def _f(self, t):                    # feature tile of grid index t
+    return t if self.vt == 1 else t // self.vt
+
+  def _u(self, t):                    # value tile of grid index t
+    return 0 if self.vt == 1 else lax.rem(t, self.vt)
 
   def seq(self, x, width):            # [B, L, H, w]: the program's rows
     return (x, (None, self.rows, None, width), lambda i, j, s, t: (i, s, j, 0))
+
+  def vseq(self, x, width):           # [B, L, H, dv]: the program's rows and value tile
+    bv = width // self.vt
+    return (x, (None, self.rows, None, bv), lambda i, j, s, t: (i, s, j, self._u(t)))
 
   @property
   def _col_tiles(self) -> bool:
@@ -677,14 +718,18 @@ class _Specs:
 
   def x(self, x, width):              # q or k as the features read it: all d, or the tile's columns
     if self._col_tiles:
-      return (x, (None, self.rows, None, self.mt), lambda i, j, s, t: (i, s, j, t))
+      return (x, (None, self.rows, None, self.mt), lambda i, j, s, t: (i, s, j, self._f(t)))
     return self.seq(x, width)
 
   def x_out(self, shape, dtype):
-    """dq or dk: per tile partial sums (``seq_out``), or for column tiles the tile's own columns."""
+    """dq or dk: per tile partial sums (``seq_out``), or for column tiles the tile's own columns
+    (with value tiles: ``[V, B, L, H, d]`` float32 partial sums over them)."""
     if self._col_tiles:
-      return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, self.mt),
-              lambda i, j, s, t: (i, s, j, t))
+      if self.vt == 1:
+        return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, self.mt),
+                lambda i, j, s, t: (i, s, j, t))
+      return (_f32((self.vt,) + tuple(shape)), (None, None, self.rows, None, self.mt),
+              lambda i, j, s, t: (self._u(t), i, s, j, self._f(t)))
     return self.seq_out(shape, dtype)
 
   def rowvec(self, x):                # [B, L, H]: den, row shift
@@ -696,32 +741,52 @@ class _Specs:
   def params(self, w, theta, scale):
     """W [H, M', d], theta [M'], a scale [H, M']: the program's feature tile (W, theta None for elu /
     relu)."""
-    mt = self.mt
-    return [(w, (None, mt, w.shape[-1]) if w is not None else None, lambda i, j, s, t: (j, t, 0)),
-            (theta, (mt,), lambda i, j, s, t: (t,)),
-            (scale, (None, mt), lambda i, j, s, t: (j, t))]
+    mt, f = self.mt, self._f
+    return [(w, (None, mt, w.shape[-1]) if w is not None else None,
+             lambda i, j, s, t: (j, f(t), 0)),
+            (theta, (mt,), lambda i, j, s, t: (f(t),)),
+            (scale, (None, mt), lambda i, j, s, t: (j, f(t)))]
 
   def state(self, x, width=0):        # [B, H, S, M'(, w)]: per program and tile
+    f = self._f
     if width:
-      return (x, (None, None, None, self.mt, width), lambda i, j, s, t: (i, j, s, t, 0))
-    return (x, (None, None, None, self.mt), lambda i, j, s, t: (i, j, s, t))
+      return (x, (None, None, None, self.mt, width), lambda i, j, s, t: (i, j, s, f(t), 0))
+    return (x, (None, None, None, self.mt), lambda i, j, s, t: (i, j, s, f(t)))
+
+  def vstate(self, x, width):         # [B, H, S, M', dv]: the tile's rows and value columns
+    return (x, (None, None, None, self.mt, width // self.vt),
+            lambda i, j, s, t: (i, j, s, self._f(t), self._u(t)))
 
   def merged(self, x, width=0):       # [B, H, M'(, w)]: one per (b, h), the tile's columns
+    f = self._f
     if width:
-      return (x, (None, None, self.mt, width), lambda i, j, s, t: (i, j, t, 0))
-    return (x, (None, None, self.mt), lambda i, j, s, t: (i, j, t))
+      return (x, (None, None, self.mt, width), lambda i, j, s, t: (i, j, f(t), 0))
+    return (x, (None, None, self.mt), lambda i, j, s, t: (i, j, f(t)))
 
   def chunk_shifts(self, x, inner):   # [B, H, N, M']: the segment's chunks' maxima, tile columns
-    return (x, (None, None, inner, self.mt), lambda i, j, s, t: (i, j, s, t))
+    return (x, (None, None, inner, self.mt), lambda i, j, s, t: (i, j, s, self._f(t)))
 
   def seq_out(self, shape, dtype):
-    """[B, L, H, w] in ``dtype``, or with several tiles [T, B, L, H, w] float32 partial sums."""
+    """[B, L, H, w] in ``dtype``, or with several programs per row block (feature tiles x value
+    tiles) [T V, B, L, H, w] float32 partial sums."""
     b, l, h, width = shape
-    if self.cfg.m_tiles == 1:
+    n = self.cfg.m_tiles * self.vt
+    if n == 1:
       return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, width),
               lambda i, j, s, t: (i, s, j, 0))
-    return (_f32((self.cfg.m_tiles, b, l, h, width)), (None, None, self.rows, None, width),
+    return (_f32((n, b, l, h, width)), (None, None, self.rows, None, width),
             lambda i, j, s, t: (t, i, s, j, 0))
+
+  def vseq_out(self, shape, dtype):
+    """dv [B, L, H, dv]: the program's value tile; several feature tiles: [T, B, L, H, dv] float32
+    partial sums over them."""
+    b, l, h, width = shape
+    bv = width // self.vt
+    if self.cfg.m_tiles == 1:
+      return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, bv),
+              lambda i, j, s, t: (i, s, j, self._u(t)))
+    return (_f32((self.cfg.m_tiles, b, l, h, width)), (None, None, self.rows, None, bv),
+            lambda i, j, s, t: (self._f(t), i, s, j, self._u(t)))
 
   def rowvec_out(self, shape):
     """[B, L, H] float32, or per tile [T, B, L, H]."""
@@ -731,9 +796,23 @@ class _Specs:
             lambda i, j, s, t: (t, i, s, j))
 
   def state_out(self, b, h, n, nm, width=0, keep=True):
-    """[B, H, S, M'(, w)] float32 per program (None where ``keep`` is False: elu / relu dW)."""
+    """[B, H, S, M'(, w)] float32 per program (None where ``keep`` is False: elu / relu dW); with
+    value tiles [V, B, H, S, M'(, w)], partial sums over them (``_v_sum``)."""
     shape = (b, h, n, nm) + ((width,) if width else ())
-    return (_f32(shape) if keep else None,) + self.state(None, width)[1:]
+    _, block, index = self.state(None, width)
+    if self.vt > 1:
+      shape, block = (self.vt,) + shape, (None,) + block
+      index = lambda i, j, s, t, _ix=index: (self._u(t),) + _ix(i, j, s, t)
+    return (_f32(shape) if keep else None, block, index)
+
+  def vstate_out(self, b, h, n, nm, width):
+    """[B, H, S, M', dv] float32 per program: the tile's rows and value columns."""
+    return (_f32((b, h, n, nm, width)),) + self.vstate(None, width)[1:]
+
+
+def _v_sum(cfg: _Config, x):
+  """Sum of ``state_out``'s partials over value tiles (leading axis), or ``x`` for one tile."""
+  return x if x is None or cfg.v_tiles == 1 else jnp.sum(x, axis=0)
 
 
 def _tile_sum(x, dtype):
@@ -880,19 +959,22 @@ def _backward(cfg: _Config, res, g):
 
   if cfg.causal:
     n_seg, inner = _causal_segments(cfg, lq)
-    sp = _Specs(cfg, cfg.block_k * inner)
+    sp = _Specs(cfg, cfg.block_k * inner, cfg.v_tiles)
+    grid = (b, h, n_seg, tiles * cfg.v_tiles)
     kv0, ks0, m0 = kv
     common = [
-        sp.x(q, d), sp.x(k, d), sp.seq(v, dv), sp.mask(mask), sp.rowvec(go), sp.rowvec(den),
-        sp.rowvec(a), sp.seq(g, dv),
+        sp.x(q, d), sp.x(k, d), sp.vseq(v, dv), sp.mask(mask), sp.rowvec(go), sp.rowvec(den),
+        sp.rowvec(a), sp.vseq(g, dv),
         *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2],
         sp.params(None, None, sk)[2], sp.chunk_shifts(shift, inner)]
     param_outs = [sp.state_out(b, h, n_seg, nm, d, keep=proj), sp.state_out(b, h, n_seg, nm, keep=proj)]
     q_outs = _pallas(
-        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', (b, h, n_seg, tiles),
-        common + [sp.state(kv0, dv), sp.state(ks0), sp.state(m0)],
+        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', grid,
+        common + [sp.vstate(kv0, dv), sp.state(ks0), sp.state(m0)],
         [sp.x_out(q.shape, q.dtype), *param_outs,
-         sp.state_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm)])
+         sp.vstate_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm)])
+    q_outs[1:3] = [_v_sum(cfg, x) for x in q_outs[1:3]]
+    q_outs[4] = _v_sum(cfg, q_outs[4])      # the normalizer's sums: the first value tile's only
     # Suffix states for the key kernels: segment s's query sums are relative to its first chunk's
     # shift; merged over later segments (references -shift: a query carries +shift); segment s's
     # reverse scan starts relative to the next segment's first shift.
@@ -906,9 +988,10 @@ def _backward(cfg: _Config, res, g):
     else:
       r_kv, r_ks = jnp.zeros_like(q_outs[3]), jnp.zeros_like(q_outs[4])
     k_outs = _pallas(
-        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', (b, h, n_seg, tiles),
-        common + [sp.state(r_kv, dv), sp.state(r_ks), sp.state(m_next)],
-        [sp.x_out(k.shape, k.dtype), sp.seq_out(v.shape, v.dtype), *param_outs])
+        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', grid,
+        common + [sp.vstate(r_kv, dv), sp.state(r_ks), sp.state(m_next)],
+        [sp.x_out(k.shape, k.dtype), sp.vseq_out(v.shape, v.dtype), *param_outs])
+    k_outs[2:4] = [_v_sum(cfg, x) for x in k_outs[2:4]]
     dq, dk, dvv = (_tile_sum(q_outs[0], q.dtype), _tile_sum(k_outs[0], k.dtype),
                    _tile_sum(k_outs[1], v.dtype))
     if not proj:
@@ -970,6 +1053,7 @@ class Tiling(NamedTuple):
   block_m: int
   num_warps: int
   num_stages: int
+  block_v: int = 0    # value columns per causal backward program (0 or dv: all of them)
 
 
 def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_dim: int,
@@ -997,7 +1081,14 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
     block, block_m = (16 if f32 else 32), (16 if width <= 32 else 32)
   if feature not in _PROJECTED:             # elu / relu: M = d, tiles of q's own columns
     block_m = 16 if causal else 32
-  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)
+  block_v = value_dim
+  if causal:
+    if f32:
+      block_v = 32 if width >= 64 else 16
+    elif width > 64:
+      block_v = 64
+  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1,
+                block_v=min(value_dim, block_v))
 
 
 def _pow2_at_least(n: int, floor: int = _MIN_TILE) -> int:
@@ -1066,7 +1157,8 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
                       block_q: Optional[int] = None, block_k: Optional[int] = None,
                       num_splits: Optional[int] = None, interpret: Optional[bool] = None,
                       eps: float = 1e-6, block_m: Optional[int] = None,
-                      num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> Array:
+                      num_warps: Optional[int] = None, num_stages: Optional[int] = None,
+                      block_v: Optional[int] = None) -> Array:
   """Normalized random-feature attention in fused Pallas kernels (module docstring: design, math).
 
   Equals ``linear.linear_attention(*components.<map>(q, k, Projection(w, feature_weights)), v)`` per
@@ -1097,6 +1189,9 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
       None = ``tiling()``'s choice. With fewer columns than features the kernels run one program per
       tile and XLA merges the tiles' partial sums.
     num_warps, num_stages: Triton launch parameters; None = ``tiling()``'s choice.
+    block_v: causal only: value columns per program of the backward kernels (a power of two >= 16
+      dividing the padded dv); None = ``tiling()``'s choice. Fewer than dv: the backward runs one
+      program per value tile and XLA sums the tiles' partial dq, dk, dW (``_first_v``).
 
   Returns:
     ``[B, L, H, dv]`` in ``v.dtype``.
@@ -1155,11 +1250,17 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
     lq_pad, lk_pad = splits_q * inner_q * block_q, splits_k * inner_k * block_k
 
   half = v.dtype in (jnp.bfloat16, jnp.float16)
+  if block_v is None:
+    block_v = tl.block_v or dv_pad
+  _check_block('block_v', block_v)
+  if dv_pad % block_v:
+    raise ValueError(f'block_v must divide the padded value dim {dv_pad}; got {block_v}')
   cfg = _Config(kind=feature, causal=causal, block_q=block_q, block_k=block_k, inner_q=inner_q,
                 inner_k=inner_k, eps=float(eps), interpret=bool(interpret),
                 operand_dtype=jnp.dtype(v.dtype).name if half else 'float32',
                 num_warps=num_warps or tl.num_warps, num_stages=num_stages or tl.num_stages,
-                block_m=block_m, m_tiles=nm // block_m, k_chunk=_K_CHUNK)
+                block_m=block_m, m_tiles=nm // block_m, k_chunk=_K_CHUNK,
+                v_tiles=dv_pad // block_v if causal else 1)
 
   qp = _pad_axis(_pad_axis(q, 3, d_pad), 1, lq_pad)
   kp = _pad_axis(_pad_axis(k, 3, d_pad), 1, lk_pad)

@@ -111,7 +111,8 @@ def export_kernels(case: Case, tl=None) -> list[dict]:
 
   def loss(q, k, v, w):
     knobs = {} if tl is None else dict(block_q=tl.block, block_k=tl.block, block_m=tl.block_m,
-                                       num_warps=tl.num_warps, num_stages=tl.num_stages)
+                                       num_warps=tl.num_warps, num_stages=tl.num_stages,
+                                       block_v=(tl.block_v or None) if case.causal else None)
     out = feature_attention(q, k, v, w, feature=case.feature, causal=case.causal, interpret=False,
                             **knobs)
     return jnp.sum(out.astype(jnp.float32))

@@ -107,3 +107,46 @@ def test_chunked_projection_equals_whole(feature, causal, monkeypatch):
   for name, a, b in zip('qkvw', grads_c, grads_1):
     a, b = np.asarray(a), np.asarray(b)
     assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), name
+
+
+@pytest.mark.parametrize('feature', ['exp', 'trig', 'relu'])
+def test_value_tiled_causal_backward_equals_one_tile(feature):
+  """``block_v``: the causal backward kernels with one program per tile of 16 value columns (dv = 40,
+  padded to 48: three tiles, the last partly padding), their partial dq, dk, dW, ds summed by XLA
+  and the normalizer's terms added by the first tile only, give the gradients of one value tile
+  (two segments, two feature tiles, a masked batch). The forward does not tile values."""
+  ks = jax.random.split(jax.random.PRNGKey(5), 6)
+  d = D if feature in ('exp', 'trig') else D_PLAIN
+  scale = 0.25 if feature == 'trig' else 0.5
+  q = scale * jax.random.normal(ks[0], (2, L, H, d))
+  k = scale * jax.random.normal(ks[1], (2, L, H, d))
+  v = jax.random.normal(ks[2], (2, L, H, 40))
+  g = jax.random.normal(ks[3], (2, L, H, 40))
+  w = jax.random.normal(ks[4], (H, M, D)) if feature in ('exp', 'trig') else None
+  mask = jnp.arange(L)[None, :] < jnp.asarray([40, 23])[:, None]
+  args = (q, k, v) + ((w,) if w is not None else ())
+
+  @functools.partial(jax.jit, static_argnums=0, compiler_options=JIT_OPTIONS)
+  def run(block_v, *args):
+    f = lambda *a: feature_attention(*a, feature=feature, causal=True, mask=mask, block_q=16,
+                                     block_k=16, num_splits=2, block_m=16, block_v=block_v)
+    out, vjp = jax.vjp(f, *args)
+    return out, vjp(g)
+
+  out_t, grads_t = run(16, *args)
+  out_1, grads_1 = run(64, *args)
+  np.testing.assert_array_equal(out_t, out_1)
+  assert len(grads_t) == len(args)
+  for name, a, b in zip('qkvw', grads_t, grads_1):
+    a, b = np.asarray(a), np.asarray(b)
+    assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), (name, np.max(np.abs(a - b)))
+
+
+def test_block_v_checks():
+  q = jnp.zeros((1, 16, 1, 8))
+  v = jnp.zeros((1, 16, 1, 40))                   # dv padded to 64
+  w = jnp.zeros((1, 16, 8))
+  with pytest.raises(ValueError, match='divide'):
+    feature_attention(q, q, v, w, causal=True, block_v=128)
+  with pytest.raises(ValueError, match='power of two'):
+    feature_attention(q, q, v, w, causal=True, block_v=24)
