@@ -201,10 +201,30 @@ def _projection(cfg: _Config, x: Array, w: Array, src=None) -> Array:
   return proj
 
 
+def _chunked(cfg: _Config, src, d: int) -> bool:
+  """Whether the lean form applies: ``src = (x_ref, rows, w_ref, True)`` and d above ``k_chunk``."""
+  return src is not None and len(src) > 3 and src[3] and bool(cfg.k_chunk) and d > cfg.k_chunk
+
+
 def _log_magnitude(cfg: _Config, x: Array, w: Array, theta: Array, src=None):
-  """``(l [C, M], phase [C, M] or None)`` for a chunk ``x [C, d]`` (projected kinds)."""
-  proj = _projection(cfg, x, w, src)
-  half_sq = 0.5 * jnp.sum(x * x, axis=1, keepdims=True)
+  """``(l [C, M], phase [C, M] or None)`` for a chunk ``x [C, d]`` (projected kinds).
+
+  Lean ``src`` (causal backward): ``|x|^2`` is summed over the same column chunks as the projection,
+  so the whole ``[C, d]`` row block is not held while the features are formed."""
+  if _chunked(cfg, src, x.shape[1]):
+    x_ref, rows, w_ref = src[:3]
+    proj, half_sq = None, None
+    for c0 in range(0, x.shape[1], cfg.k_chunk):
+      cols = pl.ds(c0, cfg.k_chunk)
+      xc = x_ref[rows, cols].astype(jnp.float32)
+      part = _dot(cfg, xc, w_ref[:, cols].astype(jnp.float32), 'nt', exact=True)
+      sq = jnp.sum(xc * xc, axis=1, keepdims=True)
+      proj = part if proj is None else proj + part
+      half_sq = sq if half_sq is None else half_sq + sq
+    half_sq = 0.5 * half_sq
+  else:
+    proj = _projection(cfg, x, w, src if src is None else src[:3])
+    half_sq = 0.5 * jnp.sum(x * x, axis=1, keepdims=True)
   if cfg.kind == 'exp':
     return proj - half_sq, None
   phase = proj - theta[None, :]       # theta = pi/2 turns the second half's cosines into sines
@@ -295,6 +315,33 @@ def _tile_grad(cfg: _Config, dphi: Array, tile: _Tile, x: Array, w, s: Array):
     # For x <= 0, elu(x) + 1 = exp(x) = ehat is its own derivative.
     return dphi * s[None, :] * jnp.where(x > 0, 1.0, tile.ehat), None, ds
   return dphi * s[None, :] * (x > 0).astype(jnp.float32), None, ds
+
+
+def _tile_grad_store(cfg: _Config, dphi: Array, tile: _Tile, x: Array, w, s: Array, src, dx_ref):
+  """``_tile_grad`` that stores ``dx`` into ``dx_ref[rows]``; returns ``(dW, ds)``.
+
+  Lean ``src`` (causal backward, projected kinds, d above ``k_chunk``): ``dx = a W + c x`` is formed
+  and stored per column chunk of d from W and x chunks loaded from the refs (no ``[C, d]`` result,
+  no whole W operand in registers); ``dW = a^T x`` takes x reloaded whole just for that dot."""
+  rows = src[1]
+  if not (cfg.projected and _chunked(cfg, src, x.shape[1])):
+    dx, dw, ds = _tile_grad(cfg, dphi, tile, x, w, s)
+    dx_ref[rows, :] = dx.astype(dx_ref.dtype)
+    return dw, ds
+  x_ref, _, w_ref = src[:3]
+  ds = jnp.sum(dphi * tile.ehat, axis=0)
+  if cfg.kind == 'exp':
+    a = dphi * tile.phi
+    coef = -jnp.sum(a, axis=1, keepdims=True)
+  else:
+    coef = jnp.sum(dphi * tile.phi, axis=1, keepdims=True)
+    a = -dphi * s[None, :] * tile.mag * jnp.sin(tile.phase)
+  for c0 in range(0, x.shape[1], cfg.k_chunk):
+    cols = pl.ds(c0, cfg.k_chunk)
+    dx = (_dot(cfg, a, w_ref[:, cols].astype(jnp.float32), 'nn', exact=True)
+          + coef * x_ref[rows, cols].astype(jnp.float32))
+    dx_ref[rows, cols] = dx.astype(dx_ref.dtype)
+  return _dot(cfg, a, x_ref[rows, :].astype(jnp.float32), 'tn', exact=True), ds
 
 
 def _tril(c: int) -> Array:
@@ -533,16 +580,15 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
     w = None if w_ref is None else w_ref[...].astype(jnp.float32)
     kv, ks = kv * alpha[:, None], ks * alpha
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref))
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref))
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True))
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True))
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            go_ref[sl], den_ref[sl])
     if first is not None:
       gd = jnp.where(first, gd, 0.0)
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
     dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :] + _dot(cfg, cm, tk.phi, 'nn')
-    dx, dw_t, ds_t = _tile_grad(cfg, dphi, tq, xq, w, sq)
-    dq_ref[sl, :] = dx.astype(dq_ref.dtype)
+    dw_t, ds_t = _tile_grad_store(cfg, dphi, tq, xq, w, sq, (q_ref, sl, w_ref, True), dq_ref)
     kv = kv + _dot(cfg, tk.phi, vt, 'tn')
     ks = ks + jnp.sum(tk.phi, axis=0)
     back = jnp.exp(m_first - m_t)       # <= 1: chunk t's query sums relative to the segment's start
@@ -597,8 +643,8 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     alpha = jnp.exp(m_t - m_next)
     w = None if w_ref is None else w_ref[...].astype(jnp.float32)
     r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref))
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref))
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True))
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True))
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            go_ref[sl], den_ref[sl])
     if first is not None:
@@ -609,8 +655,7 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     att = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
     dv_t = _dot(cfg, tk.phi, r_kv, 'nn') + _dot(cfg, att, gn, 'tn')
     dv_ref[sl, :] = dv_t.astype(dv_ref.dtype)
-    dx, dw_t, ds_t = _tile_grad(cfg, dphi, tk, xk, w, sk)
-    dk_ref[sl, :] = dx.astype(dk_ref.dtype)
+    dw_t, ds_t = _tile_grad_store(cfg, dphi, tk, xk, w, sk, (k_ref, sl, w_ref, True), dk_ref)
     r_kv = r_kv + _dot(cfg, tq.phi, gn, 'tn')
     r_ks = r_ks + jnp.sum(tq.phi * gd[:, None], axis=0)
     if cfg.projected:
