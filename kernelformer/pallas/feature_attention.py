@@ -588,12 +588,13 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
       gd = jnp.where(first, gd, 0.0)
     cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
     dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :] + _dot(cfg, cm, tk.phi, 'nn')
-    dw_t, ds_t = _tile_grad_store(cfg, dphi, tq, xq, w, sq, (q_ref, sl, w_ref, True), dq_ref)
+    # The state updates first: gN, V and phi(K_t) are dead before dq's column chunks are formed.
     kv = kv + _dot(cfg, tk.phi, vt, 'tn')
     ks = ks + jnp.sum(tk.phi, axis=0)
     back = jnp.exp(m_first - m_t)       # <= 1: chunk t's query sums relative to the segment's start
     pkv = pkv + back[:, None] * _dot(cfg, tq.phi, gn, 'tn')
     pks = pks + back * jnp.sum(tq.phi * gd[:, None], axis=0)
+    dw_t, ds_t = _tile_grad_store(cfg, dphi, tq, xq, w, sq, (q_ref, sl, w_ref, True), dq_ref)
     if cfg.projected:
       dw = dw + dw_t
     return kv, ks, m_t, dw, ds + ds_t, pkv, pks
@@ -1126,13 +1127,15 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
     block, block_m = (16 if f32 else 32), (16 if width <= 32 else 32)
   if feature not in _PROJECTED:             # elu / relu: M = d, tiles of q's own columns
     block_m = 16 if causal else 32
-  block_v = value_dim
+  block_v, warps = value_dim, 8
   if causal:
-    if f32:
-      block_v = 32 if width >= 64 else 16
-    elif width > 64:
-      block_v = 64
-  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1,
+    if width > 64:
+      block_v = 16
+      if f32 and feature == 'exp':
+        warps = 4
+    elif f32:
+      block_v = 32 if width == 64 else 16
+  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=warps, num_stages=1,
                 block_v=min(value_dim, block_v))
 
 
