@@ -225,6 +225,11 @@ def _log_magnitude(cfg: _Config, x: Array, w: Array, theta: Array, src=None):
   else:
     proj = _projection(cfg, x, w, src if src is None else src[:3])
     half_sq = 0.5 * jnp.sum(x * x, axis=1, keepdims=True)
+  return _log_magnitude_of(cfg, proj, half_sq, theta)
+
+
+def _log_magnitude_of(cfg: _Config, proj: Array, half_sq: Array, theta: Array):
+  """``(l, phase)`` from the projection ``x W^T`` and ``|x|^2 / 2`` [C, 1]."""
   if cfg.kind == 'exp':
     return proj - half_sq, None
   phase = proj - theta[None, :]       # theta = pi/2 turns the second half's cosines into sines
@@ -251,22 +256,42 @@ def _plain_tile(cfg: _Config, x: Array, s: Array, valid: Optional[Array] = None)
   return _Tile(s[None, :] * ehat, ehat, None, None)
 
 
-def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s, src=None):
-  """``l`` of a key chunk with masked keys and zero-weight columns set to ``_NEG``; and the phase."""
-  lg, phase = _log_magnitude(cfg, x, w, theta, src)
+def _pair_log_magnitudes(cfg: _Config, q_ref, k_ref, rows, w_ref, theta, d: int):
+  """Causal backward (lean): ``(l, phase)`` of the query and the key chunk at ``rows`` in one pass over
+  the column chunks of d, each chunk of W loaded once for both projections; None where not lean
+  (elu / relu, or d within one chunk)."""
+  if not (cfg.projected and _chunked(cfg, (None, None, None, True), d)):
+    return None, None
+  acc = [None] * 4      # proj_q, |q|^2, proj_k, |k|^2
+  for c0 in range(0, d, cfg.k_chunk):
+    cols = pl.ds(c0, cfg.k_chunk)
+    wc = w_ref[:, cols].astype(jnp.float32)
+    parts = []
+    for x_ref in (q_ref, k_ref):
+      xc = x_ref[rows, cols].astype(jnp.float32)
+      parts += [_dot(cfg, xc, wc, 'nt', exact=True), jnp.sum(xc * xc, axis=1, keepdims=True)]
+    acc = [p if a is None else a + p for a, p in zip(acc, parts)]
+  return (_log_magnitude_of(cfg, acc[0], 0.5 * acc[1], theta),
+          _log_magnitude_of(cfg, acc[2], 0.5 * acc[3], theta))
+
+
+def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s, src=None, lm=None):
+  """``l`` of a key chunk with masked keys and zero-weight columns set to ``_NEG``; and the phase.
+  ``lm``: ``(l, phase)`` already formed (``_pair_log_magnitudes``)."""
+  lg, phase = lm if lm is not None else _log_magnitude(cfg, x, w, theta, src)
   ok = valid[:, None] & (s != 0)[None, :]
   return jnp.where(ok, lg, _NEG), phase, ok
 
 
-def _key_tile(cfg: _Config, x, valid, w, theta, s, shift, src=None) -> _Tile:
+def _key_tile(cfg: _Config, x, valid, w, theta, s, shift, src=None, lm=None) -> _Tile:
   """Key features with the per-feature shift ``shift [M]`` (the running max the forward used)."""
   if not cfg.projected:
     return _plain_tile(cfg, x, s, valid)
-  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s, src)
+  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s, src, lm)
   return _finish(cfg, lg - shift[None, :], phase, s, ok)
 
 
-def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None):
+def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None, lm=None):
   """Query features: ``l + shift`` (the keys' shift, compensated) minus a per-row shift ``a``.
 
   ``row_shift=None`` (forward): ``a`` is the max of ``l + shift`` over this tile's columns, returned
@@ -275,7 +300,7 @@ def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None):
   """
   if not cfg.projected:
     return _plain_tile(cfg, x, s), jnp.zeros((x.shape[0],), jnp.float32)
-  lg, phase = _log_magnitude(cfg, x, w, theta, src)
+  lg, phase = lm if lm is not None else _log_magnitude(cfg, x, w, theta, src)
   ok = (s != 0)[None, :]
   u = jnp.where(ok, lg + shift[None, :], _NEG)
   a = jnp.max(u, axis=1) if row_shift is None else row_shift
@@ -578,10 +603,12 @@ def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     valid = mask_ref[sl] > 0
     m_t = m_ref[t, :]
     alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
+    # W reloaded per chunk (only the non-lean paths use it: d within one column chunk).
     w = None if w_ref is None else w_ref[...].astype(jnp.float32)
     kv, ks = kv * alpha[:, None], ks * alpha
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True))
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True))
+    lm_q, lm_k = _pair_log_magnitudes(cfg, q_ref, k_ref, sl, w_ref, theta, q_ref.shape[-1])
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True), lm_k)
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True), lm_q)
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            go_ref[sl], den_ref[sl])
     if first is not None:
@@ -642,10 +669,12 @@ def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, de
     valid = mask_ref[sl] > 0
     m_t = m_ref[t, :]
     alpha = jnp.exp(m_t - m_next)
+    # W reloaded per chunk (only the non-lean paths use it: d within one column chunk).
     w = None if w_ref is None else w_ref[...].astype(jnp.float32)
     r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True))
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True))
+    lm_q, lm_k = _pair_log_magnitudes(cfg, q_ref, k_ref, sl, w_ref, theta, q_ref.shape[-1])
+    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True), lm_k)
+    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True), lm_q)
     gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
                            go_ref[sl], den_ref[sl])
     if first is not None:
@@ -1127,15 +1156,10 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
     block, block_m = (16 if f32 else 32), (16 if width <= 32 else 32)
   if feature not in _PROJECTED:             # elu / relu: M = d, tiles of q's own columns
     block_m = 16 if causal else 32
-  block_v, warps = value_dim, 8
-  if causal:
-    if width > 64:
-      block_v = 16
-      if f32 and feature == 'exp':
-        warps = 4
-    elif f32:
-      block_v = 32 if width == 64 else 16
-  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=warps, num_stages=1,
+  block_v = value_dim
+  if causal and (width > 64 or f32):     # value tiles of the causal backward kernels
+    block_v = 32 if width == 64 else 16
+  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1,
                 block_v=min(value_dim, block_v))
 
 

@@ -82,7 +82,7 @@ def test_block_m_checks():
     feature_attention(q, q, q, None, feature='elu', block_m=64)
 
 
-@pytest.mark.parametrize('feature,causal', [('exp', True), ('trig', False)])
+@pytest.mark.parametrize('feature,causal', [('exp', True), ('trig', True), ('trig', False)])
 def test_chunked_projection_equals_whole(feature, causal, monkeypatch):
   """x W^T summed over column chunks loaded from the refs (``_K_CHUNK``; 16 compiled, 4 here:
   d = 8, padded to 16, in four chunks) gives the outputs and gradients of the whole-width dot."""
