@@ -287,15 +287,21 @@ def _cell(res: dict) -> str:
   return f"{res['registers']} / {spill} / {res['shared']:,}" + ('' if res['fits'] else ' **NO**')
 
 
+def _block_v(tl, case: Case) -> str:
+  """The value tile of the causal backward kernels ('-' where values are not tiled: bidirectional)."""
+  return str(tl.block_v) if case.causal and tl.block_v else '-'
+
+
 def markdown(rows: list[dict], archs: tuple[str, ...]) -> str:
   """One line per (case, kernel): tiling and, per target, registers / spill bytes / shared bytes."""
-  head = ('| case | kernel | block, block_m, warps, stages | '
+  head = ('| case | kernel | block, block_m, block_v, warps, stages | '
           + ' | '.join(f'sm_{a} regs / spill B / smem B' for a in archs) + ' |')
   lines = [head, '|' + '---|' * (3 + len(archs))]
   for r in rows:
     c, tl = r['case'], r['tiling']
-    lines.append(f'| {c.label()} | {r["kernel"]} | {tl.block}, {tl.block_m}, {r["num_warps"]}, '
-                 f'{r["num_stages"]} | ' + ' | '.join(_cell(r[a]) for a in archs) + ' |')
+    lines.append(f'| {c.label()} | {r["kernel"]} | {tl.block}, {tl.block_m}, {_block_v(tl, c)}, '
+                 f'{r["num_warps"]}, {r["num_stages"]} | '
+                 + ' | '.join(_cell(r[a]) for a in archs) + ' |')
   return '\n'.join(lines)
 
 
@@ -368,7 +374,8 @@ def write_table(entries: list[dict], path: Optional[str] = None) -> None:
   with open(path, 'w') as f:
     json.dump({'note': 'written by kernelformer benchmark pallas-resources --write_table; fits = '
                        'every kernel of the case fits sm_90a (registers <= 255, no spills, shared '
-                       'memory <= 232448 B) at the listed tiling (block, block_m, warps, stages), '
+                       'memory <= 232448 B) at the listed tiling (block, block_m, warps, stages, '
+                       'block_v), '
                        'for the kernel code whose hash is kernel_source (resources.kernel_source_hash)',
                'entries': sorted(merged.values(), key=key)}, f, indent=1)
     f.write('\n')

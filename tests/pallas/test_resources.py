@@ -72,6 +72,19 @@ def test_export_uses_the_chosen_tiling():
   assert f'tensor<{tl.block_m}x32xf32>' in kernels[0]['ttir']
 
 
+def test_export_uses_the_value_tile():
+  """Causal float32 d = 64: the table's value tile (block_v = 32 of dv = 64) is what the backward
+  kernels hold of v, g and the states (``[16, 32]`` tiles); the forward holds all of dv."""
+  case = resources.Case('causal', 'exp', 64, 64, 'float32')
+  tl = resources.launch(case)
+  assert tl.block == 16 and tl.block_v == 32
+  kernels = {k['name']: k['ttir'] for k in resources.export_kernels(case)}
+  for name in ('bwd_causal_q', 'bwd_causal_k'):
+    assert 'tensor<16x32xf32>' in kernels[name], name
+  assert 'tensor<16x32xf32>' not in kernels['fwd_causal']
+  assert 'tensor<16x64xf32>' in kernels['fwd_causal']
+
+
 def _table(tmp_path, monkeypatch, entries):
   path = tmp_path / 'resources.json'
   path.write_text(json.dumps({'entries': entries}))
