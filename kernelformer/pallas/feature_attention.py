@@ -80,6 +80,15 @@ features tile by tile. ``tiling()`` is the block table; ``fits()`` says whether 
 check (``kernelformer benchmark pallas-resources``) found every kernel of a case within an H100's
 registers (no spills) and shared memory.
 
+Value tiles (issue 24, causal backward only). The causal backward grids' last axis runs over
+(feature tile, value tile) pairs: a program holds ``block_v`` columns of v, g and of the carried states
+``S, R``; contractions over dv (``gN V^T``, ``gN S^T``, ``V R^T``) become partial sums over value
+tiles, and since dq, dk, dW, ds are linear in ``dphi`` XLA sums the tiles' shares; the normalizer's
+terms (``gD``, ``z``, ``r``) are added by the first value tile only (``_first_v``). With d above one
+column chunk these kernels also form both projections in one pass over d's chunks and store dq / dk
+per chunk (``_pair_log_magnitudes``, ``_tile_grad_store``), so no ``[C, d]`` block is held across a
+step. Both took the last spilling kernels to zero spills on sm_90a (docs/pallas.md, "Resources").
+
 Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32-accurate
 dot (an error there is a relative error of the feature): 'highest' in interpret mode, Triton's tf32x3
 compiled (IEEE float32 dots run on FMA units with the whole contraction per thread, and spilled). With bf16/f16 ``v`` the big
@@ -1138,11 +1147,12 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
   ``num_features`` is the padded feature count M' (2M rounded up for trig; d for elu / relu),
   ``head_dim`` / ``value_dim`` the padded d and dv. Chosen by compiling every case for sm_90a with
   ``kernelformer benchmark pallas-resources`` (docs/pallas.md, "Resources"): registers <= 255, no
-  spills, shared memory within the block limit in 80 of the 96 cases; the rest (causal backward,
-  mostly float32) still spill. ``fits()`` says whether a shape was measured as fitting. What sets the
-  registers is the mma.sync operand layout: ~K/2 values per thread for an A operand of 16 rows by K,
-  K*N/(32 x warps along N) for a B operand, twice that for tf32x3 -- so the feature tile (N) and the
-  chunked projection (K) matter, num_warps hardly.
+  spills, shared memory within the block limit in all 96 cases. ``fits()`` says whether a shape was
+  measured as fitting. What sets the registers is the mma.sync operand layout: ~K/2 values per thread
+  for an A operand of 16 rows by K, K*N/(32 x warps along N) for a B operand, twice that for tf32x3 --
+  so the feature tile (N), the chunked projection (K) and, in the causal backward, the value tile
+  ``block_v`` (K of the contractions over dv) matter, num_warps hardly. ``block_v`` is the value
+  columns per causal backward program (``value_dim``: one tile; bidirectional never tiles values).
   """
   width = max(head_dim, value_dim)
   f32 = jnp.dtype(dtype) == jnp.float32
