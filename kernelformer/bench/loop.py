@@ -14,11 +14,25 @@ plus the on-device window of sums and the non-finite check), on the same model a
 * **bare**: ``for batch in placed: state, window = step(state, window, batch)`` over batches placed on
   the devices beforehand, then one ``block_until_ready``.
 
-Rounds alternate trainer and bare (one round of each per setting, settings in turn), so the load of a
-shared machine hits both alike; the figure is the median over rounds of each side's steps/s, and the
-ratio of the medians. Validation and checkpoints are not part of either side (``eval_every`` and
-``checkpoint_every`` are set past the end). The data are random tokens of the task's vocabulary and
-length (no data files needed), so the Text-sized setting runs anywhere.
+Rounds alternate trainer and bare (one round of each per setting, settings in turn; the order of the two
+sides flips every round: T B, B T, T B, ...), so the load of a shared machine hits both alike. A round
+runs ``steps`` steps on each side -- the same compiled executable, checked after every round from the
+state's step counter (``RoundMismatch`` otherwise) -- and its ratio is the trainer's steps/s over the
+bare loop's *in that round* (two adjacent spans of time, so a load that drifts over the run cancels);
+the figure is the median over rounds of these ratios, beside each side's median steps/s. Validation
+and checkpoints are not part of either side (``eval_every`` and ``checkpoint_every`` are set past the
+end). The data are random tokens of the task's vocabulary and length (no data files needed), so the
+Text-sized setting runs anywhere.
+
+The Text-sized setting (``text``) is the LRA Text model of configs/text.py:lra (4 layers x 256 dims, 4
+heads, mlp 1024, CLS, reviews of 1000 bytes, batch 32) with the attention of configs/text.py:
+kernel_learning (GMM-RKS, M = 128, the Text column of "On Learning the Transformer Kernel" table 5):
+its training step asks 6.5 GiB of XLA temp memory on a CPU, where the lra preset's softmax (attention
+dropout forms the [B, H, L, L] weights) asks 12.6 GiB (``compiled.memory_analysis()``). ``kind`` and
+``batch`` override it; a batch other than the preset's is named in the table's config column.
+Step-to-step memory: a step dispatched ahead holds its arguments only; XLA:CPU allocates a step's temp
+buffers when it starts running, so the bare loop's unbounded queue costs no more memory than the
+trainer's bounded one (peak resident 7.3 GiB for either side of the ``text`` setting).
 """
 from __future__ import annotations
 
@@ -39,41 +53,112 @@ from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import trainer
 
-# name: (config module, preset, default steps per round, what it stands for)
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """A benchmark setting: a task config's preset, with the attention (and batch) it is run at."""
+  module: str             # configs/<module>.py
+  preset: str
+  steps: int              # default steps per round (of each side)
+  source: str             # what the table's config column says
+  kind: Optional[str] = None          # attention kind (None: the preset's)
+  num_features: Optional[int] = None  # the kind's M (None: the preset's)
+
+
 SETTINGS = {
-    'tiny': ('listops', 'tiny', 60, 'configs/listops.py:tiny'),
-    'quick': ('listops', 'quick', 40, 'configs/listops.py:quick'),
-    'text': ('text', 'lra', 10, 'configs/text.py:lra (LRA Text: 4 x 256, batch 32, 1000 bytes)'),
+    'tiny': Setting('listops', 'tiny', 60, 'configs/listops.py:tiny'),
+    'quick': Setting('listops', 'quick', 40, 'configs/listops.py:quick'),
+    # The LRA Text model at its batch, with the attention of configs/text.py:kernel_learning (the
+    # softmax of the lra preset does not fit a 23 GiB CPU host: 12.6 GiB temp per step).
+    'text': Setting('text', 'lra', 4,
+                    'configs/text.py:lra model (4 x 256, 4 heads, mlp 1024, 1000 bytes) with '
+                    "configs/text.py:kernel_learning's attention (gmm-rks, M=128)",
+                    kind='gmm-rks', num_features=128),
 }
+
+
+class RoundMismatch(RuntimeError):
+  """The two sides of a round did not run the same number of steps of the same executable."""
 
 
 @dataclasses.dataclass
 class LoopTiming:
   setting: str
   source: str
+  batch: int
   steps: int
   log_every: int
-  rounds: int
-  trainer_steps_per_s: float
-  bare_steps_per_s: float
-  pipeline_steps_per_s: Optional[float]
+  trainer_rates: list        # steps/s of each round, in order
+  bare_rates: list
+  pipeline_rates: list
+  peak_resident_gib: Optional[float] = None
+
+  @property
+  def rounds(self) -> int:
+    return len(self.trainer_rates)
+
+  @property
+  def trainer_steps_per_s(self) -> float:
+    return statistics.median(self.trainer_rates)
+
+  @property
+  def bare_steps_per_s(self) -> float:
+    return statistics.median(self.bare_rates)
+
+  @property
+  def pipeline_steps_per_s(self) -> Optional[float]:
+    return statistics.median(self.pipeline_rates) if self.pipeline_rates else None
+
+  @property
+  def round_ratios(self) -> list:
+    """Each round's trainer steps/s over the bare loop's in the same round."""
+    return [t / b for t, b in zip(self.trainer_rates, self.bare_rates)]
 
   @property
   def ratio(self) -> float:
-    return self.trainer_steps_per_s / self.bare_steps_per_s
+    """The median over rounds of the per-round ratios."""
+    return statistics.median(self.round_ratios)
 
 
-def get_config(setting: str, kind: Optional[str] = None):
+def get_config(setting: str, kind: Optional[str] = None, batch: Optional[int] = None):
   import importlib  # pylint: disable=g-import-not-at-top
-  module, preset, _, _ = SETTINGS[setting]
-  c = importlib.import_module(f'configs.{module}').get_config(preset)
+  s = SETTINGS[setting]
+  c = importlib.import_module(f'configs.{s.module}').get_config(s.preset)
   with c.unlocked():
     c.progress = False
     c.eval_every = c.checkpoint_every = 1 << 30
     c.num_train_steps = 1 << 30
-    if kind:
-      c.model.attention.kind = kind
+    if kind or s.kind:
+      c.model.attention.kind = kind or s.kind
+      if not kind and s.num_features:
+        c.model.attention.num_features = s.num_features
+    if batch:
+      c.batch_size = batch
   return c
+
+
+def source(setting: str, kind: Optional[str], batch: int) -> str:
+  """The table's config cell: what was run, with a batch or kind other than the setting's named."""
+  s = SETTINGS[setting]
+  text = s.source
+  if kind and kind != s.kind:
+    text = f'{text.split(" with ")[0]} with attention {kind}'
+  import importlib  # pylint: disable=g-import-not-at-top
+  preset_batch = int(importlib.import_module(f'configs.{s.module}').get_config(s.preset).batch_size)
+  if batch != preset_batch:
+    text += f', **batch {batch}** (the preset\'s: {preset_batch})'
+  return text
+
+
+def peak_resident_gib() -> Optional[float]:
+  """This process's peak resident memory so far (Linux; None elsewhere)."""
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) / 2**20
+  except OSError:
+    pass
+  return None
 
 
 class _RandomTokens:
@@ -106,9 +191,10 @@ class _Preloaded:
 class _Bench:
   """One setting: a ``trainer._Run`` set up without a workdir's files, and the bare loop beside it."""
 
-  def __init__(self, setting: str, steps: int, kind: Optional[str]):
+  def __init__(self, setting: str, steps: int, kind: Optional[str], batch: Optional[int] = None):
     self.setting, self.steps = setting, steps
-    config = self.config = get_config(setting, kind)
+    config = self.config = get_config(setting, kind, batch)
+    self.source = source(setting, kind, int(config.batch_size))
     info = lra_tasks.get(config.data.task).info(config.data)
     self.tmp = tempfile.mkdtemp(prefix='kf-loop-bench-')
     run = self.run = trainer._Run(config, self.tmp, (), None, signals_lib.Watchdog())  # pylint: disable=protected-access
@@ -126,11 +212,23 @@ class _Bench:
     run.batches = self.pipeline
     run.train(until=2)               # compiles, warms up
     run.start_step = 2
+    self.executable = run.compiled   # what both sides run, every round
     self.trainer_rates, self.bare_rates, self.pipeline_rates = [], [], []
 
   def _round_batches(self):
     start = self.run.start_step
     return start, {s: self.pipeline.batch(s) for s in range(start, start + self.steps)}
+
+  def _check(self, side: str, start: int) -> None:
+    """After a round (outside its timed span): the side ran exactly ``steps`` steps, all of them by
+    the executable compiled at set-up (a re-compiled or different step would not be the same work)."""
+    run = self.run
+    ran = int(jax.device_get(run.state.step)) - start
+    if ran != self.steps or run.compiled is not self.executable:
+      raise RoundMismatch(f'{self.setting}: the {side} round ran {ran} steps (expected {self.steps})'
+                          + ('' if run.compiled is self.executable else
+                             ' with an executable other than the one compiled at set-up'))
+    run.start_step = start + self.steps
 
   def trainer_round(self, with_pipeline: bool = False) -> None:
     """``_Run.train`` over this round's steps; its batches read beforehand (the loop alone), or by
@@ -141,40 +239,43 @@ class _Bench:
     t0 = time.perf_counter()
     run.train(until=start + self.steps)
     rate = self.steps / (time.perf_counter() - t0)
+    self._check('trainer with input pipeline' if with_pipeline else 'trainer', start)
     (self.pipeline_rates if with_pipeline else self.trainer_rates).append(rate)
-    run.start_step = start + self.steps
 
   def bare_round(self) -> None:
     run = self.run
     start, numpy_batches = self._round_batches()
     placed = [sharding.shard_batch(numpy_batches[s], run.mesh) for s in sorted(numpy_batches)]
     jax.block_until_ready(placed)
-    step, state, window = run.compiled, run.state, run.window
+    step, state, window = self.executable, run.state, run.window
     t0 = time.perf_counter()
     for batch in placed:
       state, window = step(state, window, batch)
     jax.block_until_ready(window)
-    self.bare_rates.append(self.steps / (time.perf_counter() - t0))
+    rate = self.steps / (time.perf_counter() - t0)
     run.state, run.window = state, window
-    run.start_step = start + self.steps
+    self._check('bare', start)
+    self.bare_rates.append(rate)
 
   def result(self) -> LoopTiming:
-    return LoopTiming(self.setting, SETTINGS[self.setting][3], self.steps, int(self.config.log_every),
-                      len(self.trainer_rates), statistics.median(self.trainer_rates),
-                      statistics.median(self.bare_rates),
-                      statistics.median(self.pipeline_rates) if self.pipeline_rates else None)
+    return LoopTiming(self.setting, self.source, int(self.config.batch_size), self.steps,
+                      int(self.config.log_every), list(self.trainer_rates), list(self.bare_rates),
+                      list(self.pipeline_rates), peak_resident_gib())
 
   def close(self) -> None:
     shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def measure(settings: Sequence[str], *, steps: Optional[dict] = None, rounds: int = 3,
-            kind: Optional[str] = None, time_limit_s: float = 0.0,
+            kind: Optional[str] = None, batch: Optional[dict] = None, time_limit_s: float = 0.0,
             with_pipeline: bool = False) -> list[LoopTiming]:
   """Interleaved rounds (trainer, bare; and the trainer with its input pipeline if asked) of each
-  setting; stops adding rounds after ``time_limit_s`` (every setting still gets one round of each)."""
+  setting, the sides' order rotating every round; stops adding rounds after ``time_limit_s`` (every
+  setting still gets one round of each). ``steps`` and ``batch`` map a setting to its steps per round
+  and its batch (default: the setting's)."""
   t_start = time.monotonic()
-  benches = [_Bench(s, (steps or {}).get(s) or SETTINGS[s][2], kind) for s in settings]
+  benches = [_Bench(s, (steps or {}).get(s) or SETTINGS[s].steps, kind, (batch or {}).get(s))
+             for s in settings]
   try:
     for r in range(rounds):
       for b in benches:
@@ -191,14 +292,24 @@ def measure(settings: Sequence[str], *, steps: Optional[dict] = None, rounds: in
       b.close()
 
 
+def _rate(steps_per_s: float) -> str:
+  return f'{steps_per_s:.2f}' if steps_per_s >= 1 else f'{steps_per_s:.4f}'
+
+
 def markdown(results: Sequence[LoopTiming], header: str) -> str:
   lines = [header, '',
-           '| setting | config | steps per round | log every | rounds | trainer (steps/s) | '
-           'bare loop (steps/s) | trainer / bare | trainer with input pipeline (steps/s) |',
-           '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+           '| setting | config | batch | steps per round | log every | rounds | trainer (steps/s) | '
+           'bare loop (steps/s) | trainer / bare | per-round trainer / bare (min-max) | '
+           'trainer with input pipeline (steps/s) |',
+           '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
   for t in results:
-    pipe = f'{t.pipeline_steps_per_s:.2f}' if t.pipeline_steps_per_s else '-'
-    lines.append(f'| {t.setting} | {t.source} | {t.steps} | {t.log_every} | {t.rounds} | '
-                 f'{t.trainer_steps_per_s:.2f} | {t.bare_steps_per_s:.2f} | {t.ratio:.3f} | {pipe} |')
+    pipe = _rate(t.pipeline_steps_per_s) if t.pipeline_steps_per_s else '-'
+    lines.append(f'| {t.setting} | {t.source} | {t.batch} | {t.steps} | {t.log_every} | {t.rounds} | '
+                 f'{_rate(t.trainer_steps_per_s)} | {_rate(t.bare_steps_per_s)} | {t.ratio:.3f} | '
+                 f'{min(t.round_ratios):.3f}-{max(t.round_ratios):.3f} | {pipe} |')
+  lines += ['', 'steps/s: the median over rounds of each side; trainer / bare: the median over rounds of '
+            "the round's trainer steps/s over its bare loop's (the two adjacent in time)."]
+  peaks = [t.peak_resident_gib for t in results if t.peak_resident_gib]
+  if peaks:
+    lines.append(f'Peak resident memory of the process: {max(peaks):.1f} GiB.')
   return '\n'.join(lines) + '\n'
-

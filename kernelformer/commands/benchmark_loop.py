@@ -2,6 +2,13 @@
 
   kernelformer benchmark loop                                   # tiny, quick, text; 3 rounds
   kernelformer benchmark loop --settings tiny,quick --steps 100 --rounds 5 --time_limit_s 300
+  kernelformer benchmark loop --settings text --steps 4 --rounds 5    # ~12 min, 7.3 GiB on a CPU
+  kernelformer benchmark loop --settings text --batch text=8          # the Text model at batch 8
+
+Settings: tiny and quick (configs/listops.py); text: the LRA Text model (configs/text.py:lra: 4 x 256,
+4 heads, mlp 1024, 1000 bytes, batch 32) with configs/text.py:kernel_learning's attention (gmm-rks,
+M=128), whose step fits a CPU host (6.5 GiB temp; the lra preset's softmax asks 12.6 GiB). A --batch or
+--kind other than the setting's is named in the table.
 
 Writes ``loop.md`` (a table) into --out_dir (default runs/benchmarks/) and prints it. See
 kernelformer/bench/loop.py for what each side runs. Goal: trainer / bare >= 0.95.
@@ -23,10 +30,14 @@ def main(argv) -> int:
                       help=f'comma-separated, of: {", ".join(loop.SETTINGS)}')
   parser.add_argument('--steps', default='',
                       help='steps per round: one number for all settings, or setting=N,... '
-                           '(default: ' + ', '.join(f'{k}={v[2]}' for k, v in loop.SETTINGS.items())
+                           '(default: ' + ', '.join(f'{k}={v.steps}' for k, v in loop.SETTINGS.items())
                            + ')')
   parser.add_argument('--rounds', type=int, default=3, help='interleaved rounds of each side')
-  parser.add_argument('--kind', default='', help="attention kind (default: the preset's)")
+  parser.add_argument('--batch', default='',
+                      help='per-step batch: one number for all settings, or setting=N,... (default: '
+                           "the preset's, 32 for text; another is named in the table)")
+  parser.add_argument('--kind', default='',
+                      help="attention kind (default: the setting's; text: gmm-rks)")
   parser.add_argument('--time_limit_s', type=float, default=0.0,
                       help='no new round after this many seconds (0: none)')
   parser.add_argument('--with_pipeline', action='store_true',
@@ -39,18 +50,15 @@ def main(argv) -> int:
     print(f'error: --settings: unknown {", ".join(bad) or "(none given)"}; valid: '
           f'{", ".join(loop.SETTINGS)}', file=sys.stderr)
     return 2
-  steps = {}
   try:
-    for part in filter(None, (p.strip() for p in args.steps.split(','))):
-      name, sep, value = part.rpartition('=')
-      for s in ([name] if sep else settings):
-        if s not in loop.SETTINGS:
-          raise ValueError(f'unknown setting {s!r}')
-        steps[s] = int(value)
-        if steps[s] < 1:
-          raise ValueError('steps must be >= 1')
+    steps = _per_setting(args.steps, settings, loop.SETTINGS)
   except ValueError as e:
     print(f'error: --steps {args.steps}: {e}', file=sys.stderr)
+    return 2
+  try:
+    batch = _per_setting(args.batch, settings, loop.SETTINGS)
+  except ValueError as e:
+    print(f'error: --batch {args.batch}: {e}', file=sys.stderr)
     return 2
   if args.rounds < 1:
     print('error: --rounds must be >= 1', file=sys.stderr)
@@ -59,11 +67,34 @@ def main(argv) -> int:
   if error:
     print(error, file=sys.stderr)
     return 2
+  from kernelformer.training import sharding  # pylint: disable=g-import-not-at-top
   before = measure.load_average()
-  results = loop.measure(settings, steps=steps, rounds=args.rounds, kind=args.kind or None,
-                         time_limit_s=args.time_limit_s, with_pipeline=args.with_pipeline)
+  try:
+    results = loop.measure(settings, steps=steps, rounds=args.rounds, kind=args.kind or None,
+                           batch=batch, time_limit_s=args.time_limit_s,
+                           with_pipeline=args.with_pipeline)
+  except sharding.ShardingError as e:   # a --batch the devices do not divide
+    print(f'error: --batch {args.batch}: {e}', file=sys.stderr)
+    return 2
   _common.write_benchmark_table(
       'loop', argv, args.out_dir,
       f'load average before {before}, after {measure.load_average()}.',
       lambda header: loop.markdown(results, header))
   return 0
+
+
+def _per_setting(text: str, settings, known) -> dict:
+  """``N`` (every chosen setting) or ``setting=N,...`` -> {setting: N}; N >= 1."""
+  values = {}
+  for part in filter(None, (p.strip() for p in text.split(','))):
+    name, sep, value = part.rpartition('=')
+    for s in ([name] if sep else settings):
+      if s not in known:
+        raise ValueError(f'unknown setting {s!r}')
+      try:
+        values[s] = int(value)
+      except ValueError:
+        raise ValueError(f'{value!r} is not a whole number') from None
+      if values[s] < 1:
+        raise ValueError('must be >= 1')
+  return values

@@ -1,28 +1,102 @@
 """`kernelformer benchmark loop` times the trainer's loop and the bare loop and reports both."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
+from kernelformer.bench import loop
 from kernelformer.commands import benchmark
 
 
 def test_loop_benchmark_reports_trainer_and_bare_rates(tmp_path, capsys):
-  rc = benchmark.run(['loop', '--settings', 'tiny', '--steps', '4', '--rounds', '1',
+  rc = benchmark.run(['loop', '--settings', 'tiny', '--steps', '4', '--rounds', '2',
                       '--out_dir', str(tmp_path)])
   assert rc == 0
   table = (tmp_path / 'loop.md').read_text()
   assert table.startswith('`kernelformer benchmark loop --settings tiny') and 'load average' in table
   (row,) = [line for line in table.splitlines() if line.startswith('| tiny')]
   cells = [c.strip() for c in row.strip('|').split('|')]
-  steps, rounds, trainer_rate, bare_rate, ratio = (float(cells[i]) for i in (2, 4, 5, 6, 7))
-  assert (steps, rounds) == (4, 1) and trainer_rate > 0 and bare_rate > 0
-  assert ratio == pytest.approx(trainer_rate / bare_rate, rel=0.01)
+  batch, steps, rounds, trainer_rate, bare_rate, ratio = (float(cells[i]) for i in (2, 3, 5, 6, 7, 8))
+  low, high = (float(x) for x in cells[9].split('-'))
+  assert (batch, steps, rounds) == (8, 4, 2) and trainer_rate > 0 and bare_rate > 0
+  assert low <= ratio <= high and 'batch' not in cells[1]   # the preset's batch: not flagged
+  assert 'Peak resident memory' in table
   assert table in capsys.readouterr().out
+
+
+def test_ratio_is_the_median_of_per_round_ratios():
+  t = loop.LoopTiming('tiny', 'x', 32, 4, 3, trainer_rates=[10.0, 1.0, 4.0],
+                      bare_rates=[20.0, 1.0, 4.0], pipeline_rates=[])
+  assert t.round_ratios == [0.5, 1.0, 1.0] and t.ratio == 1.0
+  assert t.trainer_steps_per_s == 4.0 and t.bare_steps_per_s == 4.0 and t.rounds == 3
+
+
+class _Counting:
+  """The compiled step, counting its calls."""
+
+  def __init__(self, compiled):
+    self.compiled, self.calls = compiled, 0
+
+  def __call__(self, *args):
+    self.calls += 1
+    return self.compiled(*args)
+
+
+def test_both_sides_run_the_same_steps_of_the_same_executable():
+  bench = loop._Bench('tiny', 3, None)  # pylint: disable=protected-access
+  try:
+    counting = bench.run.compiled = bench.executable = _Counting(bench.executable)
+    for side in (bench.trainer_round, bench.bare_round, bench.bare_round, bench.trainer_round):
+      before = counting.calls
+      side()
+      assert counting.calls - before == 3      # each round: `steps` calls of the one executable
+    assert bench.run.start_step == 2 + 4 * 3
+    assert len(bench.trainer_rates) == len(bench.bare_rates) == 2
+  finally:
+    bench.close()
+
+
+def test_a_round_of_unequal_work_is_refused():
+  bench = loop._Bench('tiny', 3, None)  # pylint: disable=protected-access
+  try:
+    bench.trainer_round()
+    rounds_batches = bench._round_batches  # pylint: disable=protected-access
+
+    def one_more():   # a bare side that runs 4 steps where the trainer ran 3
+      start, batches = rounds_batches()
+      return start, {**batches, start + 3: bench.pipeline.batch(start + 3)}
+
+    bench._round_batches = one_more  # pylint: disable=protected-access
+    with pytest.raises(loop.RoundMismatch, match='bare round ran 4 steps'):
+      bench.bare_round()
+    bench._round_batches = rounds_batches  # pylint: disable=protected-access
+    bench.run.start_step += 4
+    bench.run.compiled = bench.run.loop_step.lower(   # a trainer that compiled its own step
+        bench.run.state, bench.run.window, bench.pipeline.batch(0)).compile()
+    with pytest.raises(loop.RoundMismatch, match='other than the one compiled'):
+      bench.trainer_round()
+    assert bench.bare_rates == [] and len(bench.trainer_rates) == 1   # refused rounds not counted
+  finally:
+    bench.close()
+
+
+def test_text_setting_is_the_lra_text_model_and_a_smaller_batch_is_named():
+  c = loop.get_config('text')
+  assert (c.model.num_layers, c.model.emb_dim, c.model.num_heads, c.model.mlp_dim,
+          c.data.max_length, c.batch_size) == (4, 256, 4, 1024, 1000, 32)
+  assert (c.model.attention.kind, c.model.attention.num_features) == ('gmm-rks', 128)
+  assert loop.get_config('text', 'softmax').model.attention.kind == 'softmax'
+  assert loop.get_config('text', batch=8).batch_size == 8
+  assert 'batch' not in loop.source('text', None, 32).split(')', 1)[1]
+  assert '**batch 8**' in loop.source('text', None, 8)
 
 
 @pytest.mark.parametrize('argv, words', [
     (['--settings', 'tiny,huge'], 'huge'),
     (['--steps', 'tiny=0'], 'steps'),
+    (['--batch', 'tiny=x'], 'batch'),
+    (['--batch', 'text=0'], 'batch'),
     (['--kind', 'posrf-nope'], 'posrf-nope'),
 ])
 def test_bad_flags_are_one_line(argv, words, capsys, tmp_path):
