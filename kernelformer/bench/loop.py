@@ -309,6 +309,9 @@ def markdown(results: Sequence[LoopTiming], header: str) -> str:
                  f'{min(t.round_ratios):.3f}-{max(t.round_ratios):.3f} | {pipe} |')
   lines += ['', 'steps/s: the median over rounds of each side; trainer / bare: the median over rounds of '
             "the round's trainer steps/s over its bare loop's (the two adjacent in time)."]
+  for t in results:
+    lines.append(f'{t.setting}, each round trainer / bare (steps/s): ' + ', '.join(
+        f'{_rate(a)} / {_rate(b)}' for a, b in zip(t.trainer_rates, t.bare_rates)) + '.')
   peaks = [t.peak_resident_gib for t in results if t.peak_resident_gib]
   if peaks:
     lines.append(f'Peak resident memory of the process: {max(peaks):.1f} GiB.')
