@@ -17,7 +17,11 @@ plus the on-device window of sums and the non-finite check), on the same model a
 Rounds alternate trainer and bare (one round of each per setting, settings in turn; the order of the two
 sides flips every round: T B, B T, T B, ...), so the load of a shared machine hits both alike. A round
 runs ``steps`` steps on each side -- the same compiled executable, checked after every round from the
-state's step counter (``RoundMismatch`` otherwise) -- and its ratio is the trainer's steps/s over the
+state's step counter (``RoundMismatch`` otherwise) -- and times the last ``steps - 1`` on each side,
+from the end of the first to the end of the last: the trainer waits for the first step of a segment
+(``_Run.train`` call) by design -- its warm-up, untimed in results.json too --, a once-per-run cost
+that a round of 60 short steps would count 60 times too often; the bare loop runs its first step and
+waits for it the same way. Its ratio is the trainer's steps/s over the
 bare loop's *in that round* (two adjacent spans of time, so a load that drifts over the run cancels);
 the figure is the median over rounds of these ratios, beside each side's median steps/s. Validation
 and checkpoints are not part of either side (``eval_every`` and ``checkpoint_every`` are set past the
@@ -232,27 +236,36 @@ class _Bench:
 
   def trainer_round(self, with_pipeline: bool = False) -> None:
     """``_Run.train`` over this round's steps; its batches read beforehand (the loop alone), or by
-    the input pipeline as in a run (``with_pipeline``)."""
+    the input pipeline as in a run (``with_pipeline``). Timed by the trainer's own clock (what
+    results.json reports): from the end of the round's first step -- the trainer waits for a
+    segment's first step, its warm-up -- to the read of the window after the last."""
     run = self.run
     start, numpy_batches = (run.start_step, None) if with_pipeline else self._round_batches()
     run.batches = self.pipeline if with_pipeline else _Preloaded(numpy_batches)
-    t0 = time.perf_counter()
+    steps0, seconds0 = run.meta['timed_steps'], run.meta['train_seconds']
     run.train(until=start + self.steps)
-    rate = self.steps / (time.perf_counter() - t0)
+    timed, seconds = run.meta['timed_steps'] - steps0, run.meta['train_seconds'] - seconds0
     self._check('trainer with input pipeline' if with_pipeline else 'trainer', start)
-    (self.pipeline_rates if with_pipeline else self.trainer_rates).append(rate)
+    if timed != self.steps - 1:
+      raise RoundMismatch(f'{self.setting}: the trainer timed {timed} steps (expected '
+                          f'{self.steps - 1}: all but the first)')
+    (self.pipeline_rates if with_pipeline else self.trainer_rates).append(timed / seconds)
 
   def bare_round(self) -> None:
+    """The same steps dispatched back to back over batches placed beforehand; timed, as the trainer,
+    from the end of the round's first step to the end of the last."""
     run = self.run
     start, numpy_batches = self._round_batches()
     placed = [sharding.shard_batch(numpy_batches[s], run.mesh) for s in sorted(numpy_batches)]
     jax.block_until_ready(placed)
-    step, state, window = self.executable, run.state, run.window
+    step = self.executable
+    state, window = step(run.state, run.window, placed[0])
+    jax.block_until_ready(window)
     t0 = time.perf_counter()
-    for batch in placed:
+    for batch in placed[1:]:
       state, window = step(state, window, batch)
     jax.block_until_ready(window)
-    rate = self.steps / (time.perf_counter() - t0)
+    rate = (len(placed) - 1) / (time.perf_counter() - t0)
     run.state, run.window = state, window
     self._check('bare', start)
     self.bare_rates.append(rate)

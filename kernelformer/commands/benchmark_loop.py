@@ -29,7 +29,8 @@ def main(argv) -> int:
   parser.add_argument('--settings', default=','.join(loop.SETTINGS),
                       help=f'comma-separated, of: {", ".join(loop.SETTINGS)}')
   parser.add_argument('--steps', default='',
-                      help='steps per round: one number for all settings, or setting=N,... '
+                      help='steps per round (>= 2; the first of each round is not timed): one number for '
+                           'all settings, or setting=N,... '
                            '(default: ' + ', '.join(f'{k}={v.steps}' for k, v in loop.SETTINGS.items())
                            + ')')
   parser.add_argument('--rounds', type=int, default=3, help='interleaved rounds of each side')
@@ -51,7 +52,7 @@ def main(argv) -> int:
           f'{", ".join(loop.SETTINGS)}', file=sys.stderr)
     return 2
   try:
-    steps = _per_setting(args.steps, settings, loop.SETTINGS)
+    steps = _per_setting(args.steps, settings, loop.SETTINGS, minimum=2)
   except ValueError as e:
     print(f'error: --steps {args.steps}: {e}', file=sys.stderr)
     return 2
@@ -83,8 +84,8 @@ def main(argv) -> int:
   return 0
 
 
-def _per_setting(text: str, settings, known) -> dict:
-  """``N`` (every chosen setting) or ``setting=N,...`` -> {setting: N}; N >= 1."""
+def _per_setting(text: str, settings, known, minimum: int = 1) -> dict:
+  """``N`` (every chosen setting) or ``setting=N,...`` -> {setting: N}; N >= ``minimum``."""
   values = {}
   for part in filter(None, (p.strip() for p in text.split(','))):
     name, sep, value = part.rpartition('=')
@@ -95,6 +96,6 @@ def _per_setting(text: str, settings, known) -> dict:
         values[s] = int(value)
       except ValueError:
         raise ValueError(f'{value!r} is not a whole number') from None
-      if values[s] < 1:
-        raise ValueError('must be >= 1')
+      if values[s] < minimum:
+        raise ValueError(f'must be >= {minimum}')
   return values

@@ -673,10 +673,11 @@ class _Run:
         self.timer.tick(done)
       if self.needs_state(done):
         self.boundary(done)
-      elif done % log_every == 0:
-        self.pending_logs.append((done, self.window))   # the next step starts a new window
-      elif done == until:
-        self.read_window(done)
+      else:
+        if done % log_every == 0:
+          self.pending_logs.append((done, self.window))   # the next step starts a new window
+        if done == until:   # (a log step too: it is read and written here, with every step done)
+          self.read_window(done)
       self.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
       if self.hooks:
         self.watchdog.arm(f'after step {done} (hooks)', self.step_limit)

@@ -81,6 +81,20 @@ def test_a_round_of_unequal_work_is_refused():
     bench.close()
 
 
+def test_train_until_a_log_step_returns_with_every_step_done():
+  """``_Run.train(until=k)`` waits for step k even when k is a log step (tiny logs every 3 steps):
+  a benchmark round that ends there times every step, and the log of step k is written."""
+  bench = loop._Bench('tiny', 4, None)  # pylint: disable=protected-access
+  try:
+    run, logged = bench.run, []
+    run.log = lambda done, window: logged.append(done)
+    run.train(until=6)
+    assert not run.in_flight and not run.pending_logs and logged == [3, 6]
+    assert run.meta['timed_steps'] == 1 + 3     # the warm-up segment's step 2, this one's 4-6
+  finally:
+    bench.close()
+
+
 def test_text_setting_is_the_lra_text_model_and_a_smaller_batch_is_named():
   c = loop.get_config('text')
   assert (c.model.num_layers, c.model.emb_dim, c.model.num_heads, c.model.mlp_dim,
