@@ -649,6 +649,7 @@ class _Run:
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
     batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
     log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
+    next_boundary = self.next_boundary(start)
     for step, batch in zip(range(start, until), batches):
       done = step + 1
       if self.compiled is None:
@@ -671,8 +672,9 @@ class _Run:
       if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
         self.span = (done, time.perf_counter())
         self.timer.tick(done)
-      if self.needs_state(done):
+      if done == next_boundary:
         self.boundary(done)
+        next_boundary = self.next_boundary(done)
       else:
         if done % log_every == 0:
           self.pending_logs.append((done, self.window))   # the next step starts a new window
@@ -729,10 +731,15 @@ class _Run:
       done, window = self.pending_logs.popleft()
       self.log(done, self.read(done, window))
 
-  def needs_state(self, done: int) -> bool:
-    """Validation, a checkpoint or the end after step ``done``: the host waits for the device."""
+  def next_boundary(self, step: int) -> int:
+    """The first step after ``step`` that ends with validation, a checkpoint or the end: the host
+    waits for the device there (computed once per boundary, not per step)."""
     c = self.config
-    return done % c.eval_every == 0 or done % c.checkpoint_every == 0 or done == self.num_steps
+    candidates = [step + every - step % every
+                  for every in (int(c.eval_every), int(c.checkpoint_every)) if every > 0]
+    if self.num_steps > step:
+      candidates.append(self.num_steps)
+    return min(candidates, default=step + 1)
 
   # ---- boundaries: the only places the host reads the device ----------------------------------------
   def read(self, done: int, window) -> dict:
