@@ -36,7 +36,7 @@ dropout forms the [B, H, L, L] weights) asks 12.6 GiB (``compiled.memory_analysi
 ``batch`` override it; a batch other than the preset's is named in the table's config column.
 Step-to-step memory: a step dispatched ahead holds its arguments only; XLA:CPU allocates a step's temp
 buffers when it starts running, so the bare loop's unbounded queue costs no more memory than the
-trainer's bounded one (peak resident 7.3 GiB for either side of the ``text`` setting).
+trainer's bounded one (the ``text`` benchmark peaks at 7.5 GiB resident, one step's worth).
 """
 from __future__ import annotations
 
