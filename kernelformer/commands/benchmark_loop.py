@@ -2,7 +2,7 @@
 
   kernelformer benchmark loop                                   # tiny, quick, text; 3 rounds
   kernelformer benchmark loop --settings tiny,quick --steps 100 --rounds 5 --time_limit_s 300
-  kernelformer benchmark loop --settings text --steps 4 --rounds 5    # ~12 min, 7.3 GiB on a CPU
+  kernelformer benchmark loop --settings text --rounds 7        # ~25 min on 2 CPU cores, 7.5 GiB
   kernelformer benchmark loop --settings text --batch text=8          # the Text model at batch 8
 
 Settings: tiny and quick (configs/listops.py); text: the LRA Text model (configs/text.py:lra: 4 x 256,
