@@ -228,14 +228,36 @@ def test_watchdog_restarts_its_deadline_while_steps_finish():
   assert elapsed > 2.4, elapsed   # not before the last step + 0.5 s (a 0.5 s limit from arm: ~0.5 s)
 
 
+# A sitecustomize for the child below: the first ``import jax`` writes a marker and then takes 60 s, so
+# the test signals a process that is certainly importing jax (a fixed sleep was before jax on a loaded
+# machine and past it, in data preparation, on a quiet one).
+SLOW_JAX_IMPORT = """
+import importlib.abc, os, sys, time
+class _SlowJax(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path=None, target=None):
+    if name == 'jax':
+      sys.meta_path.remove(self)
+      open(os.environ['KF_TEST_JAX_MARKER'], 'w').close()
+      time.sleep(60)
+    return None
+sys.meta_path.insert(0, _SlowJax())
+"""
+
+
 def test_second_sigint_while_jax_imports_exits_at_once(tmp_path):
   workdir = tmp_path / 'run'
+  hook, marker = tmp_path / 'hook', tmp_path / 'importing-jax'
+  hook.mkdir()
+  (hook / 'sitecustomize.py').write_text(SLOW_JAX_IMPORT)
   p = subprocess.Popen([sys.executable, '-m', 'kernelformer', 'train', '--config', 'listops:tiny',
                         f'--workdir={workdir}', f'--config.data.data_dir={tmp_path / "data"}'],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                       env={**os.environ, 'PYTHONPATH': ROOT})
-  time.sleep(1.0)   # past the entry point's first imports, before jax has loaded
-  assert p.poll() is None
+                       env={**os.environ, 'PYTHONPATH': f'{hook}{os.pathsep}{ROOT}',
+                            'KF_TEST_JAX_MARKER': str(marker)})
+  deadline = time.monotonic() + 60
+  while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.02)
+  assert marker.exists() and p.poll() is None, 'the child never started importing jax'
   for _ in range(2):
     p.send_signal(signal.SIGINT)
     time.sleep(0.1)
