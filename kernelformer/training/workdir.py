@@ -515,8 +515,12 @@ def code_version() -> dict:
   try:
     commit = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True,
                             timeout=10, check=True).stdout.strip()
-    status = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,
-                            capture_output=True, text=True, timeout=10, check=True).stdout
+    # --no-optional-locks: status would otherwise refresh the index under .git/index.lock, and two
+    # runs starting at once (a sweep, a test suite) would fail it for one of them -- whose code then
+    # read as another version (a spurious code_versions entry).
+    status = subprocess.run(['git', '--no-optional-locks', 'status', '--porcelain',
+                             '--untracked-files=no'], cwd=root, capture_output=True, text=True,
+                            timeout=10, check=True).stdout
     out.update(git_commit=commit, git_dirty=bool(status.strip()))
   except (OSError, subprocess.SubprocessError):
     pass

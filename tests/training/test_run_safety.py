@@ -165,19 +165,23 @@ def _small_state():
 
 def _damage(path, how):
   state = os.path.join(path, 'state')
-  files = sorted((os.path.join(r, f) for r, _, fs in os.walk(state) for f in fs),
-                 key=os.path.getsize)
+  # Every array-data file (OCDBT's d/ folders), not just the largest file: how orbax's asynchronous
+  # writes split the data varies from run to run, and some files are left unreferenced once the
+  # per-process store is merged, so damage to one file could miss the bytes a restore reads.
+  data_files = [os.path.join(r, f) for r, _, fs in os.walk(state) for f in fs
+                if os.path.basename(r) == 'd'] or \
+      [max((os.path.join(r, f) for r, _, fs in os.walk(state) for f in fs), key=os.path.getsize)]
   if how == 'missing state':
     shutil.rmtree(state)
   elif how == 'truncated file':
-    big = files[-1]
-    with open(big, 'r+b') as f:
-      f.truncate(os.path.getsize(big) // 2)
+    for name in data_files:
+      with open(name, 'r+b') as f:
+        f.truncate(os.path.getsize(name) // 2)
   elif how == 'bit flip':
-    big = files[-1]
-    data = bytearray(open(big, 'rb').read())
-    data[len(data) // 2] ^= 0x10   # inside the array bytes: decodes, but to other values
-    open(big, 'wb').write(bytes(data))
+    for name in data_files:
+      data = bytearray(open(name, 'rb').read())
+      data[len(data) // 2] ^= 0x10   # inside the array bytes: decodes, but to other values
+      open(name, 'wb').write(bytes(data))
   elif how == 'corrupt meta':
     with open(os.path.join(path, 'meta', 'metadata'), 'w') as f:
       f.write('{"best_step": 3,')
