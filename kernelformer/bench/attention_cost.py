@@ -509,18 +509,6 @@ def _reset_peak_rss() -> bool:
     return False
 
 
-def _peak_rss_mib() -> Optional[float]:
-  """This process's resident high-water mark ``VmHWM`` in MiB (None where /proc is not Linux's)."""
-  try:
-    with open('/proc/self/status') as f:
-      for line in f:
-        if line.startswith('VmHWM:'):
-          return int(line.split()[1]) / 1024.0
-  except OSError:
-    pass
-  return None
-
-
 def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequence[bool] = (False, True),
                      modes: Sequence[str] = MODES,
                      log: Callable[[str], None] = print) -> list[dict[str, Any]]:
@@ -616,7 +604,7 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
           for (c, _), side in zip(compiled, ('ours', 'official')):
             reset = _reset_peak_rss()
             jax.block_until_ready(c(q, k, v))          # warm-up
-            row[f'{side}_peak_rss_mib'] = _peak_rss_mib() if reset else None
+            row[f'{side}_peak_rss_mib'] = measure.peak_rss_mib() if reset else None
           for r in range(max(1, setup.repeats)):
             for i in ((0, 1) if r % 2 == 0 else (1, 0)):
               start = time.perf_counter()

@@ -50,6 +50,7 @@ from typing import Optional, Sequence
 import jax
 
 import lra_tasks
+from kernelformer.bench import measure as measure_lib
 from kernelformer.bench import train_step
 from kernelformer.training import input_pipeline
 from kernelformer.training import metrics as metrics_lib
@@ -155,14 +156,8 @@ def source(setting: str, kind: Optional[str], batch: int) -> str:
 
 def peak_resident_gib() -> Optional[float]:
   """This process's peak resident memory so far (Linux; None elsewhere)."""
-  try:
-    with open('/proc/self/status') as f:
-      for line in f:
-        if line.startswith('VmHWM:'):
-          return int(line.split()[1]) / 2**20
-  except OSError:
-    pass
-  return None
+  mib = measure_lib.peak_rss_mib()
+  return None if mib is None else mib / 1024.0
 
 
 class _RandomTokens:

@@ -136,3 +136,15 @@ def load_average() -> str:
     return ' '.join(f'{x:.1f}' for x in os.getloadavg())
   except (OSError, AttributeError):
     return 'n/a'
+
+
+def peak_rss_mib() -> Optional[float]:
+  """This process's resident high-water mark ``VmHWM`` in MiB (None where /proc is not Linux's)."""
+  try:
+    with open('/proc/self/status') as f:
+      for line in f:
+        if line.startswith('VmHWM:'):
+          return int(line.split()[1]) / 1024.0
+  except OSError:
+    pass
+  return None
