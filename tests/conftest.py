@@ -36,6 +36,13 @@ if not flags.FLAGS.is_parsed():
 # ``slow`` here, in one place, so README's first test command (``-m "not slow"``) stays under 8 minutes
 # and its second (``-m slow``) runs them; CI (.ci/run) runs both. Matched by test function name.
 SLOW_TESTS = frozenset({
+    # Moved to the second command when the first reached 7.4-8 min (issue 24, third session): the
+    # slowest single tests of the first, 4-11 s each (pytest --durations).
+    'test_dry_run_lists_jobs_without_a_scheduler',
+    'test_bfloat16_computes_in_bfloat16',
+    'test_chunked_projection_equals_whole',
+    'test_unrolled_parameter_names_unchanged',
+    'test_weight_decay_mask_by_parameter_kind',
     'test_slurm_sweep_cancel_preempt_resubmit_equals_local',
     'test_random_interruption_chain_resumes_bitwise',
     'test_dry_run_passes_and_reports_every_section',
@@ -79,7 +86,7 @@ SLOW_TESTS = frozenset({
 
 # The registry-wide properties (one test per registered kind, 85 kinds and growing) run in the first
 # command for every kind except the rest of the component x weight-sampler grid: every component keeps
-# one sampler there (orf; grelu: iid and orf as performer-relu; trigrf also fastfoodl) and posrf keeps
+# one sampler there (orf; grelu: iid and orf as performer-relu) and posrf keeps
 # every sampler, so each component and each sampler is checked by the first command; likewise one kind
 # of each deterministic map family; every kind is checked by the two commands together.
 REGISTRY_SUITES = frozenset({
@@ -91,7 +98,7 @@ REGISTRY_SUITES = frozenset({
     'test_every_name_forward_and_grad_under_jit',          # tests/attention/test_random_features.py
 })
 GRID_COMPONENTS_IN_SECOND_COMMAND = ('trigrf', 'rks', 'hyperbolic', 'oprf', 'saderf', 'grelu')
-GRID_KINDS_IN_FIRST_COMMAND = frozenset({'trigrf-orf', 'trigrf-fastfoodl', 'rks-orf', 'hyperbolic-orf',
+GRID_KINDS_IN_FIRST_COMMAND = frozenset({'trigrf-orf', 'rks-orf', 'hyperbolic-orf',
                                          'oprf-orf', 'saderf-orf', 'grelu-iid'})
 # Variants of a deterministic map whose family stays in the first command (dpfp; relu, squared-relu and
 # linear-elu for the elementwise maps; polysketch for its learned form).
