@@ -103,8 +103,8 @@ They are verified on CPU in interpret mode (tests/pallas), with a check that the
 lower to Triton IR (``jax.export`` for platform 'cuda') and an offline ptxas check that every kernel fits
 an H100 (docs/pallas.md, "Resources"). On an H100 (jax 0.11.2) they compiled, matched the XLA path in
 the cases checked, and were slower than the XLA path at every length timed (1.2-1.5x forward,
-1.9-2.8x forward+backward; docs/benchmarks.md, "GPU"); that run predates the register re-tiling,
-which has not been timed on a GPU. So ``impl='auto'`` keeps the XLA path (kernelformer/pallas/validated.py).
+1.9-2.8x forward+backward; docs/benchmarks.md, "GPU"); that run predates the register work
+(chunked projections, value tiles), which has not been timed on a GPU. So ``impl='auto'`` keeps the XLA path (kernelformer/pallas/validated.py).
 The Mosaic TPU backend is not supported (see docs/pallas.md).
 """
 from __future__ import annotations
