@@ -104,8 +104,8 @@ lower to Triton IR (``jax.export`` for platform 'cuda') and an offline ptxas che
 an H100 (docs/pallas.md, "Resources"). On an H100 (jax 0.11.2) they compiled, matched the XLA path in
 the cases checked, and were slower than the XLA path at every length timed (1.2-1.5x forward,
 1.9-2.8x forward+backward; docs/benchmarks.md, "GPU"); that run predates the register work
-(chunked projections, value tiles), which has not been timed on a GPU. So ``impl='auto'`` keeps the XLA path (kernelformer/pallas/validated.py).
-The Mosaic TPU backend is not supported (see docs/pallas.md).
+(chunked projections, value tiles), which has not been timed on a GPU. So ``impl='auto'`` keeps the
+XLA path (kernelformer/pallas/validated.py). The Mosaic TPU backend is not supported (docs/pallas.md).
 """
 from __future__ import annotations
 
