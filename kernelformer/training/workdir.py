@@ -21,6 +21,7 @@ import datetime
 import errno
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -267,6 +268,48 @@ def atomic_write_json(path: str, obj: Any) -> None:
   except OSError as e:
     _remove_quietly(tmp)
     raise write_error(path, e, os.path.dirname(path)) from None
+
+
+RECORD_FILES = ('run.json', 'config.json', 'metrics.jsonl', 'results.json')
+
+
+@contextlib.contextmanager
+def all_or_nothing(workdir: str, names=RECORD_FILES, enabled: bool = True):
+  """The files ``names`` of ``workdir`` change together or not at all: each is copied aside first
+  (a copy that fails changes nothing), and put back as it was if the block raises."""
+  if not enabled:
+    yield
+    return
+  saved = []   # (path, its copy or None where the file did not exist)
+  try:
+    for name in names:
+      path = os.path.join(workdir, name)
+      if os.path.lexists(path):
+        copy = f'{path}.before-{os.getpid()}'
+        saved.append((path, copy))
+        shutil.copy2(path, copy)
+      else:
+        saved.append((path, None))
+  except OSError as e:
+    for _, copy in saved:
+      if copy is not None:
+        _remove_quietly(copy)
+    raise write_error(e.filename or workdir, e, workdir) from None
+  try:
+    yield
+  except BaseException:
+    for path, copy in saved:
+      try:
+        if copy is None:
+          _remove_quietly(path)
+        else:
+          os.replace(copy, path)   # a rename: needs no free space
+      except OSError:
+        pass
+    raise
+  for _, copy in saved:
+    if copy is not None:
+      _remove_quietly(copy)
 
 
 def _pid_alive(pid: int) -> bool:
