@@ -520,7 +520,13 @@ class _Run:
     config = self.config
     self.task = task = lra_tasks.get(config.data.task)
     if self.is_lead:
-      task.prepare(config.data)
+      try:
+        task.prepare(config.data)
+      except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
+        line = workdir_lib.unwritable_data(e, str(config.data.data_dir))
+        if line is None:
+          raise
+        raise lra_tasks.DataError(f'{task.name}: {line}') from None
     _sync('prepare_data')
     missing = task.check(config.data)
     if missing:

@@ -248,6 +248,20 @@ def write_error(path: str, error: OSError, workdir: Optional[str] = None) -> Run
                   f'run the same command to resume')
 
 
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_data(error: OSError, data_dir: str) -> Optional[str]:
+  """The one line for data that cannot be written where it belongs (a read-only or unwritable data
+  directory), or None for another OS error."""
+  if error.errno not in UNWRITABLE:
+    return None
+  where = error.filename or data_dir
+  return (f'cannot write the data into {where} ({error.strerror or error}); make {data_dir} writable, '
+          f'or put the data elsewhere: --config.data.data_dir=DIR or $KERNELFORMER_DATA (prepare-data: '
+          f'--data_dir DIR)')
+
+
 def _remove_quietly(path: str) -> None:
   try:
     os.remove(path)
