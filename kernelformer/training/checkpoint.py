@@ -255,14 +255,33 @@ class Checkpoints:
     target = f'{path}.damaged-{n}'
     if jax.process_index() == 0:
       os.rename(path, target)
-      reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
-      say(f'checkpoint {path} does not restore ({type(error).__name__}: {reason}); set aside as '
-          f'{os.path.basename(target)}, trying the previous one')
+      say(f'checkpoint {path} does not restore ({type(error).__name__}: {error_reason(error)}); set '
+          f'aside as {os.path.basename(target)}, trying the previous one')
     _sync('checkpoint-set-aside')
     self._reload()
 
   def close(self) -> None:
     self._manager.close()
+
+
+_OBJECT_REPR = re.compile(r'<(?:bound method [^<>]*|[^<>]* at 0x[0-9a-fA-F]+)>')
+_DRIVER_CHAIN = re.compile(r'(?:Error opening "\w+" driver: )+')
+
+
+def error_reason(error: BaseException, limit: int = 160) -> str:
+  """The first line of ``error`` as words for a user: no object reprs (a tensorstore error can carry
+  ``<bound method pybind11_detail_function_record_... of <... at 0x...>>``), no driver chain, cut at a
+  word."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else ''
+  while True:
+    shorter = _OBJECT_REPR.sub('', text)
+    if shorter == text:
+      break
+    text = shorter
+  text = ' '.join(_DRIVER_CHAIN.sub('', text).split())
+  if len(text) > limit:
+    text = text[:limit].rsplit(' ', 1)[0] + ' ...'
+  return text
 
 
 def abstract_like(tree: Any) -> Any:
