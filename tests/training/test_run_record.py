@@ -224,3 +224,29 @@ def test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run(tmp_pat
   assert len(steps) == len(set(steps)), steps                    # no event twice
   assert [s for s in steps if s[0] == 'test'] == [('test', done['tested_checkpoint']['step'])]
   assert [e['step'] for e in events if e['split'] == 'train'] == list(range(3, 19, 3)), steps
+
+
+def test_divergence_lines_name_what_is_non_finite_and_advise_only_what_is_not_set():
+  """A finite loss of 1.2e17 beside an infinite gradient norm: only the gradient norm is called
+  non-finite; with on_nonfinite='skip' already set, no line advises it."""
+  import types  # pylint: disable=g-import-not-at-top
+  window = {'bad_step': 7, 'bad_loss': 1.2e17, 'bad_grad_norm': float('inf'), 'consecutive': 10}
+  for policy in ('stop', 'skip'):
+    run = types.SimpleNamespace(policy=policy, kept=lambda: 'no checkpoint had been written')
+    run.advice = lambda run=run: trainer._Run.advice(run)
+    with pytest.raises(workdir_lib.RunError) as e:
+      trainer._Run.diverged(run, window)
+    msg = str(e.value)
+    assert e.value.exit_code == workdir_lib.EXIT_DIVERGED and 'step 7' in msg, msg
+    assert ("on_nonfinite='skip'" in msg) == (policy == 'stop'), msg
+    if policy == 'stop':
+      assert 'non-finite gradient norm (loss 1.2e+17, gradient norm inf)' in msg, msg
+
+
+def test_a_diverging_skip_run_is_not_advised_to_skip(tmp_path):
+  c = helpers.tiny_config(tmp_path / 'data', checkpoint_every=2, eval_every=2, log_every=1,
+                          on_nonfinite='skip', **{'optim.learning_rate': 1e30})
+  with pytest.raises(workdir_lib.RunError) as e:
+    trainer.train_and_evaluate(c, str(tmp_path / 'run'))
+  assert e.value.exit_code == workdir_lib.EXIT_DIVERGED
+  assert 'on_nonfinite' not in str(e.value) and 'learning_rate' in str(e.value), str(e.value)
