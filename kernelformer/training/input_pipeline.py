@@ -199,8 +199,14 @@ class TrainBatches:
   def device_iterate(self, start: int, stop: int, mesh) -> Iterator[dict]:
     """Batches of steps ``start..stop-1`` on ``mesh`` as the compiled step takes them, each read and
     placed by a background thread ``PREFETCH`` steps ahead of the consumer."""
-    place = placer(mesh)
-    return _Ahead(range(start, stop), lambda s: place(self.batch(s)), PREFETCH)
+    return placed_ahead(self.batch, start, stop, mesh)
+
+
+def placed_ahead(batch_of_step, start: int, stop: int, mesh) -> Iterator[dict]:
+  """``batch_of_step(s)`` for steps ``start..stop-1``, placed on ``mesh`` (``placer``) by a background
+  thread ``PREFETCH`` steps ahead of the consumer."""
+  place = placer(mesh)
+  return _Ahead(range(start, stop), lambda s: place(batch_of_step(s)), PREFETCH)
 
 
 def eval_batches(source, global_batch: int, max_batches: int = 0) -> Iterator[dict[str, np.ndarray]]:
