@@ -4,12 +4,18 @@ import os
 # Must happen before jax is imported anywhere: lets the sharding tests build an 8-device mesh on CPU.
 # The other flags make XLA:CPU compile fast rather than run fast: test shapes are tiny, so compilation
 # dominates (about 2.5x less CPU for the attention tests), and they change no numerics we assert on.
-os.environ.setdefault('XLA_FLAGS', ' '.join([
-    '--xla_force_host_platform_device_count=8',
-    '--xla_backend_optimization_level=0',
-    '--xla_llvm_disable_expensive_passes=true',
-    '--xla_cpu_use_fusion_emitters=false',
-]))
+# Flags already in XLA_FLAGS are kept and win over these (e.g. XLA_FLAGS=--xla_cpu_max_isa=AVX2 runs the
+# suite as on an AVX2 CPU, with the 8 devices still forced).
+_XLA_DEFAULTS = {
+    '--xla_force_host_platform_device_count': '8',
+    '--xla_backend_optimization_level': '0',
+    '--xla_llvm_disable_expensive_passes': 'true',
+    '--xla_cpu_use_fusion_emitters': 'false',
+}
+_given = os.environ.get('XLA_FLAGS', '').split()
+os.environ['XLA_FLAGS'] = ' '.join(
+    [f'{k}={v}' for k, v in _XLA_DEFAULTS.items() if not any(g.split('=')[0] == k for g in _given)]
+    + _given)
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 # A test that leaves config.data.data_dir at its default writes into a throw-away folder, never into
