@@ -191,3 +191,30 @@ def test_data_order_segments_record_a_resume_across_orders(caplog):
   old = input_pipeline.data_order_segments(None, 40, resumed=True)   # a checkpoint before the field
   assert old == [{'from_step': 0, 'data_order': 1}, {'from_step': 40, 'data_order': order}]
   assert any('data order' in r.getMessage() for r in caplog.records)
+
+
+def test_a_resume_across_data_orders_is_recorded_in_results(tmp_path, monkeypatch, caplog):
+  """A run checkpointed under another data order (here: 1) and resumed under today's goes on, says so
+  in one warning line, and results.json ``data_order`` lists both stretches; an uninterrupted run
+  lists one."""
+  import json
+  from kernelformer.training import trainer
+  from tests.training import helpers
+  c = helpers.tiny_config(tmp_path / 'data', checkpoint_every=4)
+
+  class Crash(Exception):
+    pass
+
+  def crash_at_6(step, state):
+    if step == 6:
+      raise Crash()
+
+  monkeypatch.setattr(input_pipeline, 'DATA_ORDER', 1)
+  with pytest.raises(Crash):
+    trainer.train_and_evaluate(c, str(tmp_path / 'run'), hooks=[crash_at_6])
+  monkeypatch.setattr(input_pipeline, 'DATA_ORDER', 2)
+  with caplog.at_level('WARNING'):
+    trainer.train_and_evaluate(c, str(tmp_path / 'run'))
+  results = json.loads((tmp_path / 'run' / 'results.json').read_text())
+  assert results['data_order'] == [{'from_step': 0, 'data_order': 1}, {'from_step': 4, 'data_order': 2}]
+  assert any('resumed at step 4 under data order 2' in r.getMessage() for r in caplog.records)
