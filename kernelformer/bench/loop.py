@@ -345,8 +345,10 @@ def markdown(results: Sequence[LoopTiming], header: str) -> str:
     pipe = _rate(t.pipeline_steps_per_s) if t.pipeline_steps_per_s else '-'
     pipe_ratio = (f'{t.pipeline_ratio:.3f} ({min(t.pipeline_round_ratios):.3f}-'
                   f'{max(t.pipeline_round_ratios):.3f})' if t.pipeline_rates else '-')
-    alone = (f'{statistics.median(t.pipeline_examples_per_s):,.0f}' if t.pipeline_examples_per_s
-             else '-')
+    alone = '-'
+    if t.pipeline_examples_per_s:
+      rate = statistics.median(t.pipeline_examples_per_s)
+      alone = f'{rate:,.0f} ({1e3 * t.batch / rate:.2f} ms a batch)'
     lines.append(f'| {t.setting} | {t.source} | {t.batch} | {t.steps} | {t.log_every} | {t.rounds} | '
                  f'{_rate(t.trainer_steps_per_s)} | {_rate(t.bare_steps_per_s)} | {t.ratio:.3f} | '
                  f'{min(t.round_ratios):.3f}-{max(t.round_ratios):.3f} | {pipe} | {pipe_ratio} | '

@@ -131,7 +131,9 @@ def test_with_pipeline_reports_its_ratio_and_the_pipeline_alone(tmp_path):
   ratio, spread = cells[11].split(' ', 1)
   low, high = (float(x) for x in spread.strip('()').split('-'))
   assert pipeline_rate > 0 and low <= float(ratio) <= high
-  assert float(cells[12].replace(',', '')) > 0                     # examples/s of the pipeline alone
+  rate, per_batch = cells[12].split(' (')
+  assert float(rate.replace(',', '')) > 0                          # examples/s of the pipeline alone
+  assert per_batch.endswith('ms a batch)')
   assert 'tiny, each round trainer with pipeline / bare' in table
 
 
