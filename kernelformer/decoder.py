@@ -69,7 +69,7 @@ from kernelformer.attention import linear as linear_lib
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.attention import softmax as softmax_lib
 from kernelformer.features import components as components_lib
-from kernelformer.layers import RelativePositionBias, _attention_options, pre_ln_residuals, qkv_projections
+from kernelformer.layers import ModelConfig, RelativePositionBias, _attention_options, pre_ln_residuals, qkv_projections
 
 Array = Any
 
@@ -425,26 +425,17 @@ def sinusoid_at(positions: Array, dim: int, max_scale: float = 10000.0) -> Array
   return out[..., :dim]
 
 
-class Decoder(nn.Module):
+class Decoder(ModelConfig):
   """Decoder-only LM: ``inputs [B, L]`` (or a batch dict with ``inputs``) -> logits ``[B, L, vocab]``.
 
   A batch dict that also holds ``inputs_query_positions int32[B, Q]`` (Zoology's MQAR with
-  ``data.query_targets``) gets logits ``[B, Q, vocab]`` at those positions only.
+  ``data.query_targets``) gets logits ``[B, Q, vocab]`` at those positions only. The fields it shares
+  with the encoder are ``layers.ModelConfig``'s (here without dropout by default).
   """
 
-  vocab_size: int
-  emb_dim: int
-  num_layers: int
-  num_heads: int
-  qkv_dim: int
-  mlp_dim: int
-  attention: Mapping[str, Any]
-  max_length: int
   dropout_rate: float = 0.0
-  pos_encoding: str = 'sinusoidal'   # 'sinusoidal' | 'learned' | 'none'
   tie_embeddings: bool = True
   decode: bool = False
-  dtype: Any = jnp.float32
   # Zoology's model options (docs/recall.md): short_conv > 0 makes the even-numbered blocks (0, 2, ...)
   # BaseConv layers with that many taps and the odd ones attention, as Zoology's
   # Hybrid(configs=[BaseConv, mixer]) picks configs[layer_idx % 2] (zoology/mixers/hybrid.py at
@@ -574,19 +565,12 @@ def generate(model: Decoder, params, prompt, num_tokens: int, *, features_key) -
 
 def build_decoder(model_config, info) -> Decoder:
   """The Decoder for ``config.model`` and a language-model ``TaskInfo`` (the trainer's entry point)."""
-  from kernelformer.training.trainer import DTYPES  # pylint: disable=g-import-not-at-top
   m = model_config
-  attention = m.attention.to_dict() if hasattr(m.attention, 'to_dict') else dict(m.attention)
-  check_causal(attention['kind'])
-  if m.dtype not in DTYPES:
-    raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
+  check_causal(m.attention['kind'])
   tie = bool(m.get('tie_embeddings', True))
   state_mixer = str(m.get('state_mixer', 'mlp'))
   if state_mixer not in STATE_MIXERS:
     raise ValueError(f"model.state_mixer must be one of {', '.join(STATE_MIXERS)}, got {state_mixer!r}")
-  return Decoder(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
-                 num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
-                 max_length=info.max_length, dropout_rate=m.dropout_rate,
-                 pos_encoding=m.pos_encoding, tie_embeddings=tie, dtype=DTYPES[m.dtype],
+  return Decoder(**ModelConfig.of(m, info), tie_embeddings=tie,
                  short_conv=int(m.get('short_conv', 0)), state_mixer=state_mixer,
                  pad_id=getattr(info, 'pad_id', 0))

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer import registry
-from kernelformer.layers import RelativePositionBias, remat_block, scanned_layers
+from kernelformer.layers import ModelConfig, RelativePositionBias, remat_block, scanned_layers
 
 def sinusoidal_positions(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
   """The sinusoidal table of Vaswani et al. 2017 §3.5, ``[length, dim]``."""
@@ -39,22 +39,13 @@ def uses_position_bias(attention: Mapping[str, Any]) -> bool:
   return wanted
 
 
-class Encoder(nn.Module):
-  """Embeddings + positions + pre-LN blocks + final LayerNorm + masked pooling -> ``[B, emb_dim]``."""
+class Encoder(ModelConfig):
+  """Embeddings + positions + pre-LN blocks + final LayerNorm + masked pooling -> ``[B, emb_dim]``.
 
-  vocab_size: int
-  emb_dim: int
-  num_layers: int
-  num_heads: int
-  qkv_dim: int
-  mlp_dim: int
-  attention: Mapping[str, Any]
-  max_length: int
-  dropout_rate: float = 0.1
-  pos_encoding: str = 'sinusoidal'     # 'sinusoidal' | 'learned' | 'none' (RPE carries positions)
+  The fields it shares with the decoder are ``layers.ModelConfig``'s."""
+
   pooling: str = 'cls'                 # 'cls' | 'mean'
   rpe_per_layer: bool = False          # Luo et al. share the bias across layers (False)
-  dtype: Any = jnp.float32
   remat: str = 'none'                  # 'none' | 'block' | a jax.checkpoint_policies name (layers.py)
   scan_layers: bool = False            # one nn.scan over the blocks (params stacked on a layer axis)
 

@@ -6,6 +6,7 @@ mechanism's own options come from the same attention mapping.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import flax.linen as nn
@@ -15,6 +16,10 @@ import jax.numpy as jnp
 from kernelformer import registry
 
 Array = Any
+
+
+# ``config.model.dtype`` -> the activations' dtype (encoder and decoder).
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 def _attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,3 +183,38 @@ class RelativePositionBias(nn.Module):
   @nn.compact
   def __call__(self, length: int):
     return self.param('bias', nn.initializers.zeros, (self.num_heads, 2 * length - 1), jnp.float32)
+
+
+class ModelConfig(nn.Module):
+  """The record of the fields the encoder and the decoder share: ``encoder.Encoder`` and
+  ``decoder.Decoder`` subclass it and add their own. ``of(config.model, info)`` reads them from a
+  config and a task's ``TaskInfo`` -- the one place ``model.dtype`` is checked."""
+
+  vocab_size: int
+  emb_dim: int
+  num_layers: int
+  num_heads: int
+  qkv_dim: int
+  mlp_dim: int
+  attention: Mapping[str, Any]
+  max_length: int
+  dropout_rate: float = 0.1
+  pos_encoding: str = 'sinusoidal'     # 'sinusoidal' | 'learned' | 'none' (RPE carries positions)
+  dtype: Any = jnp.float32             # of the activations (``DTYPES``); parameters stay float32
+
+  @classmethod
+  def names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ('parent', 'name'))
+
+  @staticmethod
+  def of(model_config: Any, info: Any) -> dict[str, Any]:
+    """The shared fields (``names()``) of ``config.model`` for a task of ``info.vocab_size`` tokens and
+    ``info.max_length`` positions; the attention mapping as a fresh dict."""
+    m = model_config
+    if m.dtype not in DTYPES:
+      raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
+    attention = m.attention.to_dict() if hasattr(m.attention, 'to_dict') else dict(m.attention)
+    return dict(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
+                num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
+                max_length=info.max_length, dropout_rate=m.dropout_rate,
+                pos_encoding=m.pos_encoding, dtype=DTYPES[m.dtype])

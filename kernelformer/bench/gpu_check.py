@@ -448,7 +448,7 @@ def time_train_step(variant: str, opts: Options) -> dict[str, Any]:
     info = lra_tasks.get('text').info(config.data)
     model = trainer.build_model(config, info)
     tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
-    keys = trainer._keys(config.seed)  # pylint: disable=protected-access
+    keys = trainer.run_keys(config.seed)
     train_step, _ = trainer.make_steps(model, tx, schedule, config, keys)
     length = info.max_length
     dummy = {'inputs': jnp.ones((1, length), jnp.int32)}

@@ -32,7 +32,7 @@ def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bo
   c.model.remat, c.model.scan_layers = remat, scan_layers
   info = lra_tasks.get('text').info(c.data)
   model = trainer.build_model(c, info)
-  keys = trainer._keys(c.seed)  # pylint: disable=protected-access
+  keys = trainer.run_keys(c.seed)
   tx, schedule = optim.make_optimizer(c.optim, c.num_train_steps)
   train_step, _ = trainer.make_steps(model, tx, schedule, c, keys)
   tokens = jax.random.randint(jax.random.key(1), (batch, info.max_length), 1, info.vocab_size)

@@ -3,8 +3,8 @@
 Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step``: the train step
 plus the on-device window of sums and the non-finite check), on the same model and batches:
 
-* **trainer**: ``trainer._Run.train`` for ``steps`` steps -- host batches placed on the devices
-  ``input_pipeline.PREFETCH`` ahead by a thread (on CPU: by the step's own dispatch,
+* **trainer**: ``trainer.Loop.run`` (set up by ``trainer.benchmark_loop``) for ``steps`` steps -- host
+  batches placed on the devices ``input_pipeline.PREFETCH`` ahead by a thread (on CPU: by the step's own dispatch,
   ``input_pipeline.stages_on_host``; that copy is counted here, the bare loop's is not), at most ``trainer.MAX_IN_FLIGHT`` steps in flight
   (then a wait until ``trainer.RESUME_IN_FLIGHT`` are), the watchdog armed per step, the progress
   bar, and a logging boundary every ``log_every`` steps (one read of the window) plus one read at
@@ -22,7 +22,7 @@ sides flips every round: T B, B T, T B, ...), so the load of a shared machine hi
 runs ``steps`` steps on each side -- the same compiled executable, checked after every round from the
 state's step counter (``RoundMismatch`` otherwise) -- and times the last ``steps - 1`` on each side,
 from the end of the first to the end of the last: the trainer waits for the first step of a segment
-(``_Run.train`` call) by design -- its warm-up, untimed in results.json too --, a once-per-run cost
+(``Loop.run`` call) by design -- its warm-up, untimed in results.json too --, a once-per-run cost
 that a round of 60 short steps would count 60 times too often; the bare loop runs its first step and
 waits for it the same way. Its ratio is the trainer's steps/s over the
 bare loop's *in that round* (two adjacent spans of time, so a load that drifts over the run cancels);
@@ -61,9 +61,7 @@ from lra_tasks import common as lra_common
 from kernelformer.bench import measure as measure_lib
 from kernelformer.bench import train_step
 from kernelformer.training import input_pipeline
-from kernelformer.training import metrics as metrics_lib
 from kernelformer.training import sharding
-from kernelformer.training import signals as signals_lib
 from kernelformer.training import trainer
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +203,7 @@ class _Preloaded:
 
 
 class _Bench:
-  """One setting: a ``trainer._Run`` set up without a workdir's files, and the bare loop beside it."""
+  """One setting: the trainer's loop set up without a workdir's files, and the bare loop beside it."""
 
   def __init__(self, setting: str, steps: int, kind: Optional[str], batch: Optional[int] = None):
     self.setting, self.steps = setting, steps
@@ -213,30 +211,21 @@ class _Bench:
     self.source = source(setting, kind, int(config.batch_size))
     info = lra_tasks.get(config.data.task).info(config.data)
     self.tmp = tempfile.mkdtemp(prefix='kf-loop-bench-')
-    run = self.run = trainer._Run(config, self.tmp, (), None, signals_lib.Watchdog())  # pylint: disable=protected-access
-    run.info = info
-    run.build_steps()
-    run.num_steps = 1 << 30          # no final boundary: a round ends with one read of the window
-    run.start_step, run.last_saved = 0, None
-    run.meta = {'steps_trained': 0, 'timed_steps': 0, 'train_seconds': 0.0}
-    run.writer = metrics_lib.MetricsWriter(self.tmp, enabled=False)
-    run.committed, run.pending_events = True, []
-    run.progress = metrics_lib.Progress(0, 0, enabled=False)
-    run.timer = metrics_lib.StepTimer()
+    # The trainer's own loop, set up without a workdir's files (``trainer.benchmark_loop``).
+    self.loop, self.state = trainer.benchmark_loop(config, info, self.tmp)
     task = lra_tasks.get(config.data.task)
     data = (task.source(config.data, 'train') if SETTINGS[setting].task_data
             else _random_tokens(info, 4 * config.batch_size))
     self.pipeline = input_pipeline.TrainBatches(data, config.batch_size, config.seed)
-    run.batches = self.pipeline
-    run.train(until=2)               # compiles, warms up
-    run.start_step = 2
-    self.executable = run.compiled   # what both sides run, every round
+    self.state = self.loop.run(self.state, 0, 2, self.pipeline)   # compiles, warms up
+    self.start = 2                   # the first step of the next round
+    self.executable = self.loop.compiled   # what both sides run, every round
     self.trainer_rates, self.bare_rates, self.pipeline_rates = [], [], []
     self.pipeline_examples = []
 
   def pipeline_alone(self) -> None:
     """The input pipeline alone (one thread, no step): examples/s reading this round's batches."""
-    start = self.run.start_step
+    start = self.start
     t0 = time.perf_counter()
     for s in range(start, start + self.steps):
       self.pipeline.batch(s)
@@ -244,31 +233,31 @@ class _Bench:
                                   / (time.perf_counter() - t0))
 
   def _round_batches(self):
-    start = self.run.start_step
+    start = self.start
     return start, {s: self.pipeline.batch(s) for s in range(start, start + self.steps)}
 
   def _check(self, side: str, start: int) -> None:
     """After a round (outside its timed span): the side ran exactly ``steps`` steps, all of them by
     the executable compiled at set-up (a re-compiled or different step would not be the same work)."""
-    run = self.run
-    ran = int(jax.device_get(run.state.step)) - start
-    if ran != self.steps or run.compiled is not self.executable:
+    ran = int(jax.device_get(self.state.step)) - start
+    same = self.loop.compiled is self.executable
+    if ran != self.steps or not same:
       raise RoundMismatch(f'{self.setting}: the {side} round ran {ran} steps (expected {self.steps})'
-                          + ('' if run.compiled is self.executable else
+                          + ('' if same else
                              ' with an executable other than the one compiled at set-up'))
-    run.start_step = start + self.steps
+    self.start = start + self.steps
 
   def trainer_round(self, with_pipeline: bool = False) -> None:
-    """``_Run.train`` over this round's steps; its batches read beforehand (the loop alone), or by
+    """``Loop.run`` over this round's steps; its batches read beforehand (the loop alone), or by
     the input pipeline as in a run (``with_pipeline``). Timed by the trainer's own clock (what
     results.json reports): from the end of the round's first step -- the trainer waits for a
     segment's first step, its warm-up -- to the read of the window after the last."""
-    run = self.run
-    start, numpy_batches = (run.start_step, None) if with_pipeline else self._round_batches()
-    run.batches = self.pipeline if with_pipeline else _Preloaded(numpy_batches)
-    steps0, seconds0 = run.meta['timed_steps'], run.meta['train_seconds']
-    run.train(until=start + self.steps)
-    timed, seconds = run.meta['timed_steps'] - steps0, run.meta['train_seconds'] - seconds0
+    meta = self.loop.meta
+    start, numpy_batches = (self.start, None) if with_pipeline else self._round_batches()
+    batches = self.pipeline if with_pipeline else _Preloaded(numpy_batches)
+    steps0, seconds0 = meta.timed_steps, meta.train_seconds
+    self.state = self.loop.run(self.state, start, start + self.steps, batches)
+    timed, seconds = meta.timed_steps - steps0, meta.train_seconds - seconds0
     self._check('trainer with input pipeline' if with_pipeline else 'trainer', start)
     if timed != self.steps - 1:
       raise RoundMismatch(f'{self.setting}: the trainer timed {timed} steps (expected '
@@ -278,19 +267,19 @@ class _Bench:
   def bare_round(self) -> None:
     """The same steps dispatched back to back over batches placed beforehand; timed, as the trainer,
     from the end of the round's first step to the end of the last."""
-    run = self.run
     start, numpy_batches = self._round_batches()
-    placed = [sharding.shard_batch(numpy_batches[s], run.mesh) for s in sorted(numpy_batches)]
+    placed = [sharding.shard_batch(numpy_batches[s], self.loop.setup.mesh)
+              for s in sorted(numpy_batches)]
     jax.block_until_ready(placed)
     step = self.executable
-    state, window = step(run.state, run.window, placed[0])
+    state, window = step(self.state, self.loop.window, placed[0])
     jax.block_until_ready(window)
     t0 = time.perf_counter()
     for batch in placed[1:]:
       state, window = step(state, window, batch)
     jax.block_until_ready(window)
     rate = (len(placed) - 1) / (time.perf_counter() - t0)
-    run.state, run.window = state, window
+    self.state, self.loop.window = state, window
     self._check('bare', start)
     self.bare_rates.append(rate)
 

@@ -51,7 +51,7 @@ def random_batch(info, batch_size: int, seed: int = 0) -> dict:
 
 def _compiled_step(config: ml_collections.ConfigDict, info, batch):
   model = trainer.build_model(config, info)
-  keys = trainer._keys(config.seed)  # pylint: disable=protected-access
+  keys = trainer.run_keys(config.seed)
   tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
   train_step, _ = trainer.make_steps(model, tx, schedule, config, keys)
   mesh = sharding.make_mesh(None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -32,6 +33,7 @@ from kernelformer import plugins
 from kernelformer import registry
 from kernelformer.attention import distill as distill_lib
 from kernelformer.encoder import Classifier
+from kernelformer.layers import ModelConfig
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
@@ -41,8 +43,6 @@ from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
 from kernelformer.training import validate
-
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 @flax.struct.dataclass
@@ -62,19 +62,14 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
                        "tasks; the decoder of LM tasks does not take them (leave 'none' / False)")
     from kernelformer import decoder  # pylint: disable=g-import-not-at-top
     return decoder.build_decoder(m, info)
-  if m.dtype not in DTYPES:
-    raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
-  attention = m.attention.to_dict()
+  fields = ModelConfig.of(m, info)   # the fields the encoder shares with the decoder; dtype checked
+  attention = fields['attention']
   plugins.load(attention.get('plugin'))  # the user's kernels (docs/extending.md), before the name is looked up
   registry.get(attention['kind'])  # an unknown kind fails here, with the list of valid kinds
   if attention.get('max_length') is None and 'max_length' in attention:
     attention['max_length'] = info.max_length + (1 if m.pooling == 'cls' else 0)
-  encoder = dict(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
-                 num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
-                 max_length=info.max_length, dropout_rate=m.dropout_rate,
-                 pos_encoding=m.pos_encoding, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
-                 dtype=DTYPES[m.dtype], remat=m.get('remat', 'none'),
-                 scan_layers=bool(m.get('scan_layers', False)))
+  encoder = dict(fields, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
+                 remat=m.get('remat', 'none'), scan_layers=bool(m.get('scan_layers', False)))
   return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
 
 
@@ -92,7 +87,8 @@ def input_names(info: lra_tasks.TaskInfo) -> tuple[str, ...]:
   return ('inputs1', 'inputs2') if info.dual else ('inputs',)
 
 
-def _keys(seed: int):
+def run_keys(seed: int) -> dict:
+  """The run's keys: parameter init, dropout (folded with the step) and the random features."""
   base = jax.random.key(seed)
   return {'init': jax.random.fold_in(base, 0), 'dropout': jax.random.fold_in(base, 1),
           'features': jax.random.fold_in(base, 2)}
@@ -310,22 +306,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
-  """restore -> train (steps and boundaries: log, evaluate, save) -> test -> finish."""
-  run = _Run(config, workdir, hooks, devices, watchdog)
-  finished = run.finished_results()
+  """read the workdir -> build -> restore -> train (steps and boundaries: log, evaluate, save) -> test
+  -> finish: each phase a function of the values the one before returned (``Setup``, ``RunMeta``,
+  ``Segment``, ``Journal``, the state)."""
+  t0, started = time.monotonic(), workdir_lib.now_iso()
+  policy = nonfinite_policy(config)
+  prior = read_prior(config, workdir)
+  finished = finished_results(config, prior)
   if finished is not None:
     return finished
-  run.build()
-  run.restore()
+  setup, state = build(config, workdir, prior, policy=policy, hooks=hooks, devices=devices,
+                       watchdog=watchdog)
+  setup, state, meta, segment, journal = restore(setup, state, t0=t0, started=started)
   completed = False
   try:
-    with run.stop:
-      run.train()
-      test = run.test()
+    with setup.stop:
+      state = Loop(setup, meta, segment, journal).run(state, segment.start_step, setup.num_steps,
+                                                       setup.batches)
+      tested = test(setup, meta, state, segment)
     completed = True
   finally:
-    run.close(completed)
-  return run.finish(test)
+    close(setup, segment, journal, completed)
+  return finish(setup, meta, segment, journal, state, tested)
 
 
 def make_loop_step(train_step, policy: str, log_every: int = 1):
@@ -450,220 +452,440 @@ def _describe_code(version: dict) -> str:
   return f"package {version.get('package_version', 'unknown')}"
 
 
-class _Run:
-  """One training run in a workdir; each method is one phase (see ``_train_and_evaluate``)."""
+# ---- the run's values ----------------------------------------------------------------------------------
+# A run is a few values, each built by one function and handed to the next (``_train_and_evaluate``):
+# ``Prior`` (the workdir as found) -> ``Setup`` (built once, never reassigned) -> ``restore`` -> the
+# ``RunMeta`` record, the ``Segment`` and the ``Journal`` -> ``Loop.run`` (the steps) -> ``test`` ->
+# ``finish``.
 
-  def __init__(self, config, workdir, hooks, devices, watchdog):
-    self.config, self.workdir, self.hooks, self.devices = config, workdir, list(hooks), devices
+
+@dataclasses.dataclass(frozen=True)
+class Prior:
+  """The workdir as the run found it, read before anything is written."""
+  record: workdir_lib.RunRecord   # run.json: the config the workdir belongs to
+  allowed: Any                    # the config changes run.json allows (``config.allow_config_change``)
+  previous: Optional[dict]        # results.json of a finished run, else None
+
+  @property
+  def provisional(self) -> bool:
+    """A stretch continuing a finished run (a config change, more steps, a re-test) writes its record
+    only when it completes, and never rotates away the checkpoints and bests that run had
+    (docs/architecture.md, "The run's record")."""
+    return self.previous is not None
+
+
+def read_prior(config: ml_collections.ConfigDict, workdir: str) -> Prior:
+  record = workdir_lib.RunRecord(workdir)
+  record.load()
+  allowed = record.check(config, None)
+  return Prior(record=record, allowed=allowed, previous=workdir_lib.read_results(workdir))
+
+
+def finished_results(config: ml_collections.ConfigDict, prior: Prior) -> Optional[RunResults]:
+  """A workdir belongs to one config; a finished run is finished. Decided before any write."""
+  previous = prior.previous
+  if previous is not None and not prior.allowed and not bool(config.get('reevaluate', False)) and \
+      previous.get('final_step') == int(config.num_train_steps) and \
+      previous.get('config_fingerprint') in (None, prior.record.fingerprint):
+    done = RunResults(previous)
+    done.status = 'finished'
+    return done
+  return None
+
+
+class Watch:
+  """The run's watchdog with its two limits (``watchdog_step_s``; ``watchdog_compile_s`` while
+  compiling). The run's first evaluation batch compiles the eval step and gets the compile limit."""
+
+  def __init__(self, watchdog: signals_lib.Watchdog, config: ml_collections.ConfigDict):
     self.watchdog = watchdog
-    self.t_segment = time.monotonic()
-    self.segment_started = workdir_lib.now_iso()
-    self.is_lead = jax.process_index() == 0
-    self.num_steps = int(config.num_train_steps)
-    self.policy = config.get('on_nonfinite', 'stop')
-    if self.policy not in ON_NONFINITE:
-      raise workdir_lib.RunError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got "
-                                 f'{self.policy!r}')
     self.step_limit = float(config.get('watchdog_step_s', 0) or 0)
     self.compile_limit = float(config.get('watchdog_compile_s', 0) or 0)
-    self.stop = signals_lib.StopSignals()
-    self.compiled = None
     self.eval_compiled = False
-    self.writer = self.progress = self.checkpoints = self.best = None
 
-  # ---- before anything is written -----------------------------------------------------------------
-  def finished_results(self) -> Optional[RunResults]:
-    """A workdir belongs to one config; a finished run is finished. Decided before any write."""
-    config = self.config
-    self.record = workdir_lib.RunRecord(self.workdir)
-    self.record.load()
-    self.allowed = self.record.check(config, None)
-    self.previous = workdir_lib.read_results(self.workdir)
-    reevaluate = bool(config.get('reevaluate', False))
-    if self.previous is not None and not self.allowed and not reevaluate and \
-        self.previous.get('final_step') == self.num_steps and \
-        self.previous.get('config_fingerprint') in (None, self.record.fingerprint):
-      done = RunResults(self.previous)
-      done.status = 'finished'
-      return done
-    return None
+  def step(self, what, progress: Optional[Callable[[], int]] = None) -> None:
+    self.watchdog.arm(what, self.step_limit, progress)
 
-  def build(self) -> None:
-    """Data (missing data stops here), mesh, model, the compiled-to-be steps and a fresh state."""
-    config = self.config
-    self.task = task = lra_tasks.get(config.data.task)
-    if self.is_lead:
-      try:
-        task.prepare(config.data)
-      except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
-        line = workdir_lib.unwritable_data(e, str(config.data.data_dir))
-        if line is None:
-          raise
-        raise lra_tasks.DataError(f'{task.name}: {line}') from None
-    _sync('prepare_data')
-    missing = task.check(config.data)
-    if missing:
-      raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
-    self.info = task.info(config.data)
-    self.build_steps()
+  def compiling(self, what: str) -> None:
+    self.watchdog.arm(what, self.compile_limit)
 
-  def build_steps(self) -> None:
-    """Mesh, model, optimizer, the jitted loop and eval steps, and a fresh state (from ``self.info``)."""
-    config, info = self.config, self.info
-    self.mesh = mesh = sharding.make_mesh(self.devices)
-    sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
-    sharding.check_batch_size(config.eval_batch_size or config.batch_size, mesh,
-                              'eval_batch_size' if config.eval_batch_size else 'batch_size')
-    accum = int(config.optim.grad_accum_steps)
-    if accum < 1 or (config.batch_size // jax.process_count()) % accum:
-      raise sharding.ShardingError(
-          f'optim.grad_accum_steps={accum} must divide the per-process batch '
-          f'{config.batch_size // jax.process_count()}')
-    model = build_model(config, info)
-    keys = _keys(config.seed)
-    self.model, self.features_key = model, keys['features']   # stateful LM testing (lm_eval)
-    tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
-    train_step, eval_step = make_steps(model, tx, schedule, config, keys)
-    repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
-    self.loop_step = jax.jit(make_loop_step(train_step, self.policy, int(config.log_every)),
-                             in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl),
-                             donate_argnums=0)
-    self.eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
-    self.state = init_state(model, tx, info, config, keys, mesh)
-    self.window = jax.device_put(empty_window(), repl)
+  def disarm(self) -> None:
+    self.watchdog.disarm()
 
-  def restore(self) -> None:
-    """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
-    silently when checkpoints existed: that stops with one line unless ``config.start_over``."""
-    config, workdir = self.config, self.workdir
-    self.checkpoints = ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'),
-                                            config.keep_checkpoints)
-    # Two bests: the test falls back to the earlier one if the newest does not restore.
-    self.best = ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), KEEP_BEST)
-    meta = {'best_val_accuracy': -1.0, 'best_step': -1}
-    restored = self.checkpoints.restore_latest(ckpt_lib.abstract_like(self.state))
-    if restored is not None:
-      self.state, meta = restored
-      meta = dict(meta)
-      logging.warning('resumed from %s at step %d', self.checkpoints.directory, int(self.state.step))
-    else:
-      self.refuse_silent_restart()
-    self.start_step = start = int(self.state.step)
-    if start > self.num_steps:
-      raise workdir_lib.RunError(
-          f'workdir {workdir} holds a checkpoint at step {start}, past num_train_steps='
-          f'{self.num_steps}; use a new --workdir (a run cannot be shortened)')
-    self.last_saved = start if restored is not None else None
-    self.base = {'steps_trained': int(meta.get('steps_trained', start)),
-                 'timed_steps': int(meta.get('timed_steps', 0)),
-                 'train_seconds': float(meta.get('train_seconds', 0.0)),
-                 'wall_seconds': float(meta.get('wall_seconds', 0.0))}
-    self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started,
-                 'code_versions': code_segments(meta.get('code_versions'), start,
-                                                workdir_lib.code_version(), restored is not None),
-                 'data_order': input_pipeline.data_order_segments(meta.get('data_order'), start,
-                                                                  restored is not None)}
-    self.compiled_memory = meta.get('compiled_memory_bytes')
-    # Events not yet in metrics.jsonl travel in the checkpoint meta (``uncommitted``), with the step
-    # the record was last written at: a stretch resumed before its record was written loses none.
-    held = self.meta.pop('uncommitted', None) or {}
-    self.stretch_from = int(held.get('from_step', start)) if restored is not None else start
-    self.committed = False
-    self.pending_events = [tuple(e) for e in held.get('events', []) if int(e[1]) <= start]
-    # A workdir holding results.json holds a finished run: a stretch that continues it (a config
-    # change, more steps, a re-test) writes its record only when it completes, and never rotates away
-    # the checkpoints and bests that the finished run had (docs/architecture.md, "The run's record").
-    self.provisional = self.previous is not None
-    if self.provisional:
-      self.checkpoints.keep_through(self.stretch_from)
-      self.best.keep_through(self.stretch_from)
-    self.val_source = self.task.source(config.data, 'val')
-    self.batches = input_pipeline.TrainBatches(self.task.source(config.data, 'train'),
-                                               config.batch_size, config.seed)
-    self.progress = metrics_lib.Progress(self.num_steps, start,
-                                         enabled=self.is_lead and config.progress)
-    self.timer = metrics_lib.StepTimer()
+  def eval_progress(self, what: str) -> Callable[[int], None]:
+    def on_batch(i):
+      first = not self.eval_compiled
+      self.eval_compiled = True
+      self.watchdog.arm(f'{what}, batch {i + 1}' + (' (compiling)' if first else ''),
+                        self.compile_limit if first else self.step_limit)
+    return on_batch
 
-  def refuse_silent_restart(self) -> None:
-    """No checkpoint restores: if some existed (set aside as damaged) or the run had finished, stop
-    with one line; with ``start_over`` the earlier best/ is moved aside (never overwritten)."""
-    damaged = self.checkpoints.damaged()
-    # run.json (config.json in older workdirs) is written only once a checkpoint exists (``save``).
-    started = self.record.data is not None
-    if not damaged and self.previous is None and not started:
-      return  # a new workdir, or a run that stopped before its first checkpoint
-    what = (f"none of its checkpoints restores ({', '.join(damaged)} in "
-            f'{self.checkpoints.directory})' if damaged else
-            f'it holds results.json but no checkpoint in {self.checkpoints.directory}'
-            if self.previous is not None else
-            f"{'config.json' if self.record.data.get('from') == 'config.json' else 'run.json'} "
-            f'records a run started here, but {self.checkpoints.directory} holds no checkpoint '
-            f'(emptied or removed)')
-    if not self.config.get('start_over', False):
-      raise workdir_lib.RunError(
-          f'workdir {self.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
-          f'back, or pass --config.start_over=True to train from step 0 (best/ is then moved aside)')
-    if self.is_lead and (self.best.all_steps() or self.best.damaged()):
-      self.best.close()
-      n = 1
-      while os.path.exists(f'{self.best.directory}.before-start-over-{n}'):
-        n += 1
-      os.rename(self.best.directory, f'{self.best.directory}.before-start-over-{n}')
-      workdir_lib.say(f'start_over: {what}; training from step 0; the earlier best/ is kept as '
-                      f'best.before-start-over-{n}')
-    _sync('start-over')
-    self.best = ckpt_lib.Checkpoints(self.best.directory, KEEP_BEST)
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What a run is built from, once (``build``, ``refuse_silent_restart``): nothing in it is reassigned
+  while the run trains. The bench's loop (``benchmark_loop``) has no sources and no checkpoints."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  prior: Optional[Prior]
+  is_lead: bool
+  num_steps: int
+  policy: str                     # on_nonfinite: 'stop' | 'skip'
+  hooks: tuple
+  stop: signals_lib.StopSignals
+  watch: Watch
+  info: Any                       # the task's TaskInfo
+  mesh: Any
+  model: nn.Module
+  features_key: jax.Array         # the random-feature key (stateful LM testing, ``lm_eval``)
+  loop_step: Any                  # jitted ``make_loop_step``: (state, window, batch) -> (state, window)
+  eval_step: Any                  # jitted: (state, batch) -> loss, correct and count sums
+  task: Any = None
+  val_source: Any = None
+  batches: Any = None             # ``input_pipeline.TrainBatches`` of the training split
+  checkpoints: Optional[ckpt_lib.Checkpoints] = None   # checkpoints/: the latest, for resuming
+  best: Optional[ckpt_lib.Checkpoints] = None          # best/: the last KEEP_BEST bests
+
+
+def nonfinite_policy(config: ml_collections.ConfigDict) -> str:
+  policy = config.get('on_nonfinite', 'stop')
+  if policy not in ON_NONFINITE:
+    raise workdir_lib.RunError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got "
+                               f'{policy!r}')
+  return policy
+
+
+def prepare_data(config: ml_collections.ConfigDict, is_lead: bool):
+  """The task and its ``TaskInfo``; missing data stops here, before any compilation."""
+  task = lra_tasks.get(config.data.task)
+  if is_lead:
+    try:
+      task.prepare(config.data)
+    except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
+      line = workdir_lib.unwritable_data(e, str(config.data.data_dir))
+      if line is None:
+        raise
+      raise lra_tasks.DataError(f'{task.name}: {line}') from None
+  _sync('prepare_data')
+  missing = task.check(config.data)
+  if missing:
+    raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
+  return task, task.info(config.data)
+
+
+def _steps(config, info, devices, policy: str) -> tuple[dict, TrainState]:
+  """Mesh, model, optimizer, the jitted loop and eval steps (``Setup`` fields) and a fresh state."""
+  mesh = sharding.make_mesh(devices)
+  sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
+  sharding.check_batch_size(config.eval_batch_size or config.batch_size, mesh,
+                            'eval_batch_size' if config.eval_batch_size else 'batch_size')
+  accum = int(config.optim.grad_accum_steps)
+  if accum < 1 or (config.batch_size // jax.process_count()) % accum:
+    raise sharding.ShardingError(
+        f'optim.grad_accum_steps={accum} must divide the per-process batch '
+        f'{config.batch_size // jax.process_count()}')
+  model = build_model(config, info)
+  keys = run_keys(config.seed)
+  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
+  train_step, eval_step = make_steps(model, tx, schedule, config, keys)
+  repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
+  loop_step = jax.jit(make_loop_step(train_step, policy, int(config.log_every)),
+                      in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl), donate_argnums=0)
+  eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
+  state = init_state(model, tx, info, config, keys, mesh)
+  return dict(mesh=mesh, model=model, features_key=keys['features'], loop_step=loop_step,
+              eval_step=eval_step), state
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, prior: Prior, *, policy: str,
+          hooks: Iterable = (), devices: Optional[list] = None,
+          watchdog: Optional[signals_lib.Watchdog] = None) -> tuple[Setup, TrainState]:
+  """Data (missing data stops here), mesh, model, the compiled-to-be steps, the sources, the checkpoint
+  managers, and a fresh state."""
+  is_lead = jax.process_index() == 0
+  task, info = prepare_data(config, is_lead)
+  parts, state = _steps(config, info, devices, policy)
+  setup = Setup(
+      config=config, workdir=workdir, prior=prior, is_lead=is_lead,
+      num_steps=int(config.num_train_steps), policy=policy, hooks=tuple(hooks),
+      stop=signals_lib.StopSignals(), watch=Watch(watchdog, config), info=info, task=task, **parts,
+      val_source=task.source(config.data, 'val'),
+      batches=input_pipeline.TrainBatches(task.source(config.data, 'train'), config.batch_size,
+                                          config.seed),
+      checkpoints=ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints),
+      best=ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), KEEP_BEST))
+  return setup, state
+
+
+@dataclasses.dataclass
+class RunMeta:
+  """The run's record: what every checkpoint carries as its meta and results.json reports. Restored with
+  the state (``from_meta``), updated at the loop's boundaries, written by ``as_meta``."""
+  started: str                                # when the run's first segment started (ISO)
+  code_versions: list                         # ``code_segments``
+  data_order: list                            # ``input_pipeline.data_order_segments``
+  best_val_accuracy: float = -1.0
+  best_step: int = -1
+  lowest_val_loss: Optional[float] = None     # the rule for a good checkpoint (``good_loss``)
+  val_examples: Optional[int] = None          # of the last validation
+  steps_trained: int = 0                      # steps dispatched over the run (a resumed step counts again)
+  timed_steps: int = 0                        # steps inside timed spans (a segment's first is not)
+  train_seconds: float = 0.0                  # the seconds of those spans
+  wall_seconds: float = 0.0                   # the wall time of the earlier segments
+  compiled_memory_bytes: Optional[int] = None
+  carried: dict = dataclasses.field(default_factory=dict)   # meta keys of other code, kept as they were
+
+  @classmethod
+  def from_meta(cls, meta: dict, start: int, resumed: bool, started: str) -> tuple['RunMeta', dict]:
+    """The record of a checkpoint's ``meta`` (of a fresh run: ``{}``) resumed at ``start``, and the
+    events that meta held (``uncommitted``: not yet in metrics.jsonl)."""
+    meta = dict(meta)
+    held = meta.pop('uncommitted', None) or {}
+    own = {f.name for f in dataclasses.fields(cls)}
+    record = cls(
+        started=meta.get('started') or started,
+        code_versions=code_segments(meta.get('code_versions'), start, workdir_lib.code_version(),
+                                    resumed),
+        data_order=input_pipeline.data_order_segments(meta.get('data_order'), start, resumed),
+        best_val_accuracy=meta.get('best_val_accuracy', -1.0), best_step=meta.get('best_step', -1),
+        lowest_val_loss=meta.get('lowest_val_loss'), val_examples=meta.get('val_examples'),
+        steps_trained=int(meta.get('steps_trained', start)),
+        timed_steps=int(meta.get('timed_steps', 0)),
+        train_seconds=float(meta.get('train_seconds', 0.0)),
+        wall_seconds=float(meta.get('wall_seconds', 0.0)),
+        compiled_memory_bytes=meta.get('compiled_memory_bytes'),
+        carried={k: v for k, v in meta.items() if k not in own})
+    return record, held
+
+  def as_meta(self, wall_seconds: float) -> dict:
+    """The checkpoint meta, with the wall time of the run so far."""
+    meta = {**self.carried, 'best_val_accuracy': self.best_val_accuracy, 'best_step': self.best_step,
+            'steps_trained': self.steps_trained, 'timed_steps': self.timed_steps,
+            'train_seconds': self.train_seconds, 'wall_seconds': wall_seconds,
+            'started': self.started, 'code_versions': self.code_versions,
+            'data_order': self.data_order}
+    for name in ('lowest_val_loss', 'val_examples'):   # absent until the first validation
+      if getattr(self, name) is not None:
+        meta[name] = getattr(self, name)
+    meta['compiled_memory_bytes'] = self.compiled_memory_bytes
+    return meta
+
+
+@dataclasses.dataclass
+class Segment:
+  """This process's stretch of the run: its first step, the last step it checkpointed, its clocks."""
+  start_step: int
+  last_saved: Optional[int]       # the step of the newest checkpoint (None: none yet)
+  t0: float                       # ``time.monotonic()`` when the segment started
+  progress: metrics_lib.Progress
+  timer: metrics_lib.StepTimer
+  span: tuple = (0, 0.0)          # (step, ``time.perf_counter()``) where the current timed span began
+
+  def wall_seconds(self, meta: RunMeta) -> float:
+    return meta.wall_seconds + time.monotonic() - self.t0
+
+
+class Journal:
+  """metrics.jsonl and the run's record (run.json, config.json). Events are held until the run has
+  something to keep (``commit``: its first checkpoint, or -- continuing a finished run -- its results),
+  then written as they come; until then every checkpoint carries them (``uncommitted``)."""
+
+  def __init__(self, setup: Setup, stretch_from: int, start_step: int, events: Iterable = (),
+               writer: Optional[metrics_lib.MetricsWriter] = None):
+    self.setup = setup
+    self.stretch_from = stretch_from    # the step the workdir's record was last written at
+    self.start_step = start_step
+    self.pending = list(events)
+    self.writer = writer                # given: the journal is committed already (the bench's loop)
+    self.committed = writer is not None
 
   def commit(self) -> None:
     """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
-    step the record was last written at (the resumed run logs them again) -- once this run has
-    something to keep: its first checkpoint, or (continuing a finished run) its results. A run that
-    stops before (divergence, signal, error) leaves the record of the workdir as it was, so the
-    command that made it still runs."""
+    step the record was last written at (the resumed run logs them again). A run that stops before
+    (divergence, signal, error) leaves the record of the workdir as it was, so the command that made it
+    still runs."""
     if self.committed:
       return
     self.committed = True
-    if self.is_lead:
-      self.record.write(self.config, self.allowed, self.stretch_from)
-      workdir_lib.truncate_metrics(self.workdir, self.stretch_from)
-    self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_lead)
-    if self.start_step == 0 or self.allowed:
-      self.writer.write_config(self.config)
-    for event in self.pending_events:
+    setup, prior = self.setup, self.setup.prior
+    if setup.is_lead:
+      prior.record.write(setup.config, prior.allowed, self.stretch_from)
+      workdir_lib.truncate_metrics(setup.workdir, self.stretch_from)
+    self.writer = metrics_lib.MetricsWriter(setup.workdir, enabled=setup.is_lead)
+    if self.start_step == 0 or prior.allowed:
+      self.writer.write_config(setup.config)
+    for event in self.pending:
       self.writer.write(*event)
-    self.pending_events = []
+    self.pending = []
 
-  def write_event(self, split: str, step: int, values: dict) -> None:
+  def write(self, split: str, step: int, values: dict) -> None:
     """A metrics event: written once the run is committed, held until then."""
     if self.committed:
       self.writer.write(split, step, values)
     else:
-      self.pending_events.append((split, step, values))
+      self.pending.append((split, step, values))
 
-  # ---- the step loop --------------------------------------------------------------------------------
-  def train(self, until: Optional[int] = None) -> None:
-    """Dispatches steps start..``until`` (default num_steps); the host waits for the device only at
+  def uncommitted(self) -> Optional[dict]:
+    """What a checkpoint carries while the record is unwritten (None once it is)."""
+    if self.committed:
+      return None
+    return {'from_step': self.stretch_from, 'events': [
+        [split, int(at), {k: v.item() if hasattr(v, 'item') else v for k, v in values.items()}]
+        for split, at, values in self.pending]}
+
+  def close(self) -> None:
+    if self.writer is not None:
+      self.writer.close()
+
+
+def restore(setup: Setup, state: TrainState, *, t0: float, started: str
+            ) -> tuple[Setup, TrainState, RunMeta, Segment, Journal]:
+  """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
+  silently when checkpoints existed: that stops with one line unless ``config.start_over``
+  (``refuse_silent_restart``, which may give a new ``Setup``: best/ moved aside)."""
+  restored = setup.checkpoints.restore_latest(ckpt_lib.abstract_like(state))
+  meta = {'best_val_accuracy': -1.0, 'best_step': -1}
+  if restored is not None:
+    state, meta = restored
+    logging.warning('resumed from %s at step %d', setup.checkpoints.directory, int(state.step))
+  else:
+    setup = refuse_silent_restart(setup)
+  start = int(state.step)
+  if start > setup.num_steps:
+    raise workdir_lib.RunError(
+        f'workdir {setup.workdir} holds a checkpoint at step {start}, past num_train_steps='
+        f'{setup.num_steps}; use a new --workdir (a run cannot be shortened)')
+  record, held = RunMeta.from_meta(meta, start, restored is not None, started)
+  # Events not yet in metrics.jsonl travel in the checkpoint meta (``uncommitted``), with the step the
+  # record was last written at: a stretch resumed before its record was written loses none.
+  stretch_from = int(held.get('from_step', start)) if restored is not None else start
+  events = [tuple(e) for e in held.get('events', []) if int(e[1]) <= start]
+  if setup.prior.provisional:
+    setup.checkpoints.keep_through(stretch_from)
+    setup.best.keep_through(stretch_from)
+  segment = Segment(start_step=start, last_saved=start if restored is not None else None, t0=t0,
+                    progress=metrics_lib.Progress(setup.num_steps, start,
+                                                  enabled=setup.is_lead and setup.config.progress),
+                    timer=metrics_lib.StepTimer())
+  return setup, state, record, segment, Journal(setup, stretch_from, start, events)
+
+
+def refuse_silent_restart(setup: Setup) -> Setup:
+  """No checkpoint restores: if some existed (set aside as damaged) or the run had finished, stop
+  with one line; with ``start_over`` the earlier best/ is moved aside (never overwritten)."""
+  checkpoints, best, prior = setup.checkpoints, setup.best, setup.prior
+  damaged = checkpoints.damaged()
+  # run.json (config.json in older workdirs) is written only once a checkpoint exists (``save``).
+  started = prior.record.data is not None
+  if not damaged and prior.previous is None and not started:
+    return setup  # a new workdir, or a run that stopped before its first checkpoint
+  what = (f"none of its checkpoints restores ({', '.join(damaged)} in "
+          f'{checkpoints.directory})' if damaged else
+          f'it holds results.json but no checkpoint in {checkpoints.directory}'
+          if prior.previous is not None else
+          f"{'config.json' if prior.record.data.get('from') == 'config.json' else 'run.json'} "
+          f'records a run started here, but {checkpoints.directory} holds no checkpoint '
+          f'(emptied or removed)')
+  if not setup.config.get('start_over', False):
+    raise workdir_lib.RunError(
+        f'workdir {setup.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
+        f'back, or pass --config.start_over=True to train from step 0 (best/ is then moved aside)')
+  if setup.is_lead and (best.all_steps() or best.damaged()):
+    best.close()
+    n = 1
+    while os.path.exists(f'{best.directory}.before-start-over-{n}'):
+      n += 1
+    os.rename(best.directory, f'{best.directory}.before-start-over-{n}')
+    workdir_lib.say(f'start_over: {what}; training from step 0; the earlier best/ is kept as '
+                    f'best.before-start-over-{n}')
+  _sync('start-over')
+  return dataclasses.replace(setup, best=ckpt_lib.Checkpoints(best.directory, KEEP_BEST))
+
+
+def next_boundary(config: ml_collections.ConfigDict, num_steps: int, step: int) -> int:
+  """The first step after ``step`` that ends with validation, a checkpoint or the end: the host waits
+  for the device there (computed once per boundary, not per step)."""
+  candidates = [step + every - step % every
+                for every in (int(config.eval_every), int(config.checkpoint_every)) if every > 0]
+  if num_steps > step:
+    candidates.append(num_steps)
+  return min(candidates, default=step + 1)
+
+
+def advice(policy: str) -> str:
+  """What to change after a divergence (skipping non-finite steps only where it is not already on)."""
+  return ('lower optim.learning_rate or set optim.grad_clip_norm' if policy == 'skip' else
+          "lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'")
+
+
+def divergence_error(window: dict, policy: str, kept: str) -> workdir_lib.RunError:
+  """The line that stops the run at the first non-finite step of ``window`` (policy 'stop', or 'skip'
+  after too many in a row); ``kept``: what the stopped run leaves (``kept``)."""
+  step = window['bad_step']
+  if policy == 'skip':
+    return workdir_lib.RunError(
+        f'step {step}: {window["consecutive"]} non-finite steps (loss or gradient norm) in a row; the '
+        f'run diverged and was stopped, nothing from it saved; {kept}; {advice(policy)}',
+        workdir_lib.EXIT_DIVERGED)
+  loss, norm = window['bad_loss'], window['bad_grad_norm']
+  bad = ' and '.join(n for n, v in (('loss', loss), ('gradient norm', norm)) if not np.isfinite(v))
+  return workdir_lib.RunError(
+      f'step {step}: non-finite {bad or "loss or gradient norm"} (loss {loss:.4g}, gradient norm '
+      f'{norm:.4g}); the run diverged and was stopped, nothing from this step saved; {kept}; '
+      f'{advice(policy)}', workdir_lib.EXIT_DIVERGED)
+
+
+def kept(setup: Setup) -> str:
+  """What a stopped run leaves: the newest checkpoint on disk (each one passed ``check_finite``), and
+  a finished run continued here is unchanged (its record is written only when the stretch ends)."""
+  last = setup.checkpoints.latest_step() if setup.checkpoints is not None else None
+  out = (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
+         else 'no checkpoint had been written')
+  if setup.prior is not None and setup.prior.provisional:
+    out += (f"; the finished run (results.json, step {setup.prior.previous.get('final_step')}) and "
+            f'its record are unchanged')
+  return out
+
+
+class Loop:
+  """The step loop of one segment. It owns what only it touches: the compiled step, the steps in
+  flight, the logs queued for reading and the window of on-device sums since the last log. Its
+  boundaries (log, validation, checkpoint, stop) update the run's ``RunMeta``, ``Segment`` and
+  ``Journal`` it is given; the state is an argument and the result of ``run``."""
+
+  def __init__(self, setup: Setup, meta: RunMeta, segment: Segment, journal: Journal):
+    self.setup, self.meta, self.segment, self.journal = setup, meta, segment, journal
+    self.compiled = None     # the loop step, compiled ahead of time at the first batch
+    self.window = jax.device_put(empty_window(), sharding.replicated(setup.mesh))
+    self.in_flight = collections.deque()      # (step, its window) of steps dispatched, not waited for
+    self.pending_logs = collections.deque()   # (log step, its window), read once the step is done
+    self.dispatching = self.dispatched = segment.start_step
+
+  # ---- the steps ----------------------------------------------------------------------------------
+  def run(self, state: TrainState, start: int, until: int, batches) -> TrainState:
+    """Dispatches steps start..``until`` of ``batches``; the host waits for the device only at
     validation and checkpoint boundaries (and after step ``until``). A log boundary queues the window
-    of its step and reads it once that step is done, while later steps run."""
-    start = self.start_step
-    until = self.num_steps if until is None else until
-    self.in_flight, self.pending_logs = collections.deque(), collections.deque()
-    batches = self.batches.device_iterate(start, until, self.mesh)   # placed ahead, by a thread
-    log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
-    next_boundary = self.next_boundary(start)
-    for step, batch in zip(range(start, until), batches):
+    of its step and reads it once that step is done, while later steps run. Returns the state."""
+    setup, meta, segment, watch = self.setup, self.meta, self.segment, self.setup.watch
+    config = setup.config
+    self.in_flight.clear()
+    self.pending_logs.clear()
+    placed = batches.device_iterate(start, until, setup.mesh)   # placed ahead, by a thread
+    log_every, profile = int(config.log_every), int(config.get('profile_steps', 0)) > 0
+    boundary = next_boundary(config, setup.num_steps, start)
+    for step, batch in zip(range(start, until), placed):
       done = step + 1
       if self.compiled is None:
-        self.compile(batch, done)
+        self.compile(state, batch, done)
       # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
       self.dispatching = done
-      self.watchdog.arm(self.unfinished_steps, self.step_limit, self.first_unfinished)
+      watch.step(self.unfinished_steps, self.first_unfinished)
       if profile:
-        with _maybe_profile(self.config, self.workdir, step, start):
-          self.state, self.window = self.compiled(self.state, self.window, batch)
+        with _maybe_profile(config, setup.workdir, step, start):
+          state, self.window = self.compiled(state, self.window, batch)
       else:
-        self.state, self.window = self.compiled(self.state, self.window, batch)
-      self.meta['steps_trained'] += 1
+        state, self.window = self.compiled(state, self.window, batch)
+      meta.steps_trained += 1
       self.dispatched = done
       self.in_flight.append((done, self.window))
       if done == start + 1:
@@ -671,33 +893,34 @@ class _Run:
       elif len(self.in_flight) > MAX_IN_FLIGHT:
         self.wait(RESUME_IN_FLIGHT)
       if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
-        self.span = (done, time.perf_counter())
-        self.timer.tick(done)
-      if done == next_boundary:
-        self.boundary(done)
-        next_boundary = self.next_boundary(done)
+        segment.span = (done, time.perf_counter())
+        segment.timer.tick(done)
+      if done == boundary:
+        self.boundary(done, state)
+        boundary = next_boundary(config, setup.num_steps, done)
       else:
         if done % log_every == 0:
           self.pending_logs.append((done, self.window))   # the next step starts a new window
         if done == until:   # (a log step too: it is read and written here, with every step done)
           self.read_window(done)
-      self.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
-      if self.hooks:
-        self.watchdog.arm(f'after step {done} (hooks)', self.step_limit)
-        for hook in self.hooks:
-          hook(done, self.state)
-      if self.stop.requested:
-        self.stop_now(done)
-    if self.stop.requested:
-      raise self.stop.stop_error(self.last_saved, self.workdir)
+      segment.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
+      if setup.hooks:
+        watch.step(f'after step {done} (hooks)')
+        for hook in setup.hooks:
+          hook(done, state)
+      if setup.stop.requested:
+        self.stop_now(done, state)
+    if setup.stop.requested:
+      raise setup.stop.stop_error(segment.last_saved, setup.workdir)
+    return state
 
-  def compile(self, batch, done: int) -> None:
+  def compile(self, state: TrainState, batch, done: int) -> None:
     """Compiles the loop step ahead of time once: the same executable runs every step."""
-    self.watchdog.arm(f'compiling the train step (before step {done})', self.compile_limit)
-    self.compiled = self.loop_step.lower(self.state, self.window, batch).compile()
-    self.compiled_memory = metrics_lib.memory_of(self.compiled)
-    if self.stop.requested:
-      raise self.stop.stop_error(self.last_saved, self.workdir)
+    self.setup.watch.compiling(f'compiling the train step (before step {done})')
+    self.compiled = self.setup.loop_step.lower(state, self.window, batch).compile()
+    self.meta.compiled_memory_bytes = metrics_lib.memory_of(self.compiled)
+    if self.setup.stop.requested:
+      raise self.setup.stop.stop_error(self.segment.last_saved, self.setup.workdir)
 
   def wait(self, keep: int) -> None:
     """Waits (no transfer) until at most ``keep`` steps are in flight -- one wait, for the newest step
@@ -707,7 +930,7 @@ class _Run:
       return
     done, window = self.in_flight[-keep - 1]
     if not window.is_ready():
-      self.watchdog.arm(self.unfinished_steps, self.step_limit, self.first_unfinished)
+      self.setup.watch.step(self.unfinished_steps, self.first_unfinished)
       window.block_until_ready()   # the steps before it are done too; they leave the queue after it
     while len(self.in_flight) > keep:
       self.in_flight.popleft()
@@ -732,28 +955,19 @@ class _Run:
       done, window = self.pending_logs.popleft()
       self.log(done, self.read(done, window))
 
-  def next_boundary(self, step: int) -> int:
-    """The first step after ``step`` that ends with validation, a checkpoint or the end: the host
-    waits for the device there (computed once per boundary, not per step)."""
-    c = self.config
-    candidates = [step + every - step % every
-                  for every in (int(c.eval_every), int(c.checkpoint_every)) if every > 0]
-    if self.num_steps > step:
-      candidates.append(self.num_steps)
-    return min(candidates, default=step + 1)
-
   # ---- boundaries: the only places the host reads the device ----------------------------------------
   def read(self, done: int, window) -> dict:
     """Reads a window (the one transfer of a boundary); stops a diverged run."""
     window = window_values(window)
-    first, t0 = self.span
-    self.meta['timed_steps'] += done - first
-    self.meta['train_seconds'] += time.perf_counter() - t0
-    self.span = (done, time.perf_counter())
-    self.timer.tick(done)
-    self.progress.timed(self.meta['timed_steps'], self.meta['train_seconds'])  # the rate results.json gives
+    meta, segment = self.meta, self.segment
+    first, t0 = segment.span
+    meta.timed_steps += done - first
+    meta.train_seconds += time.perf_counter() - t0
+    segment.span = (done, time.perf_counter())
+    segment.timer.tick(done)
+    segment.progress.timed(meta.timed_steps, meta.train_seconds)  # the rate results.json gives
     if window['bad_step'] >= 0:
-      self.diverged(window)
+      raise divergence_error(window, self.setup.policy, kept(self.setup))
     return window
 
   def read_window(self, done: int) -> dict:
@@ -762,59 +976,61 @@ class _Run:
     self.flush_logs(done)
     return self.read(done, self.window)
 
-  def boundary(self, done: int) -> None:
+  def boundary(self, done: int, state: TrainState) -> None:
     """Logging, validation and checkpoints due after step ``done``."""
-    c = self.config
+    c, meta, num_steps = self.setup.config, self.meta, self.setup.num_steps
     window = self.read_window(done)
-    if done % c.log_every == 0 or done == self.num_steps:
+    if done % c.log_every == 0 or done == num_steps:
       self.log(done, window)
     val = None
-    if done % c.eval_every == 0 or done == self.num_steps:
-      val = self.validate(done)
-      if val['accuracy'] > self.meta['best_val_accuracy']:
-        self.check_finite(done, val)
-        self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
-        self.save(self.best, done)
-      if good_loss(val['loss'], self.meta.get('lowest_val_loss')):
-        lowest = self.meta.get('lowest_val_loss')
-        self.meta['lowest_val_loss'] = val['loss'] if lowest is None else min(lowest, val['loss'])
-    if done % c.checkpoint_every == 0 or done == self.num_steps:
-      self.save_checkpoint(done, val)
-    self.watchdog.arm(f'after step {done}', self.step_limit)
-    self.span = (done, time.perf_counter())
+    if done % c.eval_every == 0 or done == num_steps:
+      val = self.validate(done, state)
+      if val['accuracy'] > meta.best_val_accuracy:
+        self.check_finite(done, state, val)
+        meta.best_val_accuracy, meta.best_step = val['accuracy'], done
+        self.save(self.setup.best, done, state)
+      if good_loss(val['loss'], meta.lowest_val_loss):
+        lowest = meta.lowest_val_loss
+        meta.lowest_val_loss = val['loss'] if lowest is None else min(lowest, val['loss'])
+    if done % c.checkpoint_every == 0 or done == num_steps:
+      self.save_checkpoint(done, state, val)
+    self.setup.watch.step(f'after step {done}')
+    self.segment.span = (done, time.perf_counter())
 
-  def stop_now(self, done: int) -> None:
+  def stop_now(self, done: int, state: TrainState) -> None:
     """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
     checked and saved, then the run stops."""
-    if self.last_saved != done:
+    if self.segment.last_saved != done:
       self.read_window(done)
-      self.save_checkpoint(done)
-    raise self.stop.stop_error(done, self.workdir)
+      self.save_checkpoint(done, state)
+    raise self.setup.stop.stop_error(done, self.setup.workdir)
 
-  def validate(self, done: int) -> dict:
-    val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
-                   on_batch=self.eval_progress(f'validating at step {done}'))
-    self.write_event('val', done, val)
-    self.meta['val_examples'] = val['examples']
+  def validate(self, done: int, state: TrainState) -> dict:
+    setup = self.setup
+    val = evaluate(setup.eval_step, state, setup.val_source, setup.config, setup.mesh,
+                   on_batch=setup.watch.eval_progress(f'validating at step {done}'))
+    self.journal.write('val', done, val)
+    self.meta.val_examples = val['examples']
     return val
 
-  def save_checkpoint(self, done: int, val: Optional[dict] = None) -> None:
-    if self.last_saved != done:
-      self.check_finite(done, val)
-      self.save(self.checkpoints, done)
-      self.last_saved = done
+  def save_checkpoint(self, done: int, state: TrainState, val: Optional[dict] = None) -> None:
+    if self.segment.last_saved != done:
+      self.check_finite(done, state, val)
+      self.save(self.setup.checkpoints, done, state)
+      self.segment.last_saved = done
 
-  def check_finite(self, done: int, val: Optional[dict]) -> None:
+  def check_finite(self, done: int, state: TrainState, val: Optional[dict]) -> None:
     """A checkpoint is written only when it is good (``good_loss``): finite parameters, and a
     validation loss (``val`` of this step, else one validation batch) that is finite and not orders of
     magnitude above the lowest the run has seen; otherwise the run stops as diverged at ``done``."""
-    if not bool(_all_finite(self.state.params)):
+    setup = self.setup
+    if not bool(_all_finite(state.params)):
       reason = 'non-finite parameters'
     else:
       if val is None:
-        val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
-                       max_batches=1, on_batch=self.eval_progress(f'checking step {done}'))
-      lowest = self.meta.get('lowest_val_loss')
+        val = evaluate(setup.eval_step, state, setup.val_source, setup.config, setup.mesh,
+                       max_batches=1, on_batch=setup.watch.eval_progress(f'checking step {done}'))
+      lowest = self.meta.lowest_val_loss
       if good_loss(val['loss'], lowest):
         return
       reason = (f"non-finite validation loss {val['loss']}" if not np.isfinite(val['loss']) else
@@ -822,187 +1038,177 @@ class _Run:
                 f'max(1, the lowest so far {lowest:.4g})')
     raise workdir_lib.RunError(
         f'step {done}: {reason}; the run diverged and was stopped, nothing from this step saved; '
-        f'{self.kept()}; {self.advice()}', workdir_lib.EXIT_DIVERGED)
-
-  def advice(self) -> str:
-    """What to change after a divergence (skipping non-finite steps only where it is not already on)."""
-    return ('lower optim.learning_rate or set optim.grad_clip_norm' if self.policy == 'skip' else
-            "lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'")
-
-  def kept(self) -> str:
-    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite), and
-    a finished run continued here is unchanged (its record is written only when the stretch ends)."""
-    last = self.checkpoints.latest_step()
-    out = (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
-           else 'no checkpoint had been written')
-    if self.provisional:
-      out += (f"; the finished run (results.json, step {self.previous.get('final_step')}) and its "
-              f'record are unchanged')
-    return out
+        f'{kept(setup)}; {advice(setup.policy)}', workdir_lib.EXIT_DIVERGED)
 
   def log(self, done: int, window: dict) -> None:
     n = window['applied']
     summary = {k: window[k] / n if n else float('nan')
                for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm')}
-    if float(self.config.model.attention.get('distill_weight', 0.0) or 0.0) > 0:
+    if float(self.setup.config.model.attention.get('distill_weight', 0.0) or 0.0) > 0:
       summary['aux_loss'] = window['aux_loss'] / n if n else float('nan')   # part of 'loss'
-    summary['steps_per_sec'] = self.timer.rate()
+    summary['steps_per_sec'] = self.segment.timer.rate()
     if window['skipped']:
       summary['skipped_steps'] = window['skipped']
       workdir_lib.say(f"step {done}: {window['skipped']} non-finite updates skipped since the last "
                       f"log (the first at step {window['first_skipped']}; {window['consecutive']} "
                       f'in a row now)')
-    self.write_event('train', done, summary)
-    self.progress.update(self.dispatched, summary)  # a queued log is read a step or two later
+    self.journal.write('train', done, summary)
+    self.segment.progress.update(self.dispatched, summary)  # a queued log is read a step or two later
 
-  def diverged(self, window: dict) -> None:
-    """Stops the run at the first non-finite step (policy 'stop', or 'skip' after too many)."""
-    step, where = window['bad_step'], self.kept()
-    if self.policy == 'skip':
-      raise workdir_lib.RunError(
-          f'step {step}: {window["consecutive"]} non-finite steps (loss or gradient norm) in a row; the '
-          f'run diverged and was stopped, nothing from it saved; {where}; {self.advice()}',
-          workdir_lib.EXIT_DIVERGED)
-    loss, norm = window['bad_loss'], window['bad_grad_norm']
-    bad = ' and '.join(n for n, v in (('loss', loss), ('gradient norm', norm)) if not np.isfinite(v))
-    raise workdir_lib.RunError(
-        f'step {step}: non-finite {bad or "loss or gradient norm"} (loss {loss:.4g}, gradient norm '
-        f'{norm:.4g}); the run diverged and was stopped, nothing from this step saved; {where}; '
-        f'{self.advice()}', workdir_lib.EXIT_DIVERGED)
-
-  def eval_progress(self, what: str):
-    def on_batch(i):
-      first = not self.eval_compiled
-      self.eval_compiled = True
-      self.watchdog.arm(f'{what}, batch {i + 1}' + (' (compiling)' if first else ''),
-                        self.compile_limit if first else self.step_limit)
-    return on_batch
-
-  def timed_meta(self) -> dict:
-    return {**self.meta, 'wall_seconds': self.base['wall_seconds'] + time.monotonic() - self.t_segment,
-            'compiled_memory_bytes': self.compiled_memory}
-
-  def save(self, manager, step: int) -> None:
+  def save(self, manager: ckpt_lib.Checkpoints, step: int, state: TrainState) -> None:
     """A checkpoint, then (the first time, unless continuing a finished run) the run's record."""
-    self.watchdog.disarm()  # a slow disk is not a hang, and a write is never cut short
-    meta = self.timed_meta()
-    if not self.committed:
-      meta['uncommitted'] = {'from_step': self.stretch_from, 'events': [
-          [split, int(at), {k: v.item() if hasattr(v, 'item') else v for k, v in values.items()}]
-          for split, at, values in self.pending_events]}
-    with self.stop.deferred():
-      manager.save(step, self.state, meta)
-      if not self.provisional:
-        self.commit()
+    setup = self.setup
+    setup.watch.disarm()  # a slow disk is not a hang, and a write is never cut short
+    meta = self.meta.as_meta(self.segment.wall_seconds(self.meta))
+    held = self.journal.uncommitted()
+    if held is not None:
+      meta['uncommitted'] = held
+    with setup.stop.deferred():
+      manager.save(step, state, meta)
+      if not setup.prior.provisional:
+        self.journal.commit()
 
-  # ---- the end ------------------------------------------------------------------------------------------
-  def test(self) -> dict:
-    """Test loss and accuracy of the best checkpoint (by validation accuracy) on the whole test split.
 
-    If the newest best/ does not restore (set aside with one line), the earlier kept one is tested
-    and named; if none restores, the run stops with one line -- other weights are never tested under
-    the best step's name. ``self.tested``: which checkpoint was tested ('best' or 'final', its step).
-    """
-    state, self.tested_meta = self.state, None
-    self.tested = {'which': 'final', 'step': int(self.state.step)}
-    if self.best.all_steps() or self.best.damaged():
-      restored = self.best.restore_latest(ckpt_lib.abstract_like(self.state))
-      if restored is None:
-        raise workdir_lib.RunError(
-            f"best/ in {self.workdir} holds no checkpoint that restores ({', '.join(self.best.damaged())}"
-            f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
-            f'train again in a new --workdir')
-      state, self.tested_meta = restored
-      self.tested = {'which': 'best', 'step': int(self.best.latest_step())}
-      if self.tested['step'] != self.meta['best_step']:
-        workdir_lib.say(f"testing best/{self.tested['step']} (validation accuracy "
-                        f"{self.tested_meta.get('best_val_accuracy')}): the newest best/ that "
-                        f"restores; best/{self.meta['best_step']} did not")
-    test_source = self.task.source(self.config.data, 'test')
-    on_batch = self.eval_progress(f"testing the {self.tested['which']} checkpoint")
-    if lm_eval.is_stateful(self.config):   # enwik8: windows in order, the decoder's state carried
-      test = lm_eval.evaluate_stateful(
-          self.model, {'params': state.params, **state.model_state}, test_source,
-          features_key=self.features_key, on_batch=on_batch)
-    else:
-      test = evaluate(self.eval_step, state, test_source, self.config, self.mesh, max_batches=0,
+def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tuple[Loop, TrainState]:
+  """The trainer's step loop for ``config`` and ``info`` set up without a workdir's files: no data
+  preparation, no checkpoint, no record, no progress bar, and no final boundary (``num_train_steps``
+  taken as unbounded; set ``eval_every`` and ``checkpoint_every`` past the steps run) -- the loop alone,
+  for timing it against a bare loop (``kernelformer benchmark loop``). ``Loop.run(state, start,
+  until, batches)`` runs it; ``workdir`` is only where a profile would go."""
+  policy = nonfinite_policy(config)
+  parts, state = _steps(config, info, None, policy)
+  num_steps = 1 << 30
+  setup = Setup(config=config, workdir=workdir, prior=None, is_lead=jax.process_index() == 0,
+                num_steps=num_steps, policy=policy, hooks=(), stop=signals_lib.StopSignals(),
+                watch=Watch(signals_lib.Watchdog(), config), info=info, **parts)
+  meta, _ = RunMeta.from_meta({}, 0, False, workdir_lib.now_iso())
+  segment = Segment(start_step=0, last_saved=None, t0=time.monotonic(),
+                    progress=metrics_lib.Progress(0, 0, enabled=False), timer=metrics_lib.StepTimer())
+  journal = Journal(setup, 0, 0, writer=metrics_lib.MetricsWriter(workdir, enabled=False))
+  return Loop(setup, meta, segment, journal), state
+
+
+# ---- the end ------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Tested:
+  """The test of the run: its loss, accuracy and examples, which checkpoint was tested
+  (``{'which': 'best' | 'final', 'step'}``) and that checkpoint's meta (None: the final state's)."""
+  result: dict
+  checkpoint: dict
+  meta: Optional[dict]
+
+
+def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Tested:
+  """Test loss and accuracy of the best checkpoint (by validation accuracy) on the whole test split.
+
+  If the newest best/ does not restore (set aside with one line), the earlier kept one is tested
+  and named; if none restores, the run stops with one line -- other weights are never tested under
+  the best step's name.
+  """
+  best, tested_meta = setup.best, None
+  checkpoint = {'which': 'final', 'step': int(state.step)}
+  if best.all_steps() or best.damaged():
+    restored = best.restore_latest(ckpt_lib.abstract_like(state))
+    if restored is None:
+      raise workdir_lib.RunError(
+          f"best/ in {setup.workdir} holds no checkpoint that restores ({', '.join(best.damaged())}"
+          f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
+          f'train again in a new --workdir')
+    state, tested_meta = restored
+    checkpoint = {'which': 'best', 'step': int(best.latest_step())}
+    if checkpoint['step'] != meta.best_step:
+      workdir_lib.say(f"testing best/{checkpoint['step']} (validation accuracy "
+                      f"{tested_meta.get('best_val_accuracy')}): the newest best/ that "
+                      f'restores; best/{meta.best_step} did not')
+  test_source = setup.task.source(setup.config.data, 'test')
+  on_batch = setup.watch.eval_progress(f"testing the {checkpoint['which']} checkpoint")
+  if lm_eval.is_stateful(setup.config):   # enwik8: windows in order, the decoder's state carried
+    result = lm_eval.evaluate_stateful(
+        setup.model, {'params': state.params, **state.model_state}, test_source,
+        features_key=setup.features_key, on_batch=on_batch)
+  else:
+    result = evaluate(setup.eval_step, state, test_source, setup.config, setup.mesh, max_batches=0,
                       on_batch=on_batch)
-    self.watchdog.disarm()
-    if self.stop.requested:
-      raise self.stop.stop_error(self.last_saved, self.workdir)
-    return test
-
-  def close(self, completed: bool) -> None:
-    self.watchdog.disarm()
-    if self.progress is not None:
-      self.progress.close()
-    _stop_profile()
-    if not completed:
-      for part in (self.writer, self.checkpoints, self.best):
-        if part is not None:
-          part.close()
-
-  def finish(self, test: dict) -> RunResults:
-    """Writes the test event and results.json; closes the writer and the checkpoint managers."""
-    with workdir_lib.all_or_nothing(self.workdir, enabled=self.provisional and self.is_lead):
-      results = self.write_results(test)
-    self.writer.close()
-    self.checkpoints.close()
-    self.best.close()
-    out = RunResults(results)
-    out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
-                  else 'trained')
-    return out
-
-  def write_results(self, test: dict) -> dict:
-    config, meta = self.config, self.meta
-    self.commit()
-    tested = self.tested_meta or meta
-    self.write_event('test', self.tested['step'], test)
-    cap = int(config.max_eval_batches or 0)
-    results = {
-        'task': config.data.task,
-        'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
-        'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
-        'test_accuracy': test['accuracy'],
-        'test_loss': test['loss'],
-        'test_examples': test['examples'],
-        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step': ...}
-        'best_val_accuracy': tested['best_val_accuracy'],
-        'best_step': tested['best_step'],
-        'selected_on': (f"validation accuracy every {config.eval_every} steps over "
-                        f"{meta.get('val_examples')} examples" +
-                        (f' (periodic validation capped at max_eval_batches={cap})' if cap
-                         else ' (the whole validation split)')),
-        'final_step': int(self.state.step),
-        'num_params': count_params(self.state.params),
-        'steps_per_sec': (meta['timed_steps'] / meta['train_seconds'] if meta['timed_steps']
-                          else 0.0),
-        'steps_trained': meta['steps_trained'],
-        'train_seconds': meta['train_seconds'],
-        'wall_time_s': self.base['wall_seconds'] + time.monotonic() - self.t_segment,
-        'started': meta['started'],
-        'finished': workdir_lib.now_iso(),
-        'compiled_memory_bytes': self.compiled_memory,
-        'num_devices': int(self.mesh.devices.size),
-        'num_processes': jax.process_count(),
-        'backend': jax.default_backend(),
-        'code_version': workdir_lib.code_version(),
-        'code_versions': self.meta['code_versions'],   # one entry per code that trained (code_segments)
-        'data_order': self.meta['data_order'],   # one entry per data order (input_pipeline.DATA_ORDER)
-        'config_fingerprint': self.record.fingerprint,
-        'config_changes': self.record.changes,
-        'config': config.to_dict(),
-    }
-    if getattr(self.info, 'metric', None) == 'bits_per_byte':
-      # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
-      results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
-      results.update(lm_eval.describe(self.config))   # the test's context scheme (eval_context, stride)
-    self.writer.write_results(results)
-    return results
+  setup.watch.disarm()
+  if setup.stop.requested:
+    raise setup.stop.stop_error(segment.last_saved, setup.workdir)
+  return Tested(result=result, checkpoint=checkpoint, meta=tested_meta)
 
 
-# The rule for a good checkpoint (``_Run.check_finite``): finite parameters and a validation loss that
+def close(setup: Setup, segment: Segment, journal: Journal, completed: bool) -> None:
+  setup.watch.disarm()
+  segment.progress.close()
+  _stop_profile()
+  if not completed:
+    journal.close()
+    setup.checkpoints.close()
+    setup.best.close()
+
+
+def finish(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal, state: TrainState,
+           tested: Tested) -> RunResults:
+  """Writes the test event and results.json; closes the writer and the checkpoint managers."""
+  with workdir_lib.all_or_nothing(setup.workdir, enabled=setup.prior.provisional and setup.is_lead):
+    results = write_results(setup, meta, segment, journal, state, tested)
+  journal.close()
+  setup.checkpoints.close()
+  setup.best.close()
+  out = RunResults(results)
+  out.status = ('reevaluated' if segment.start_step == setup.num_steps and setup.prior.provisional
+                else 'trained')
+  return out
+
+
+def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal,
+                  state: TrainState, tested: Tested) -> dict:
+  config, test_result = setup.config, tested.result
+  journal.commit()
+  journal.write('test', tested.checkpoint['step'], test_result)
+  cap = int(config.max_eval_batches or 0)
+  selected = tested.meta if tested.meta else {'best_val_accuracy': meta.best_val_accuracy,
+                                              'best_step': meta.best_step}
+  results = {
+      'task': config.data.task,
+      'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
+      'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
+      'test_accuracy': test_result['accuracy'],
+      'test_loss': test_result['loss'],
+      'test_examples': test_result['examples'],
+      'tested_checkpoint': tested.checkpoint,   # {'which': 'best' | 'final', 'step': ...}
+      'best_val_accuracy': selected['best_val_accuracy'],
+      'best_step': selected['best_step'],
+      'selected_on': (f"validation accuracy every {config.eval_every} steps over "
+                      f"{meta.val_examples} examples" +
+                      (f' (periodic validation capped at max_eval_batches={cap})' if cap
+                       else ' (the whole validation split)')),
+      'final_step': int(state.step),
+      'num_params': count_params(state.params),
+      'steps_per_sec': (meta.timed_steps / meta.train_seconds if meta.timed_steps else 0.0),
+      'steps_trained': meta.steps_trained,
+      'train_seconds': meta.train_seconds,
+      'wall_time_s': segment.wall_seconds(meta),
+      'started': meta.started,
+      'finished': workdir_lib.now_iso(),
+      'compiled_memory_bytes': meta.compiled_memory_bytes,
+      'num_devices': int(setup.mesh.devices.size),
+      'num_processes': jax.process_count(),
+      'backend': jax.default_backend(),
+      'code_version': workdir_lib.code_version(),
+      'code_versions': meta.code_versions,   # one entry per code that trained (code_segments)
+      'data_order': meta.data_order,   # one entry per data order (input_pipeline.DATA_ORDER)
+      'config_fingerprint': setup.prior.record.fingerprint,
+      'config_changes': setup.prior.record.changes,
+      'config': config.to_dict(),
+  }
+  if getattr(setup.info, 'metric', None) == 'bits_per_byte':
+    # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
+    results['test_bits_per_byte'] = test_result['loss'] / float(np.log(2.0))
+    results.update(lm_eval.describe(config))   # the test's context scheme (eval_context, stride)
+  journal.writer.write_results(results)
+  return results
+
+
+# The rule for a good checkpoint (``Loop.check_finite``): finite parameters and a validation loss that
 # is finite and at most DIVERGED_FACTOR x max(1, the lowest validation loss of the run so far). A run
 # whose loss has blown up by orders of magnitude (1e14 where it was 2) is diverged even while finite;
 # the floor of 1 nat keeps a well-fitted run (lowest 0.01) from being stopped by ordinary overfitting.

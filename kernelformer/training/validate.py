@@ -25,6 +25,7 @@ import tempfile
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import lra_tasks
+from kernelformer import layers
 from kernelformer import registry
 from kernelformer.training import sharding
 from kernelformer.training import workdir as workdir_lib
@@ -142,7 +143,7 @@ _OPTION_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
 POOLINGS = ('cls', 'mean')
 POS_ENCODINGS = ('sinusoidal', 'learned', 'none')
 STATE_MIXERS = ('mlp', 'identity', 'none')   # kernelformer/decoder.py STATE_MIXERS
-DTYPES = ('float32', 'bfloat16')
+DTYPES = tuple(layers.DTYPES)   # the model's table (layers.ModelConfig.of)
 
 
 def _check_attention(config: Any) -> None:

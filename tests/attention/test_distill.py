@@ -80,7 +80,7 @@ def _setup(tmp_path, **overrides):
   task.prepare(config.data)
   info = task.info(config.data)
   model = trainer.build_model(config, info)
-  keys = trainer._keys(config.seed)  # pylint: disable=protected-access
+  keys = trainer.run_keys(config.seed)
   mesh = sharding.make_mesh(jax.devices()[:1])
   tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
   state = trainer.init_state(model, tx, info, config, keys, mesh)

@@ -46,12 +46,12 @@ class _Counting:
 def test_both_sides_run_the_same_steps_of_the_same_executable():
   bench = loop._Bench('tiny', 3, None)  # pylint: disable=protected-access
   try:
-    counting = bench.run.compiled = bench.executable = _Counting(bench.executable)
+    counting = bench.loop.compiled = bench.executable = _Counting(bench.executable)
     for side in (bench.trainer_round, bench.bare_round, bench.bare_round, bench.trainer_round):
       before = counting.calls
       side()
       assert counting.calls - before == 3      # each round: `steps` calls of the one executable
-    assert bench.run.start_step == 2 + 4 * 3
+    assert bench.start == 2 + 4 * 3
     assert len(bench.trainer_rates) == len(bench.bare_rates) == 2
   finally:
     bench.close()
@@ -71,9 +71,9 @@ def test_a_round_of_unequal_work_is_refused():
     with pytest.raises(loop.RoundMismatch, match='bare round ran 4 steps'):
       bench.bare_round()
     bench._round_batches = rounds_batches  # pylint: disable=protected-access
-    bench.run.start_step += 4
-    bench.run.compiled = bench.run.loop_step.lower(   # a trainer that compiled its own step
-        bench.run.state, bench.run.window, bench.pipeline.batch(0)).compile()
+    bench.start += 4
+    bench.loop.compiled = bench.loop.setup.loop_step.lower(   # a trainer that compiled its own step
+        bench.state, bench.loop.window, bench.pipeline.batch(0)).compile()
     with pytest.raises(loop.RoundMismatch, match='other than the one compiled'):
       bench.trainer_round()
     assert bench.bare_rates == [] and len(bench.trainer_rates) == 1   # refused rounds not counted
@@ -82,15 +82,15 @@ def test_a_round_of_unequal_work_is_refused():
 
 
 def test_train_until_a_log_step_returns_with_every_step_done():
-  """``_Run.train(until=k)`` waits for step k even when k is a log step (tiny logs every 3 steps):
+  """``Loop.run(..., until=k)`` waits for step k even when k is a log step (tiny logs every 3 steps):
   a benchmark round that ends there times every step, and the log of step k is written."""
   bench = loop._Bench('tiny', 4, None)  # pylint: disable=protected-access
   try:
-    run, logged = bench.run, []
+    run, logged = bench.loop, []
     run.log = lambda done, window: logged.append(done)
-    run.train(until=6)
+    run.run(bench.state, 2, 6, bench.pipeline)
     assert not run.in_flight and not run.pending_logs and logged == [3, 6]
-    assert run.meta['timed_steps'] == 1 + 3     # the warm-up segment's step 2, this one's 4-6
+    assert run.meta.timed_steps == 1 + 3     # the warm-up segment's step 2, this one's 4-6
   finally:
     bench.close()
 

@@ -22,7 +22,7 @@ def test_dropout_key_is_folded_with_the_step(tmp_path):
   task.prepare(config.data)
   info = task.info(config.data)
   model = trainer.build_model(config, info)
-  keys = trainer._keys(config.seed)  # pylint: disable=protected-access
+  keys = trainer.run_keys(config.seed)
   tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
   mesh = sharding.make_mesh(jax.devices()[:1])
   state = trainer.init_state(model, tx, info, config, keys, mesh)

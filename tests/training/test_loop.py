@@ -82,15 +82,14 @@ def test_metrics_are_strict_json(tmp_path):
 
 
 def test_boundaries_are_the_steps_of_validation_checkpoints_and_the_end(tmp_path):
-  """``_Run.next_boundary`` (computed once per boundary, not per step) walks exactly the steps that
+  """``trainer.next_boundary`` (computed once per boundary, not per step) walks exactly the steps that
   validate, checkpoint or end the run."""
   c = helpers.tiny_config(tmp_path / 'data', num_train_steps=22, eval_every=4)
   with c.unlocked():
     c.checkpoint_every = 6
-  run = trainer._Run(c, str(tmp_path / 'run'), (), None, None)  # pylint: disable=protected-access
   walked, step = [], 0
   while step < 22:
-    step = run.next_boundary(step)
+    step = trainer.next_boundary(c, 22, step)
     walked.append(step)
   assert walked == [s for s in range(1, 23) if s % 4 == 0 or s % 6 == 0 or s == 22]
-  assert run.next_boundary(13) == 16 and run.next_boundary(21) == 22
+  assert trainer.next_boundary(c, 22, 13) == 16 and trainer.next_boundary(c, 22, 21) == 22

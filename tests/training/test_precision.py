@@ -82,7 +82,7 @@ def test_bfloat16_computes_in_bfloat16(runs):
   config = runs['bfloat16']['config']
   info = lra_tasks.get('listops').info(config.data)
   model = trainer.build_model(config, info)
-  keys = trainer._keys(0)  # pylint: disable=protected-access
+  keys = trainer.run_keys(0)
   x = jnp.ones((2, info.max_length), jnp.int32)
   # Shapes only (no computation): the lowered forward pass of the bf16 model.
   variables = jax.eval_shape(
@@ -113,7 +113,7 @@ def test_gradient_accumulation_equals_one_batch(data_dir):
   task.prepare(config.data)
   info = task.info(config.data)
   model = trainer.build_model(config, info)
-  keys = trainer._keys(config.seed)  # pylint: disable=protected-access
+  keys = trainer.run_keys(config.seed)
   tx = optax.GradientTransformation(
       init=lambda params: jax.tree.map(jnp.zeros_like, params),
       update=lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))

@@ -229,13 +229,10 @@ def test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run(tmp_pat
 def test_divergence_lines_name_what_is_non_finite_and_advise_only_what_is_not_set():
   """A finite loss of 1.2e17 beside an infinite gradient norm: only the gradient norm is called
   non-finite; with on_nonfinite='skip' already set, no line advises it."""
-  import types  # pylint: disable=g-import-not-at-top
   window = {'bad_step': 7, 'bad_loss': 1.2e17, 'bad_grad_norm': float('inf'), 'consecutive': 10}
   for policy in ('stop', 'skip'):
-    run = types.SimpleNamespace(policy=policy, kept=lambda: 'no checkpoint had been written')
-    run.advice = lambda run=run: trainer._Run.advice(run)
     with pytest.raises(workdir_lib.RunError) as e:
-      trainer._Run.diverged(run, window)
+      raise trainer.divergence_error(window, policy, 'no checkpoint had been written')
     msg = str(e.value)
     assert e.value.exit_code == workdir_lib.EXIT_DIVERGED and 'step 7' in msg, msg
     assert ("on_nonfinite='skip'" in msg) == (policy == 'stop'), msg
