@@ -215,7 +215,7 @@ print('not stopped', flush=True)
 
 
 def test_watchdog_restarts_its_deadline_while_steps_finish():
-  """A host waiting for several queued steps arms the watchdog once (``_Run.wait``): the limit applies
+  """A host waiting for several queued steps arms the watchdog once (``Loop.wait``): the limit applies
   per finished step (the progress probe), and the text is made when it fires."""
   t0 = time.monotonic()
   proc = subprocess.run([sys.executable, '-c', WATCHDOG_PROGRESS], capture_output=True, text=True,

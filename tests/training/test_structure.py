@@ -68,7 +68,7 @@ def test_no_attribute_of_the_training_package_is_created_outside_init():
 
 
 def test_checker_finds_an_attribute_created_by_a_later_phase():
-  """A class in the style of the trainer's former ``_Run``: phases that create the attributes the next
+  """A blackboard class: phases that create the attributes the next
   phase reads. Each first assignment outside ``__init__`` is found, in every assignment form; what
   ``__init__`` or the class body declares is not."""
   source = textwrap.dedent('''
