@@ -81,6 +81,15 @@ SLOW_TESTS = frozenset({
     'test_file_size_limit_ends_in_one_line',
     'test_gradient_reaches_only_the_map_and_the_step_adds_and_logs_it',
     'test_gradient_accumulation_carries_the_aux_loss',
+    # Runs ending cleanly and the record of a finished run kept (tests/training/test_clean_exit.py,
+    # test_run_record.py): whole CLI runs and trainer runs, 20-100 s each on 2 cores.
+    'test_finished_runs_exit_0',
+    'test_a_checkpoint_that_does_not_restore_ends_in_its_one_line',
+    'test_a_returned_run_leaves_no_thread_and_no_live_run',
+    'test_a_started_run_whose_checkpoints_are_gone_is_refused',
+    'test_a_stretch_that_diverges_leaves_the_finished_run_as_it_was',
+    'test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run',
+    'test_a_diverging_skip_run_is_not_advised_to_skip',
 })
 
 
