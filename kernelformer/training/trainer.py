@@ -253,9 +253,6 @@ ON_NONFINITE = ('stop', 'skip')
 # loop against a bare loop").
 MAX_IN_FLIGHT = 16
 RESUME_IN_FLIGHT = 8
-# Training batches placed on the devices ahead of their step (flax's prefetch_to_device); on a
-# single-process CPU run they are not placed ahead (``prefetch_to_device``).
-PREFETCH = 2
 # best/ keeps the last two bests: the test falls back to the earlier if the newest does not restore.
 KEEP_BEST = 2
 
@@ -277,7 +274,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   The loop never waits for the host between boundaries (logging, validation, checkpoint, stop): the
   step's loss, accuracy, gradient norm and learning rate are summed on the device (``loop_step``), a
   non-finite step is detected there and its update not applied, and the host reads the sums once per
-  boundary. Batches are placed on the devices ``PREFETCH`` steps ahead (on CPU: by the step itself).
+  boundary. Batches are read and placed on the devices by a thread, ``input_pipeline.PREFETCH`` steps
+  ahead (on CPU: placed by the step itself).
 
   Run safety (``workdir_lib.RunError`` carries the exit code the CLI uses; each is one line):
   * the workdir is locked (``workdir/lock``) while the run is in progress;
@@ -422,31 +420,6 @@ def next_window(window: jax.Array) -> jax.Array:
   return pack_window(fresh)
 
 
-def stages_on_host(mesh) -> bool:
-  """One process whose devices are CPUs: a "device" buffer is host memory, so placing a batch ahead
-  buys no overlap, and ``jax.device_put`` costs more host time (Python, per leaf) than the copy the
-  compiled step makes of a numpy argument in its own (C++) dispatch."""
-  return jax.process_count() == 1 and all(d.platform == 'cpu' for d in mesh.devices.flat)
-
-
-def prefetch_to_device(batches: Iterable[dict], mesh, size: int = PREFETCH):
-  """Yields ``batches`` placed on ``mesh`` (batch-sharded), ``size`` batches ahead of the consumer;
-  on a CPU-only single process (``stages_on_host``) the host batches themselves, which the compiled
-  step (``in_shardings`` batch-sharded) places as it is called."""
-  if stages_on_host(mesh):
-    yield from batches
-    return
-  queue = collections.deque()
-  place = ((lambda b: jax.device_put(b, sharding.batch_sharded(mesh))) if jax.process_count() == 1
-           else (lambda b: sharding.shard_batch(b, mesh)))  # one process: one call, half the time
-  for batch in batches:
-    queue.append(place(batch))
-    if len(queue) > size:
-      yield queue.popleft()
-  while queue:
-    yield queue.popleft()
-
-
 def code_segments(previous, start: int, current: dict, resumed: bool) -> list:
   """The code that trained each stretch of the run: ``[{'from_step', 'code_version'}, ...]``.
 
@@ -587,7 +560,9 @@ class _Run:
                  'wall_seconds': float(meta.get('wall_seconds', 0.0))}
     self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started,
                  'code_versions': code_segments(meta.get('code_versions'), start,
-                                                workdir_lib.code_version(), restored is not None)}
+                                                workdir_lib.code_version(), restored is not None),
+                 'data_order': input_pipeline.data_order_segments(meta.get('data_order'), start,
+                                                                  restored is not None)}
     self.compiled_memory = meta.get('compiled_memory_bytes')
     # Events not yet in metrics.jsonl travel in the checkpoint meta (``uncommitted``), with the step
     # the record was last written at: a stretch resumed before its record was written loses none.
@@ -673,7 +648,7 @@ class _Run:
     start = self.start_step
     until = self.num_steps if until is None else until
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
-    batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
+    batches = self.batches.device_iterate(start, until, self.mesh)   # placed ahead, by a thread
     log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
     next_boundary = self.next_boundary(start)
     for step, batch in zip(range(start, until), batches):
@@ -1014,6 +989,7 @@ class _Run:
         'backend': jax.default_backend(),
         'code_version': workdir_lib.code_version(),
         'code_versions': self.meta['code_versions'],   # one entry per code that trained (code_segments)
+        'data_order': self.meta['data_order'],   # one entry per data order (input_pipeline.DATA_ORDER)
         'config_fingerprint': self.record.fingerprint,
         'config_changes': self.record.changes,
         'config': config.to_dict(),
