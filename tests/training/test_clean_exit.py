@@ -96,7 +96,8 @@ def test_a_returned_run_leaves_no_thread_and_no_live_run(tmp_path, monkeypatch):
   finally:
     gc.enable()
   assert not finished_alive and not stopped_alive
-  assert not [t for t in threading.enumerate() if t.name == 'kernelformer-watchdog']
+  assert not [t for t in threading.enumerate()
+              if t.name in ('kernelformer-watchdog', 'kernelformer-input')]
 
 
 @pytest.mark.parametrize('attempt', range(8))
