@@ -360,12 +360,15 @@ class MQARTask(_RecallTask):
   def _validate(self, data: Any) -> None:
     v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
     a = float(data.get('power_a', 0.01))
-    if n < 1 or v // 2 - 1 < n:
-      raise common.DataError(f'mqar: data.vocab_size={v} gives {max(v // 2 - 1, 0)} keys [1, V/2), '
-                             f'fewer than data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
+    if n < 1:
+      raise common.DataError(f'mqar: data.num_pairs={n} must be >= 1 (key-value pairs per sequence)')
     if length < 4 * n or length % 2:
       raise common.DataError(f'mqar: data.max_length={length} must be even and >= 4 * num_pairs = '
-                             f'{4 * n} (the pairs, then a query slot pair per key; as Zoology)')
+                             f'{4 * n} (the pairs, then a query slot pair per key; as Zoology); '
+                             f'lower data.num_pairs or raise data.max_length')
+    if v // 2 - 1 < n:
+      raise common.DataError(f'mqar: data.vocab_size={v} gives {max(v // 2 - 1, 0)} keys [1, V/2), '
+                             f'fewer than data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
     if not a > 0:
       raise common.DataError(f'mqar: data.power_a={a} must be > 0 (1.0 = uniform gaps)')
 
@@ -388,12 +391,16 @@ class LegacyMQARTask(_RecallTask):
   def _validate(self, data: Any) -> None:
     v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
     num_keys = (v - 2) // 2
-    if n < 1 or num_keys < n or v - 2 - num_keys < 1:
-      raise common.DataError(f'mqar_legacy: data.vocab_size={v} gives {num_keys} keys, fewer than '
-                             f'data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
+    if n < 1:
+      raise common.DataError(f'mqar_legacy: data.num_pairs={n} must be >= 1 (key-value pairs per '
+                             f'sequence)')
     if length < 4 * n:
       raise common.DataError(f'mqar_legacy: data.max_length={length} must be >= 4 * num_pairs = {4 * n} '
-                             '(the pairs, then every key queried once with its value)')
+                             '(the pairs, then every key queried once with its value); lower '
+                             'data.num_pairs or raise data.max_length')
+    if num_keys < n or v - 2 - num_keys < 1:
+      raise common.DataError(f'mqar_legacy: data.vocab_size={v} gives {num_keys} keys, fewer than '
+                             f'data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
 
   def source(self, data: Any, split: str) -> GeneratedSource:
     self._validate(data)

@@ -493,7 +493,13 @@ class _Run:
     config = self.config
     self.task = task = lra_tasks.get(config.data.task)
     if self.is_lead:
-      task.prepare(config.data)
+      try:
+        task.prepare(config.data)
+      except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
+        line = workdir_lib.unwritable_data(e, str(config.data.data_dir))
+        if line is None:
+          raise
+        raise lra_tasks.DataError(f'{task.name}: {line}') from None
     _sync('prepare_data')
     missing = task.check(config.data)
     if missing:
@@ -538,6 +544,7 @@ class _Run:
     restored = self.checkpoints.restore_latest(ckpt_lib.abstract_like(self.state))
     if restored is not None:
       self.state, meta = restored
+      meta = dict(meta)
       logging.warning('resumed from %s at step %d', self.checkpoints.directory, int(self.state.step))
     else:
       self.refuse_silent_restart()
@@ -557,7 +564,19 @@ class _Run:
                  'data_order': input_pipeline.data_order_segments(meta.get('data_order'), start,
                                                                   restored is not None)}
     self.compiled_memory = meta.get('compiled_memory_bytes')
-    self.committed, self.pending_events = False, []
+    # Events not yet in metrics.jsonl travel in the checkpoint meta (``uncommitted``), with the step
+    # the record was last written at: a stretch resumed before its record was written loses none.
+    held = self.meta.pop('uncommitted', None) or {}
+    self.stretch_from = int(held.get('from_step', start)) if restored is not None else start
+    self.committed = False
+    self.pending_events = [tuple(e) for e in held.get('events', []) if int(e[1]) <= start]
+    # A workdir holding results.json holds a finished run: a stretch that continues it (a config
+    # change, more steps, a re-test) writes its record only when it completes, and never rotates away
+    # the checkpoints and bests that the finished run had (docs/architecture.md, "The run's record").
+    self.provisional = self.previous is not None
+    if self.provisional:
+      self.checkpoints.keep_through(self.stretch_from)
+      self.best.keep_through(self.stretch_from)
     self.val_source = self.task.source(config.data, 'val')
     self.batches = input_pipeline.TrainBatches(self.task.source(config.data, 'train'),
                                                config.batch_size, config.seed)
@@ -569,11 +588,17 @@ class _Run:
     """No checkpoint restores: if some existed (set aside as damaged) or the run had finished, stop
     with one line; with ``start_over`` the earlier best/ is moved aside (never overwritten)."""
     damaged = self.checkpoints.damaged()
-    if not damaged and self.previous is None:
+    # run.json (config.json in older workdirs) is written only once a checkpoint exists (``save``).
+    started = self.record.data is not None
+    if not damaged and self.previous is None and not started:
       return  # a new workdir, or a run that stopped before its first checkpoint
     what = (f"none of its checkpoints restores ({', '.join(damaged)} in "
             f'{self.checkpoints.directory})' if damaged else
-            f'it holds results.json but no checkpoint in {self.checkpoints.directory}')
+            f'it holds results.json but no checkpoint in {self.checkpoints.directory}'
+            if self.previous is not None else
+            f"{'config.json' if self.record.data.get('from') == 'config.json' else 'run.json'} "
+            f'records a run started here, but {self.checkpoints.directory} holds no checkpoint '
+            f'(emptied or removed)')
     if not self.config.get('start_over', False):
       raise workdir_lib.RunError(
           f'workdir {self.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
@@ -591,15 +616,16 @@ class _Run:
 
   def commit(self) -> None:
     """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
-    restored step (the resumed run logs them again) -- once this run has something to keep: its
-    first checkpoint or its results. A run that stops before (divergence, signal, error) leaves the
-    record of the workdir as it was, so the command that made it still runs."""
+    step the record was last written at (the resumed run logs them again) -- once this run has
+    something to keep: its first checkpoint, or (continuing a finished run) its results. A run that
+    stops before (divergence, signal, error) leaves the record of the workdir as it was, so the
+    command that made it still runs."""
     if self.committed:
       return
     self.committed = True
     if self.is_lead:
-      self.record.write(self.config, self.allowed, self.start_step)
-      workdir_lib.truncate_metrics(self.workdir, self.start_step)
+      self.record.write(self.config, self.allowed, self.stretch_from)
+      workdir_lib.truncate_metrics(self.workdir, self.stretch_from)
     self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_lead)
     if self.start_step == 0 or self.allowed:
       self.writer.write_config(self.config)
@@ -749,6 +775,9 @@ class _Run:
         self.check_finite(done, val)
         self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
         self.save(self.best, done)
+      if good_loss(val['loss'], self.meta.get('lowest_val_loss')):
+        lowest = self.meta.get('lowest_val_loss')
+        self.meta['lowest_val_loss'] = val['loss'] if lowest is None else min(lowest, val['loss'])
     if done % c.checkpoint_every == 0 or done == self.num_steps:
       self.save_checkpoint(done, val)
     self.watchdog.arm(f'after step {done}', self.step_limit)
@@ -776,27 +805,40 @@ class _Run:
       self.last_saved = done
 
   def check_finite(self, done: int, val: Optional[dict]) -> None:
-    """A checkpoint is written only from finite parameters whose validation loss is finite (``val``
-    of this step, else one validation batch); otherwise the run stops as diverged at ``done``."""
+    """A checkpoint is written only when it is good (``good_loss``): finite parameters, and a
+    validation loss (``val`` of this step, else one validation batch) that is finite and not orders of
+    magnitude above the lowest the run has seen; otherwise the run stops as diverged at ``done``."""
     if not bool(_all_finite(self.state.params)):
       reason = 'non-finite parameters'
     else:
       if val is None:
         val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
                        max_batches=1, on_batch=self.eval_progress(f'checking step {done}'))
-      if np.isfinite(val['loss']):
+      lowest = self.meta.get('lowest_val_loss')
+      if good_loss(val['loss'], lowest):
         return
-      reason = f"non-finite validation loss {val['loss']}"
+      reason = (f"non-finite validation loss {val['loss']}" if not np.isfinite(val['loss']) else
+                f"validation loss {val['loss']:.4g}, over {DIVERGED_FACTOR:g} x "
+                f'max(1, the lowest so far {lowest:.4g})')
     raise workdir_lib.RunError(
         f'step {done}: {reason}; the run diverged and was stopped, nothing from this step saved; '
-        f'{self.kept()}; lower optim.learning_rate, set optim.grad_clip_norm, or '
-        f"on_nonfinite='skip'", workdir_lib.EXIT_DIVERGED)
+        f'{self.kept()}; {self.advice()}', workdir_lib.EXIT_DIVERGED)
+
+  def advice(self) -> str:
+    """What to change after a divergence (skipping non-finite steps only where it is not already on)."""
+    return ('lower optim.learning_rate or set optim.grad_clip_norm' if self.policy == 'skip' else
+            "lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'")
 
   def kept(self) -> str:
-    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite)."""
+    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite), and
+    a finished run continued here is unchanged (its record is written only when the stretch ends)."""
     last = self.checkpoints.latest_step()
-    return (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
-            else 'no checkpoint had been written')
+    out = (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
+           else 'no checkpoint had been written')
+    if self.provisional:
+      out += (f"; the finished run (results.json, step {self.previous.get('final_step')}) and its "
+              f'record are unchanged')
+    return out
 
   def log(self, done: int, window: dict) -> None:
     n = window['applied']
@@ -818,14 +860,15 @@ class _Run:
     step, where = window['bad_step'], self.kept()
     if self.policy == 'skip':
       raise workdir_lib.RunError(
-          f'step {step}: {window["consecutive"]} non-finite gradients in a row; the run diverged and '
-          f'was stopped, nothing from it saved; {where}; lower optim.learning_rate or set '
-          f'optim.grad_clip_norm', workdir_lib.EXIT_DIVERGED)
+          f'step {step}: {window["consecutive"]} non-finite steps (loss or gradient norm) in a row; the '
+          f'run diverged and was stopped, nothing from it saved; {where}; {self.advice()}',
+          workdir_lib.EXIT_DIVERGED)
+    loss, norm = window['bad_loss'], window['bad_grad_norm']
+    bad = ' and '.join(n for n, v in (('loss', loss), ('gradient norm', norm)) if not np.isfinite(v))
     raise workdir_lib.RunError(
-        f"step {step}: non-finite loss {window['bad_loss']} / gradient norm "
-        f"{window['bad_grad_norm']}; the run diverged and was stopped, nothing from this step saved; "
-        f"{where}; lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'",
-        workdir_lib.EXIT_DIVERGED)
+        f'step {step}: non-finite {bad or "loss or gradient norm"} (loss {loss:.4g}, gradient norm '
+        f'{norm:.4g}); the run diverged and was stopped, nothing from this step saved; {where}; '
+        f'{self.advice()}', workdir_lib.EXIT_DIVERGED)
 
   def eval_progress(self, what: str):
     def on_batch(i):
@@ -840,10 +883,17 @@ class _Run:
             'compiled_memory_bytes': self.compiled_memory}
 
   def save(self, manager, step: int) -> None:
+    """A checkpoint, then (the first time, unless continuing a finished run) the run's record."""
     self.watchdog.disarm()  # a slow disk is not a hang, and a write is never cut short
-    self.commit()
+    meta = self.timed_meta()
+    if not self.committed:
+      meta['uncommitted'] = {'from_step': self.stretch_from, 'events': [
+          [split, int(at), {k: v.item() if hasattr(v, 'item') else v for k, v in values.items()}]
+          for split, at, values in self.pending_events]}
     with self.stop.deferred():
-      manager.save(step, self.state, self.timed_meta())
+      manager.save(step, self.state, meta)
+      if not self.provisional:
+        self.commit()
 
   # ---- the end ------------------------------------------------------------------------------------------
   def test(self) -> dict:
@@ -894,6 +944,17 @@ class _Run:
 
   def finish(self, test: dict) -> RunResults:
     """Writes the test event and results.json; closes the writer and the checkpoint managers."""
+    with workdir_lib.all_or_nothing(self.workdir, enabled=self.provisional and self.is_lead):
+      results = self.write_results(test)
+    self.writer.close()
+    self.checkpoints.close()
+    self.best.close()
+    out = RunResults(results)
+    out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
+                  else 'trained')
+    return out
+
+  def write_results(self, test: dict) -> dict:
     config, meta = self.config, self.meta
     self.commit()
     tested = self.tested_meta or meta
@@ -938,13 +999,19 @@ class _Run:
       results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
       results.update(lm_eval.describe(self.config))   # the test's context scheme (eval_context, stride)
     self.writer.write_results(results)
-    self.writer.close()
-    self.checkpoints.close()
-    self.best.close()
-    out = RunResults(results)
-    out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
-                  else 'trained')
-    return out
+    return results
+
+
+# The rule for a good checkpoint (``_Run.check_finite``): finite parameters and a validation loss that
+# is finite and at most DIVERGED_FACTOR x max(1, the lowest validation loss of the run so far). A run
+# whose loss has blown up by orders of magnitude (1e14 where it was 2) is diverged even while finite;
+# the floor of 1 nat keeps a well-fitted run (lowest 0.01) from being stopped by ordinary overfitting.
+DIVERGED_FACTOR = 1000.0
+
+
+def good_loss(loss: float, lowest: Optional[float]) -> bool:
+  return bool(np.isfinite(loss)) and (lowest is None or
+                                      loss <= DIVERGED_FACTOR * max(1.0, float(lowest)))
 
 
 @jax.jit

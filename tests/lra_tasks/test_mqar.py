@@ -68,6 +68,19 @@ def test_impossible_settings_one_line(kw, task):
   assert '\n' not in str(e.value) and task in str(e.value)
 
 
+@pytest.mark.parametrize('task', ['mqar', 'mqar_legacy'])
+@pytest.mark.parametrize('kw,blamed,not_blamed', [
+    (dict(num_pairs=0), 'num_pairs=0 must be >= 1', 'vocab_size'),
+    (dict(num_pairs=20, max_length=16, vocab_size=20), 'max_length=16', 'vocab_size'),
+    (dict(vocab_size=8, num_pairs=4, max_length=64), 'vocab_size=8', 'max_length'),
+])
+def test_impossible_settings_name_the_field_at_fault(task, kw, blamed, not_blamed):
+  """num_pairs=0 is not a vocabulary problem; too many pairs for the length names the length first."""
+  with pytest.raises(lra_tasks.DataError) as e:
+    lra_tasks.get(task).info(_data(**kw))
+  assert blamed in str(e.value) and not_blamed not in str(e.value), str(e.value)
+
+
 def test_trainer_counts_only_query_positions(tmp_path):
   from configs import mqar as mqar_config
   from kernelformer.training import trainer
