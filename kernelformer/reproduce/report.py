@@ -389,7 +389,8 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
         if c.paper:
           lines.append('| ' + ' | '.join([
               f'`{label}`', t, c.paper.model, f'`{c.paper.source_kernel}`', f'`{c.kind}`',
-              f'{c.paper.cite()}; {c.paper.where}']) + ' |')
+              f'{c.paper.cite()}; {c.paper.where}' +
+              (f'; preset `{c.paper.preset}`' if c.paper.preset else '')]) + ' |')
 
   lines += ['', '## Training speed and compiled memory', '',
             'Mean over finished runs: training steps/s (excluding the compiling first step) and XLA\'s '
