@@ -97,3 +97,27 @@ def test_other_presets_keep_the_earlier_behaviour():
               c.optim.grad_clip_value) == ('best', True, 'nli', 0.0)
       if 'pixel_padding' in c.data:
         assert c.data.pixel_padding == 'none'
+
+
+def test_enwik8_luo_tests_disjoint_windows():
+  from configs import enwik8  # pylint: disable=g-import-not-at-top
+  # Luo et al. §4.2: 512 tokens in training and evaluation, no context from earlier batches.
+  assert enwik8.get_config('luo').data.eval_context == 'disjoint'
+  assert enwik8.get_config('luo').data.max_length == 512
+
+
+def test_workdirs_recorded_before_the_options_resume_unless_a_preset_changed_them():
+  from kernelformer.training import fingerprint  # pylint: disable=g-import-not-at-top
+  new_fields = ('data.pixel_padding', 'model.qkv_bias', 'model.retrieval_head',
+                'optim.grad_clip_value', 'eval.test_checkpoint')
+  for module, preset in ((image, 'quick'), (retrieval, 'quick'), (listops, 'kernel_learning')):
+    fields = fingerprint.config_fields(module.get_config(preset))
+    old = {k: v for k, v in fields.items() if k not in new_fields}
+    assert fingerprint.differences(old, fields) == [], (module.__name__, preset)
+  fields = fingerprint.config_fields(retrieval.get_config('lra'))
+  old = {k: v for k, v in fields.items() if k not in new_fields}
+  # A Retrieval lra workdir of before (its eval_every was recorded as 100 here to isolate the new
+  # fields): resuming it with today's preset names exactly the changed options.
+  diffs = fingerprint.differences({**old, 'eval_every': 100}, fields)
+  assert diffs == ['eval.test_checkpoint: best -> final', 'model.qkv_bias: True -> False',
+                   'model.retrieval_head: nli -> lra']
