@@ -54,8 +54,10 @@ PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'
 LRA_BASE_COMMIT = 'a2e5057545f67ef55bc02360a9afd7418bbd0d39'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/cifar10/transformer_base.py over '
-           f'base_cifar10_config.py @ {LRA_BASE_COMMIT[:7]}',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/cifar10/transformer_base.py lines 24-29 over '
+           f'base_cifar10_config.py @ {LRA_BASE_COMMIT[:7]}; raw pixels, inputs > 0 mask: '
+           'image/input_pipeline.py 72 @ ad0ff01, transformer.py 148 @ b4f9fed; no attention bias: '
+           'transformer.py 71; final weights tested: image/train.py 391-400 @ b4f9fed',
     'kernel_learning': 'Learning the Transformer Kernel, tables 4 (Image) and 5 (GMM-RKS M)',
     'skyformer': f'Skyformer code @ {common.SKYFORMER_COMMIT}: src/config.py 207-239 (image), src/main.py',
     'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',

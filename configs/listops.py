@@ -49,7 +49,9 @@ PRESETS = ('lra', 'lra_paper', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = '8d3dc39bdc57d59ba806451d6c9ab2625c4b3103'
 LRA_PAPER_COMMIT = 'ad0ff01a5b3492ade621553a1caae383b347e0c1'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: listops/configs/base_listops_config.py (its last version)',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: listops/configs/base_listops_config.py lines 22-49 (its last '
+           'version); no attention bias: models/transformer/transformer.py 71 @ b4f9fed; final weights '
+           'tested: listops/train.py 207-211, 249-254 @ fd1763a',
     'lra_paper': f'LRA paper (Tay et al. 2021) ListOps setup = base_listops_config.py @ '
                  f'{LRA_PAPER_COMMIT[:7]} (before 8d3dc39; the file when the README table was added)',
     'kernel_learning': 'Learning the Transformer Kernel, tables 4 (ListOps) and 5 (GMM-RKS M)',

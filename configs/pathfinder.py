@@ -63,8 +63,10 @@ PRESETS = ('lra', 'lra_pre_ee6649e', 'kernel_learning', 'skyformer', 'quick', 't
 LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'
 LRA_PREVIOUS_COMMIT = 'ad0ff01a5b3492ade621553a1caae383b347e0c1'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/pathfinder32/transformer_base.py over '
-           f'base_pathfinder32_config.py @ {LRA_PREVIOUS_COMMIT[:7]}',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/pathfinder32/transformer_base.py lines 24-29 over '
+           f'base_pathfinder32_config.py @ {LRA_PREVIOUS_COMMIT[:7]}; raw pixels, inputs > 0 mask: '
+           'image/input_pipeline.py 186, 205 @ ad0ff01, transformer.py 148 @ b4f9fed; no attention bias: '
+           'transformer.py 71; final weights tested: image/train.py 391-400 @ b4f9fed',
     'lra_pre_ee6649e': f'LRA repo @ {LRA_PREVIOUS_COMMIT[:7]}: pathfinder32/transformer_base.py before '
                        f'{LRA_COMMIT[:7]} (kept: LRA issue #37)',
     'kernel_learning': 'the lra preset with Learning the Transformer Kernel\'s GMM-RKS, M = 128 '

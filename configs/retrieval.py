@@ -43,8 +43,10 @@ from kernelformer.configs import common
 PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = 'a2e5057545f67ef55bc02360a9afd7418bbd0d39'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: matching/configs/base_match_config.py (settings of 4954d9f); '
-           'head: models/layers/common_layers.py 236-241 @ b4f9fed',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: matching/configs/base_match_config.py lines 23-50 (settings of '
+           '4954d9f; eval_frequency 100: line 24); head: models/layers/common_layers.py 236-241 @ b4f9fed; '
+           'no attention bias: transformer.py 71 @ b4f9fed; final weights tested: matching/train.py '
+           '310-319 @ fd1763a',
     'kernel_learning': 'Learning the Transformer Kernel, tables 4 (Retrieval) and 5 (GMM-RKS M)',
     'skyformer': f'Skyformer code @ {common.SKYFORMER_COMMIT}: src/config.py 104-154 (retrieval), src/main.py',
     'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',

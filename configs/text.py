@@ -47,7 +47,9 @@ from kernelformer.configs import common
 PRESETS = ('lra', 'lra_paper', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = 'a2e5057545f67ef55bc02360a9afd7418bbd0d39'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: text_classification/configs/base_tc_config.py (settings of 4954d9f)',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: text_classification/configs/base_tc_config.py lines 23-49 '
+           '(settings of 4954d9f; eval_frequency 100: line 24); no attention bias: transformer.py 71 @ '
+           'b4f9fed; final weights tested: text_classification/train.py 204-206, 248-253 @ fd1763a',
     'lra_paper': 'LRA paper (Tay et al. 2021) Text setup, as quoted in LRA issue #21; the rest '
                  'base_tc_config.py',
     'kernel_learning': 'Learning the Transformer Kernel, tables 4 (Text) and 5 (GMM-RKS M)',

@@ -2,7 +2,7 @@
 
 Expected values, transcribed from the sources (not from the configs):
 * LRA (google-research/long-range-arena): the base configs' model, schedule and eval_frequency
-  (listops base_listops_config.py @ 8d3dc39 lines 23-49, @ 211e07d lines 24-51 for lra_paper;
+  (listops base_listops_config.py @ 8d3dc39 lines 22-49, @ 211e07d lines 24-51 for lra_paper;
   text_classification/ and matching/ base configs line 24: eval_frequency 100); every train.py tests the
   final weights; transformer.py 71 @ b4f9fed: no attention bias; image/input_pipeline.py 72, 186, 205:
   raw pixels, ``inputs > 0`` mask; common_layers.py 236-241: the [u, v] dual head; flax optim.Adam
