@@ -82,6 +82,21 @@ def test_final_tests_the_last_steps_weights(tmp_path):
   on_disk = json.loads((workdir / 'results.json').read_text())
   assert on_disk['tested_checkpoint'] == out['tested_checkpoint']
   assert on_disk['config']['eval']['test_checkpoint'] == 'final'
+  # A best/ holding earlier weights is ignored under 'final' (and tested under 'best').
+  earlier = [s for s in numbered(workdir / 'checkpoints') if s < last][-1]
+  other = tmp_path / 'other'
+  shutil.copytree(ref_dir, other)
+  shutil.rmtree(other / 'best')
+  os.makedirs(other / 'best')
+  shutil.copytree(workdir / 'checkpoints' / str(earlier), other / 'best' / str(earlier))
+  final_again = helpers.tiny_config(tmp_path / 'data', eval_every=2, reevaluate=True,
+                                    allow_config_change=True, **{'eval.test_checkpoint': 'final'})
+  out2 = trainer.train_and_evaluate(final_again, str(other))
+  assert out2['tested_checkpoint'] == {'which': 'final', 'step': last, 'rule': 'final'}
+  assert (out2['test_loss'], out2['test_accuracy']) == (out['test_loss'], out['test_accuracy'])
+  best_again = trainer.train_and_evaluate(again, str(other))
+  assert best_again['tested_checkpoint'] == {'which': 'best', 'step': earlier, 'rule': 'best'}
+  assert best_again['test_loss'] != out['test_loss']
 
 
 def test_best_after_keeps_only_validations_after_the_fraction(tmp_path):
