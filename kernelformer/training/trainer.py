@@ -39,6 +39,7 @@ from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
 from kernelformer.training import metrics as metrics_lib
 from kernelformer.training import optim as optim_lib
+from kernelformer.training import selection
 from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
@@ -69,8 +70,10 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
   if attention.get('max_length') is None and 'max_length' in attention:
     attention['max_length'] = info.max_length + (1 if m.pooling == 'cls' else 0)
   encoder = dict(fields, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
-                 remat=m.get('remat', 'none'), scan_layers=bool(m.get('scan_layers', False)))
-  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
+                 remat=m.get('remat', 'none'), scan_layers=bool(m.get('scan_layers', False)),
+                 qkv_bias=bool(m.get('qkv_bias', True)))
+  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual,
+                    retrieval_head=m.get('retrieval_head', 'nli'))
 
 
 def is_language_model(info) -> bool:
@@ -985,10 +988,15 @@ class Loop:
     val = None
     if done % c.eval_every == 0 or done == num_steps:
       val = self.validate(done, state)
-      if val['accuracy'] > meta.best_val_accuracy:
+      update, keep = selection.on_validation(
+          selection.rule_of(c), val['accuracy'], done, num_steps,
+          {'best_val_accuracy': meta.best_val_accuracy, 'best_step': meta.best_step})
+      if update:
         self.check_finite(done, state, val)
-        meta.best_val_accuracy, meta.best_step = val['accuracy'], done
-        self.save(self.setup.best, done, state)
+        meta.best_val_accuracy = update['best_val_accuracy']
+        meta.best_step = update.get('best_step', meta.best_step)
+        if keep:
+          self.save(self.setup.best, done, state)
       if good_loss(val['loss'], meta.lowest_val_loss):
         lowest = meta.lowest_val_loss
         meta.lowest_val_loss = val['loss'] if lowest is None else min(lowest, val['loss'])
@@ -1092,7 +1100,8 @@ def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tup
 @dataclasses.dataclass(frozen=True)
 class Tested:
   """The test of the run: its loss, accuracy and examples, which checkpoint was tested
-  (``{'which': 'best' | 'final', 'step'}``) and that checkpoint's meta (None: the final state's)."""
+  (``{'which': 'best' | 'final', 'step', 'rule': eval.test_checkpoint}``) and that checkpoint's meta
+  (None: the final state's)."""
   result: dict
   checkpoint: dict
   meta: Optional[dict]
@@ -1106,8 +1115,9 @@ def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Te
   the best step's name.
   """
   best, tested_meta = setup.best, None
-  checkpoint = {'which': 'final', 'step': int(state.step)}
-  if best.all_steps() or best.damaged():
+  rule = selection.rule_of(setup.config)   # eval.test_checkpoint
+  checkpoint = {'which': 'final', 'step': int(state.step), 'rule': rule}
+  if selection.tests_best(rule) and (best.all_steps() or best.damaged()):
     restored = best.restore_latest(ckpt_lib.abstract_like(state))
     if restored is None:
       raise workdir_lib.RunError(
@@ -1115,7 +1125,7 @@ def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Te
           f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
           f'train again in a new --workdir')
     state, tested_meta = restored
-    checkpoint = {'which': 'best', 'step': int(best.latest_step())}
+    checkpoint = {'which': 'best', 'step': int(best.latest_step()), 'rule': rule}
     if checkpoint['step'] != meta.best_step:
       workdir_lib.say(f"testing best/{checkpoint['step']} (validation accuracy "
                       f"{tested_meta.get('best_val_accuracy')}): the newest best/ that "
@@ -1174,7 +1184,7 @@ def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journa
       'test_accuracy': test_result['accuracy'],
       'test_loss': test_result['loss'],
       'test_examples': test_result['examples'],
-      'tested_checkpoint': tested.checkpoint,   # {'which': 'best' | 'final', 'step': ...}
+      'tested_checkpoint': tested.checkpoint,   # {'which': 'best' | 'final', 'step', 'rule'}
       'best_val_accuracy': selected['best_val_accuracy'],
       'best_step': selected['best_step'],
       'selected_on': (f"validation accuracy every {config.eval_every} steps over "
