@@ -75,27 +75,31 @@ def test_a_returned_run_leaves_no_thread_and_no_live_run(tmp_path, monkeypatch):
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
   from kernelformer.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from tests.training import helpers  # pylint: disable=g-import-not-at-top
-  runs = []
-  init = trainer._Run.__init__
+  runs = []   # weak references to the run's Setup (model, steps, managers) and Loop (executable, window)
 
-  def tracked(self, *args, **kwargs):
-    runs.append(weakref.ref(self))
-    init(self, *args, **kwargs)
+  def tracking(init):
+    def tracked(self, *args, **kwargs):
+      runs.append(weakref.ref(self))
+      init(self, *args, **kwargs)
+    return tracked
 
-  monkeypatch.setattr(trainer._Run, '__init__', tracked)
+  for cls in (trainer.Setup, trainer.Loop):
+    monkeypatch.setattr(cls, '__init__', tracking(cls.__init__))
   c = helpers.tiny_config(tmp_path / 'data', watchdog_step_s=60.0, watchdog_compile_s=600.0)
   gc.disable()
   try:
     trainer.train_and_evaluate(c, str(tmp_path / 'run'))
-    finished_alive = runs[-1]() is not None
+    finished_alive = [type(r()).__name__ for r in runs if r() is not None]
+    assert len(runs) == 2
     diverged = helpers.tiny_config(tmp_path / 'data', watchdog_step_s=60.0,
                                    **{'optim.learning_rate': 1e30})
     with pytest.raises(workdir_lib.RunError):
       trainer.train_and_evaluate(diverged, str(tmp_path / 'diverged'))
-    stopped_alive = runs[-1]() is not None
+    stopped_alive = [type(r()).__name__ for r in runs[2:] if r() is not None]
+    assert len(runs) == 4
   finally:
     gc.enable()
-  assert not finished_alive and not stopped_alive
+  assert not finished_alive and not stopped_alive, (finished_alive, stopped_alive)
   assert not [t for t in threading.enumerate()
               if t.name in ('kernelformer-watchdog', 'kernelformer-input')]
 
