@@ -45,10 +45,10 @@ from kernelformer import plugins, registry
 plugins.load(sys.argv[1]); plugins.load(sys.argv[1])   # idempotent: a second load registers nothing
 names = set(registry.list_kernels())
 assert {'myprf-orf', 'myprf-antithetic', 'posrf-antithetic', 'trigrf-antithetic'} <= names
-from kernelformer.features import components, weights
+from kernelformer.features import catalog, weights
 # Every grid component (built-in, grelu, the plugin's) with every sampler (fixed, the plugin's); the
 # grid's components are those with an i.i.d. kernel (not e.g. posrf_lra, one paper's fixed setting).
-grid = [c for c in components.COMPONENTS if components.uses_projection(c) and f'{c}-iid' in names]
+grid = [r.name for r in catalog.records() if r.uses_projection and f'{r.name}-iid' in names]
 assert {'trigrf', 'rks', 'posrf', 'hyperbolic', 'oprf', 'saderf', 'grelu', 'myprf'} <= set(grid), grid
 for c in grid:
   for s in weights.SAMPLERS:
@@ -86,11 +86,11 @@ def doc_commands() -> str:
 
 COMPONENT_ONLY = '''
 import jax.numpy as jnp
-from kernelformer import registry
+from kernelformer import plugins
 from kernelformer.features.projection import project
 
 
-@registry.register_component('absrf', target_kernel='none', parts=1)
+@plugins.register_component('absrf', target_kernel='none', parts=1)
 def absrf(q, k, proj, *, mask=None, stabilize=True):
   fk = jnp.abs(project(k, proj))
   if mask is not None:
@@ -100,11 +100,11 @@ def absrf(q, k, proj, *, mask=None, stabilize=True):
 
 SAMPLER_ONLY = '''
 import jax
-from kernelformer import registry
+from kernelformer import plugins
 from kernelformer.features.projection import Projection
 
 
-@registry.register_sampler('halfnormal')
+@plugins.register_sampler('halfnormal')
 def halfnormal(key, num_features, dim):
   return Projection(matrix=jax.random.normal(key, (num_features, dim)))
 '''
@@ -114,9 +114,9 @@ import sys
 from kernelformer import plugins, registry
 plugins.load(sys.argv[1]); plugins.load(sys.argv[2])   # the component first, then the sampler
 assert registry.get('absrf-halfnormal').fixed == {'component': 'absrf', 'weights': 'halfnormal'}
-assert registry.sources('absrf-halfnormal') == [sys.argv[1], sys.argv[2]], registry.sources('absrf-halfnormal')
-assert registry.sources('absrf-orf') == [sys.argv[1]] and registry.sources('grelu-halfnormal') == [sys.argv[2]]
-assert registry.sources('posrf-orf') == []
+assert plugins.sources('absrf-halfnormal') == [sys.argv[1], sys.argv[2]], plugins.sources('absrf-halfnormal')
+assert plugins.sources('absrf-orf') == [sys.argv[1]] and plugins.sources('grelu-halfnormal') == [sys.argv[2]]
+assert plugins.sources('posrf-orf') == []
 print('ok')
 '''
 

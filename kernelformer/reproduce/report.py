@@ -163,7 +163,7 @@ def canonical_kind(kind: str) -> str:
   return fp.canonical_kind(kind)
 
 
-def _read_json(path: str) -> Optional[Any]:
+def read_json(path: str) -> Optional[Any]:
   try:
     with open(path, encoding='utf-8') as f:
       return json.load(f)
@@ -173,7 +173,7 @@ def _read_json(path: str) -> Optional[Any]:
 
 def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
   """The sweep's metadata and every run: planned ones (sweep.json) and any finished one found."""
-  meta = _read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
+  meta = read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
   records: dict[str, RunRecord] = {}
   for e in meta.get('runs', []):
     records[e['workdir']] = RunRecord(e['workdir'], e.get('label') or e.get('kind', ''),
@@ -185,10 +185,10 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
       continue
     dirs[:] = []  # a run directory holds no other runs
     rel = os.path.relpath(root, sweep_dir).replace(os.sep, '/')
-    results = _read_json(os.path.join(root, sweeps.RESULTS_FILE))
+    results = read_json(os.path.join(root, sweeps.RESULTS_FILE))
     if results is None:
       continue
-    point = _read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
+    point = read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
     rec = records.get(rel)
     if rec is None:
       kind = canonical_kind(point.get('kind') or results.get('attention', ''))
