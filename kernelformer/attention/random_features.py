@@ -100,6 +100,14 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   extra = {} if causal_chunk is None else {'causal_chunk': causal_chunk}
   if record.positional:
     extra['positions'] = positions
+  if record.whole_tensor:
+    # One call with every head in the leading axes ([B, H, L, d]): its statistic spans all of them.
+    if not heads_share_proj or causal_chunk is not None or unit_keys:
+      raise ValueError(f'component {component!r} takes statistics over every head: it needs '
+                       'share_heads=True and has no causal form')
+    key_mask = None if mask is None else jnp.asarray(mask, bool)[:, None, :]
+    out = fn(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), proj, mask=key_mask, stabilize=True, **extra)
+    return tuple(jnp.swapaxes(o, 1, 2) for o in out)
 
   def one_head(qh, kh, p):
     if unit_keys:
@@ -558,9 +566,10 @@ def _own_kind_spec(rec: FeatureMap, name: str = '') -> AttentionSpec:
   if rec.sampler:
     return _spec(name or rec.kind, rec.name, rec.sampler,
                  paper=f'{rec.paper}; W: {_SAMPLER_INFO[rec.sampler][0]}',
-                 approximates=rec.kernel_text, complexity=_CPLX_RF)
+                 approximates=rec.kernel_text, complexity=_CPLX_RF, extra_fixed=dict(rec.kind_options))
   return _spec(name or rec.kind, rec.name, 'map' if rec.uses_projection else 'none', paper=rec.paper,
-               approximates=rec.kernel_text, complexity=_CPLX_ELU, learnable=rec.learnable or '-')
+               approximates=rec.kernel_text, complexity=_CPLX_ELU, learnable=rec.learnable or '-',
+               extra_fixed=dict(rec.kind_options))
 
 
 SPECS = tuple(_builtin_specs())

@@ -54,7 +54,7 @@ def feature_map_line(component: str) -> str:
   causal = (f'no causal form ({r.non_causal})' if r.non_causal
             else 'causal: no decoder (whole-sequence statistics)' if r.sequence_statistics
             else 'causal: running key shift' if r.causal_shift else 'causal: yes')
-  traits = ['positive' if r.positive else 'signed', width, causal]
+  traits = ['positive' if r.positive else 'may be 0 or negative', width, causal]
   if r.positional:
     traits.append('positional')
   if r.pallas_feature:

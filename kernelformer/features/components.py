@@ -319,6 +319,58 @@ def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = N
   return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
 
 
+# ``softmax_kernel``'s ``eps`` default in Skyformer's Performer (src/models/performer.py line 50), added to
+# every feature after the exp.
+SKYFORMER_FAVOR_EPSILON = 1e-4
+
+
+def performer_skyformer(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+                        stabilize: bool = True) -> tuple[Array, Array]:
+  """Skyformer's Performer features, as pkuzengqi/Skyformer computes them (exp(q.k/d) by FAVOR+).
+
+  pkuzengqi/Skyformer @ 1a677cb (files unchanged since cfe8c8c): ``PerformerAttention``
+  (src/models/attention_performer.py lines 9-25) builds ``FastAttention(dim_heads=d,
+  nb_features=rp_dim, kernel_fn=torch.exp)`` (rp_dim = 128 in every task of src/config.py) and calls it
+  on ``Q / d^(1/4)``, ``K / d^(1/4) * mask``, ``V * mask``; ``FastAttention`` (src/models/performer.py
+  lines 174-227) draws its ORF matrix once in ``__init__`` (``gaussian_orthogonal_random_matrix``,
+  scaling 0: Gaussian row norms; registered as a buffer, never redrawn by this model) and maps q and k
+  with ``softmax_kernel`` (lines 50-75), whose ``normalize_data=True`` scales by d^-1/4 *again*:
+
+  * ``x' = x / sqrt(d)`` (two d^-1/4 factors), ``data_dash = omega_r . x'``, ``diag = |x'|^2 / 2``,
+    ``ratio = M^-1/2``;
+  * queries: ``ratio * (exp(data_dash - diag - max_r data_dash) + 1e-4)``, the max over the features of
+    the same row (lines 67-70);
+  * keys: ``ratio * (exp(data_dash - diag - max data_dash) + 1e-4)`` with ONE max over the whole tensor
+    ``[B, H, S, M]`` -- every example, head, key and feature (``torch.max(data_dash)``, line 73).
+
+  So ``phi(q).phi(k)`` estimates ``exp(q.k / d)`` (softmax at temperature d, not sqrt(d)) up to the
+  shifts and the floor of ``1e-4 / sqrt(M)``; the key max couples the examples of a batch. This function
+  applies the ``1/sqrt(d)`` itself (the attention module applies no scale: ``target_kernel`` 'none').
+  Called with ``[B, H, S, d]`` inputs (the record's ``whole_tensor``), the key max spans all heads as
+  in Skyformer. The maxima are not under ``stop_gradient`` (as in Skyformer). Deliberate differences:
+  padded keys (``mask`` False) get zero features and are left out of the key max (Skyformer zeroes
+  their K, so each still adds ``ratio * (exp(-max) + 1e-4)`` per feature to every normalizer, and its
+  ``data_dash = 0`` enters the max); ``stabilize=False`` drops both maxima.
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = compute_dtype(q)
+  s = q.shape[-1] ** -0.5
+  q, k = q.astype(dt) * s, k.astype(dt) * s
+  mask = key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  if stabilize:
+    shift_q = jnp.max(pq, axis=-1, keepdims=True)
+    pk_valid = pk if mask is None else jnp.where(mask[..., None], pk, -jnp.inf)
+    shift_k = jnp.max(pk_valid)
+    shift_k = jnp.where(jnp.isfinite(shift_k), shift_k, 0.0)     # every key padded: features are 0
+  else:
+    shift_q = shift_k = 0.0
+  sq, sk = _side_scales(proj, 1, dt)
+  phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + SKYFORMER_FAVOR_EPSILON) * sq
+  phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + SKYFORMER_FAVOR_EPSILON) * sk
+  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
+
+
 def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
                stabilize: bool = True, causal_chunk: Optional[int] = None,
                shift_init: Optional[Array] = None) -> tuple[Array, ...]:
@@ -669,4 +721,14 @@ FEATURE_MAPS = (
                       'nonnegative_softmax_kernel_feature_creator'),
                non_causal="LRA's key features are shifted by one maximum over all keys and the +1e-6 "
                           'added after the shift does not cancel, so later keys change earlier rows'),
+    FeatureMap('performer_skyformer', performer_skyformer, 'none', parts=1, positive=True,
+               shifted_normalizer=True, whole_tensor=True, kind='performer-skyformer', sampler='orf',
+               kind_options=(('num_features', 128), ('redraw_every', 0), ('share_heads', True)),
+               paper=("Skyformer's Performer (Chen et al. 2021 baseline): pkuzengqi/Skyformer @ 1a677cb "
+                      'src/models/attention_performer.py 9-25, src/models/performer.py 50-75, 174-227 '
+                      '(rp_dim 128, src/config.py); W drawn once'),
+               approximates=('softmax exp(q.k/d) (d^-1/4 applied twice) by FAVOR+, M = 128, one key max '
+                             'over the whole batch tensor and a +1e-4 floor'),
+               non_causal=('its key features are shifted by one maximum over every key of the batch and the '
+                           '+1e-4 added after the shift does not cancel, so later keys change earlier rows')),
 )

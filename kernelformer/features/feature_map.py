@@ -49,9 +49,14 @@ class FeatureMap:
       decoder refuses it (earlier positions would see later tokens).
     feature_dim: ``f(head_dim, num_features, map_dim) -> M'`` where M' is not ``parts * M`` or d.
     pallas_feature: the fused Pallas kernel's feature name ('exp', 'trig', 'elu', 'relu') or ''.
+    whole_tensor: ``fn`` takes a statistic over the whole ``[B, H, ...]`` tensor (Skyformer's Performer:
+      one key maximum over every example, head, key and feature), so the attention calls it once with
+      every head in the leading axes (W shared by the heads), never a head at a time.
     grid: paired with every weight sampler as ``<name>-<sampler>`` (plus learnable FastFood).
     kind: the registry kind of a map registered on its own ('' = none of its own).
     sampler: with ``kind``: the fixed sampler drawing its W ('' = no random W).
+    kind_options: with ``kind``: attention options the kind fixes, as ``(name, value)`` pairs (e.g.
+      ``('redraw_every', 0)`` for a W drawn once, as the public code it follows).
     parameters: ``f(module, head_dim, num_heads, *, num_features, map_dim) -> tuple | None``, the
       learned parameters the attention module creates for the map (weights 'map').
     map_dim: the map's width follows the ``map_dim`` option.
@@ -75,9 +80,11 @@ class FeatureMap:
   sequence_statistics: bool = False
   feature_dim: Optional[Callable[..., int]] = None
   pallas_feature: str = ''
+  whole_tensor: bool = False
   grid: bool = False
   kind: str = ''
   sampler: str = ''
+  kind_options: tuple[tuple[str, Any], ...] = ()
   parameters: Optional[Callable[..., Any]] = None
   map_dim: bool = False
   learnable: str = ''

@@ -71,7 +71,7 @@ import numpy as np
 
 from kernelformer.features.components import compute_dtype, key_mask, zero_masked
 from kernelformer.features.feature_map import FeatureMap
-from kernelformer.features.projection import Projection, project
+from kernelformer.features.projection import Projection, dense_matrix, project
 
 Array = jax.Array
 
@@ -243,6 +243,34 @@ def polysketch_learned_features(x: Array, gamma: Array, beta: Array, w1: Array, 
   return self_tensor(s)
 
 
+def performer_zoology_features(x: Array, w: Array) -> Array:
+  """``exp(-|x'|^2/2) exp(W' x') / sqrt(M)``, ``x' = x / d^(1/4)``, W' = W's rows set to norm sqrt(d/M)."""
+  d, m = x.shape[-1], w.shape[0]
+  unit = w * jax.lax.rsqrt(jnp.sum(w * w, axis=-1, keepdims=True))
+  xs = x * d ** -0.25
+  z = jnp.einsum('...d,md->...m', xs, unit * math.sqrt(d / m))
+  return jnp.exp(z - 0.5 * jnp.sum(xs * xs, axis=-1, keepdims=True)) * m ** -0.5
+
+
+def performer_zoology(q, k, proj, *, mask=None, stabilize=True):
+  """Zoology's Performer feature map, as HazyResearch/zoology computes it.
+
+  ``PerformerFeatureMap`` (zoology/mixers/feature_maps/performer.py @ d88d6f5, unchanged since
+  b603008; lines 74-141): W is drawn once in ``__init__`` (a buffer of ``expanded_dim`` = 256 rows,
+  lines 80-93) by ``orthogonal_gaussian``: blocks of d orthonormal rows (QR of a Gaussian, lines
+  125-135), then ``matrix /= np.sqrt(num_squares + remainder / d)`` (line 138), i.e. every row has norm
+  ``sqrt(d/M)`` (0.5 at d = 64, M = 256); the scaling to Gaussian norms, ``np.diag(np.sqrt(d) ...)``,
+  is commented out (line 139). ``forward`` maps ``x / d^(1/4)`` (line 101) to
+  ``h(x) / sqrt(M) * exp(x W^T)`` with ``h(x) = exp(-|x|^2/2)`` (lines 103-117). With rows that short
+  the map is not FAVOR+'s estimate of exp(q.k/sqrt(d)) (that needs omega ~ N(0, I)): it defines its own
+  kernel. Here W comes from the ORF sampler (orthogonal blocks of d rows) and its rows are rescaled to
+  norm sqrt(d/M), which is Zoology's matrix in distribution. Bounded above by ``exp(d/(2M))/sqrt(M)``
+  (``omega.x - |x|^2/2 <= |omega|^2/2``), so, as in Zoology, nothing is shifted (``stabilize`` unused).
+  """
+  del stabilize
+  return _apply(lambda x: performer_zoology_features(x, dense_matrix(proj).astype(x.dtype)), q, k, mask)
+
+
 def polysketch(q, k, proj, *, mask=None, stabilize=True):
   del stabilize
   return _apply(lambda x: polysketch_features(x, proj), q, k, mask)
@@ -401,6 +429,14 @@ FEATURE_MAPS = (
          map_dim=True, learnable='map_gamma, map_beta [H, d], map_w, map_w2 [H, r, d]'),
     *(_own(name.replace('_', '-'), _elementwise(f), f'elementwise feature map {text}',
            "its own kernel, M' = d", lambda d, m, r: d) for name, (f, text) in ELEMENTWISE.items()),
+    # Zoology's Performer: ORF directions, rows of norm sqrt(d/M), drawn once, shared by the heads.
+    FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, row_wise=True, kind='performer-zoology',
+               sampler='orf', kind_options=(('num_features', 256), ('redraw_every', 0), ('share_heads', True)),
+               paper=("Zoology's PerformerFeatureMap (Based's figure 3): HazyResearch/zoology @ d88d6f5 "
+                      'zoology/mixers/feature_maps/performer.py 74-141 (rows scaled to norm sqrt(d/M), '
+                      'line 138; expanded_dim 256); W drawn once'),
+               approximates=("its own kernel exp(-|q'|^2/2 - |k'|^2/2) mean_r exp(w_r.(q'+k')), "
+                             "x' = x/d^(1/4), |w_r| = sqrt(d/M) (0.5 at d = 64, M = 256)")),
     # A random W drawn by a sampler (iid): registered as the kind ``polysketch`` with that sampler.
     FeatureMap('polysketch', polysketch, 'none', parts=1, row_wise=True, kind='polysketch', sampler='iid',
                feature_dim=_width(_polysketch_width),
