@@ -69,7 +69,8 @@ from kernelformer.attention import linear as linear_lib
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.attention import softmax as softmax_lib
 from kernelformer.features import catalog
-from kernelformer.layers import DTYPES, RelativePositionBias, attention_options, pre_ln_residuals, qkv_projections
+from kernelformer.layers import (DTYPES, RelativePositionBias, attention_options, pre_ln_residuals,
+                                 qkv_projections)
 
 Array = Any
 

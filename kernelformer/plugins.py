@@ -2,7 +2,8 @@
 
 A plugin is an ordinary module that registers feature maps, samplers or mechanisms at import with this
 module's ``register_feature_map`` (a ``FeatureMap`` record), ``register_component`` (the same, as a
-decorator), ``register_sampler`` and ``register_mechanism``; see docs/extending.md. ``plugin`` is a comma-separated list; each entry is
+decorator), ``register_sampler`` and ``register_mechanism``; see docs/extending.md. ``plugin`` is a
+comma-separated list; each entry is
 
 * a path to a ``.py`` file (absolute, or relative to the current directory), imported under a name
   derived from its absolute path, or

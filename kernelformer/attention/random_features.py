@@ -272,7 +272,8 @@ class RandomFeatureAttention(nn.Module):
     # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
     # Causal exp-maps: the same, features formed inside one scan over chunks that also carries the
     # running key max and the [M', Dv] state (``linear.causal_exp_feature_attention``).
-    # Row-wise maps (``row_wise`` records: Taylor, Hedgehog, T2R, DPFP, ReBased, the elementwise maps, elu, relu,
+    # Row-wise maps (``row_wise`` records: Taylor, Hedgehog, T2R, DPFP, ReBased, the elementwise maps,
+    # elu, relu,
     # rks, grelu): the same two paths without a stabilizer (``linear.feature_attention``,
     # ``linear.causal_feature_attention``), so Taylor's 1 + d + d^2 features exist one chunk at a time.
     form = None if STORED_FEATURES_ONLY else record.log_space

@@ -2,7 +2,8 @@
 
 Each map is a component in the sense of ``components.py`` (``phi_q, phi_k = fn(q, k, params, mask=...,
 stabilize=...)``, one head at a time, features in at least float32, padded keys zeroed) with its
-record (``FEATURE_MAPS``) and a registered kind of its own (``attention/random_features.py``), so it works wherever a kernel does: bidirectional and
+record (``FEATURE_MAPS``) and a registered kind of its own (``attention/random_features.py``), so it
+works wherever a kernel does: bidirectional and
 causal-chunked linear attention, the decoder's recurrent state, masks, bfloat16, the benchmarks. None of
 them estimates another kernel (``target_kernel`` 'none'): the map *is* the kernel, and the attention
 module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)``:
@@ -50,6 +51,8 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   W1, W2 ``[r, d]`` per head (r = ``map_dim`` or d), then the self-tensor. The self-tensor is stored as
   its upper triangle with off-diagonal entries times sqrt(2), M' = r(r+1)/2, so ``phi.phi' = (s.s')^2``
   exactly (fla keeps the triangle without the sqrt(2), which gives ``((s.s')^2 + sum_i s_i^2 s_i'^2)/2``).
+* ``performer-zoology`` -- Zoology's Performer feature map as Zoology computes it (``performer_zoology``):
+  FAVOR+'s form with projection rows of norm sqrt(d/M), drawn once; its own kernel.
 * elementwise maps (Zoology, flash-linear-attention's feature maps): ``identity`` x, ``square`` x^2,
   ``squared-relu`` relu(x)^2, ``gelu`` gelu(x) (exact, erf), ``swish`` x sigmoid(x), ``sigmoid``
   sigmoid(x); M' = d. (``linear-elu`` is PosELU, elu(x)+1, and ``relu`` exists already.)
@@ -430,8 +433,9 @@ FEATURE_MAPS = (
     *(_own(name.replace('_', '-'), _elementwise(f), f'elementwise feature map {text}',
            "its own kernel, M' = d", lambda d, m, r: d) for name, (f, text) in ELEMENTWISE.items()),
     # Zoology's Performer: ORF directions, rows of norm sqrt(d/M), drawn once, shared by the heads.
-    FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, row_wise=True, kind='performer-zoology',
-               sampler='orf', kind_options=(('num_features', 256), ('redraw_every', 0), ('share_heads', True)),
+    FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, row_wise=True,
+               kind='performer-zoology', sampler='orf',
+               kind_options=(('num_features', 256), ('redraw_every', 0), ('share_heads', True)),
                paper=("Zoology's PerformerFeatureMap (Based's figure 3): HazyResearch/zoology @ d88d6f5 "
                       'zoology/mixers/feature_maps/performer.py 74-141 (rows scaled to norm sqrt(d/M), '
                       'line 138; expanded_dim 256); W drawn once'),

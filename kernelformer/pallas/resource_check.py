@@ -1,4 +1,5 @@
-"""Offline resource check of every Pallas kernel (``kernelformer benchmark pallas-resources``): registers, spills and shared memory per kernel as
+"""Offline resource check of every Pallas kernel (``kernelformer benchmark pallas-resources``):
+registers, spills and shared memory per kernel as
 ptxas reports them for sm_90a (H100) and sm_80 (A100), against the hardware limits. No GPU needed.
 
     kernelformer benchmark pallas-resources                 # the full matrix, both targets
