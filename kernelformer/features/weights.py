@@ -480,7 +480,7 @@ def register_sampler(name: str, fn: Sampler) -> str:
 
   Like the built-in samplers it must be ``jax.jit``-able with the key traced and the sizes static, and
   draw rows whose distribution is the spectral measure N(0, I_d) the components assume (or set
-  ``feature_weights`` for a quadrature rule). Used by ``kernelformer.registry.register_sampler``.
+  ``feature_weights`` for a quadrature rule). Used by ``kernelformer.plugins.register_sampler``.
   """
   if not isinstance(name, str) or not name or name != name.lower() or '-' in name:
     raise ValueError(f'sampler name {name!r}: use lowercase letters, digits and _ (no "-": kernels '

@@ -1,6 +1,6 @@
 """``linear.causal_exp_feature_attention``: causal exp-feature attention in one scan over chunks (issue 24).
 
-It must equal the stored-features causal path -- ``components.COMPONENTS[name](..., causal_chunk=C)`` and
+It must equal the stored-features causal path -- ``catalog.get(name).fn(..., causal_chunk=C)`` and
 ``linear_attention(..., causal=True, key_shift=)``, the same running per-chunk stabilizer -- in value and
 in every gradient (q, k, v, the floating leaves of W), with masks, a chunk that does not divide L, inputs
 of large norm, a fully padded row and a large later key; inside the module (learned samplers included);
@@ -15,7 +15,9 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import linear
-from kernelformer.features import components, weights
+from kernelformer.attention import random_features as rf
+from kernelformer.features import catalog
+from kernelformer.features import weights
 from tests.attention.helpers import fast_jit
 
 B, L, D, M, DV, C = 2, 37, 8, 16, 5, 8
@@ -32,7 +34,7 @@ def _inputs(seed=0, scale=0.8):
 
 def _stored(name, mask, chunk=C):
   def f(q, k, v, proj):
-    pq, pk, shift = components.COMPONENTS[name](q, k, proj, mask=mask, causal_chunk=chunk)
+    pq, pk, shift = catalog.get(name).fn(q, k, proj, mask=mask, causal_chunk=chunk)
     return linear.linear_attention(pq[:, :, None], pk[:, :, None], v[:, :, None], mask=mask,
                                    causal=True, chunk_size=chunk, key_shift=shift[:, :, None])[:, :, 0]
   return f
@@ -40,7 +42,7 @@ def _stored(name, mask, chunk=C):
 
 def _lean(name, mask, chunk=C):
   def f(q, k, v, proj):
-    return linear.causal_exp_feature_attention(components.LOG_SPACE_FORMS[name], q, k, v, proj,
+    return linear.causal_exp_feature_attention(catalog.get(name).log_space, q, k, v, proj,
                                                mask=mask, chunk_size=chunk)
   return f
 
@@ -118,7 +120,7 @@ def test_causal_lean_past_ignores_the_future_and_chunk_size_only_moves_shifts():
 @pytest.mark.parametrize('kind', ['posrf-orf', 'gmm-prf'])
 def test_module_causal_matches_stored_path(kind, monkeypatch):
   """The module takes the scan path for causal posrf; outputs and gradients wrt q, k, v and the
-  learned sampler's parameters equal those of the stored path (forced by emptying LOG_SPACE_FORMS)."""
+  learned sampler's parameters equal those of the stored path (forced by STORED_FEATURES_ONLY)."""
   h, n = 2, 24
   ks = jax.random.split(jax.random.PRNGKey(5), 4)
   q, k, v, g = (jax.random.normal(kk, (1, n, h, D)) for kk in ks)
@@ -138,7 +140,7 @@ def test_module_causal_matches_stored_path(kind, monkeypatch):
         variables, q, k, v)
 
   lean_grads, lean_out = run()
-  monkeypatch.setattr(components, 'LOG_SPACE_FORMS', {})
+  monkeypatch.setattr(rf, 'STORED_FEATURES_ONLY', True)
   stored_grads, stored_out = run()
   np.testing.assert_allclose(lean_out, stored_out, rtol=1e-5, atol=1e-5)
   pairs = [(a, b) for a, b in zip(jax.tree.leaves(lean_grads), jax.tree.leaves(stored_grads))
@@ -202,7 +204,6 @@ def test_shifted_normalizer_is_not_clamped_by_a_fixed_eps():
   (``normalizer_eps('posrf')`` = 1e-30) leaves them alone -- lean and stored causal paths equal the
   float64 estimator to 1e-5 -- where a fixed 1e-6 replaced them (these rows off by O(1)), and the module
   uses that default."""
-  from kernelformer.attention import random_features as rf
   from kernelformer.features import projection as projection_lib
   n, d, m, c = 32, 64, 64, 16
   ks = jax.random.split(jax.random.PRNGKey(11), 3)
@@ -215,9 +216,9 @@ def test_shifted_normalizer_is_not_clamped_by_a_fixed_eps():
   eps = rf.normalizer_eps('posrf')
   assert eps < 1e-20 and rf.normalizer_eps('trigrf') == linear.DEFAULT_EPS
   assert rf.normalizer_eps('posrf', 1e-3) == 1e-3
-  form = components.LOG_SPACE_FORMS['posrf']
+  form = catalog.get('posrf').log_space
   lean = linear.causal_exp_feature_attention(form, q, k, v, w, eps=eps, chunk_size=c)[0]
-  pq, pk, shift = components.COMPONENTS['posrf'](q, k, w, causal_chunk=c)
+  pq, pk, shift = catalog.get('posrf').fn(q, k, w, causal_chunk=c)
   stored = linear.linear_attention(pq[:, :, None], pk[:, :, None], v[:, :, None], causal=True,
                                    chunk_size=c, key_shift=shift[:, :, None], eps=eps)[0, :, 0]
   np.testing.assert_allclose(lean, exact, atol=1e-5)

@@ -12,7 +12,7 @@ import pytest
 
 from kernelformer.attention import linear
 from kernelformer.attention import random_features as rf
-from kernelformer.decoder import SEQUENCE_STATISTIC_COMPONENTS
+from kernelformer.features import catalog
 from kernelformer.features import components
 from kernelformer.features import projection as projection_lib
 from kernelformer.features import weights as weights_lib
@@ -20,8 +20,7 @@ from kernelformer.features import weights as weights_lib
 CHUNK = 4
 RNGS = {'features': jax.random.PRNGKey(2)}
 # One kind per exp-based component with a causal form (OPRF/SADERF: sequence statistics, below).
-CAUSAL_KINDS = [f'{c}-orf' for c in sorted(components.CAUSAL_SHIFTED)
-                if c not in SEQUENCE_STATISTIC_COMPONENTS]
+CAUSAL_KINDS = [f'{r.name}-orf' for r in catalog.records() if r.causal_shift and not r.sequence_statistics]
 
 
 def _module(component, **kw):
@@ -79,7 +78,7 @@ def test_early_row_with_large_later_key_equals_prefix(kind):
   np.testing.assert_allclose(np.asarray(out[:, :t]), np.asarray(prefix), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('component', sorted(components.CAUSAL_SHIFTED))
+@pytest.mark.parametrize('component', [n for n in catalog.names() if catalog.get(n).causal_shift])
 def test_chunk_shifted_core_matches_exact_features(component):
   """Every exp map (OPRF/SADERF included): the shifted causal path equals the quadratic oracle on the
   unstabilized (exact) features, including rows whose keys lie ~e^-32 below a later key's."""
@@ -93,7 +92,7 @@ def test_chunk_shifted_core_matches_exact_features(component):
   # A key at the column maximum (e^32 above the others) starting the third chunk.
   k = k.at[:, 2 * CHUNK].set(w[0] if component != 'trigrf' else 0.75 * jnp.ones(d))
   v = jax.random.normal(kv, (b, length, 1, 8))
-  fn = components.COMPONENTS[component]
+  fn = catalog.get(component).fn
   phi_q, phi_k, shift = fn(q, k, proj, causal_chunk=CHUNK)
   out = linear.linear_attention(phi_q[:, :, None], phi_k[:, :, None], v, causal=True,
                                 chunk_size=CHUNK, key_shift=shift[:, :, None])
@@ -138,7 +137,7 @@ def test_gradients_match_the_global_shift():
 
 @pytest.mark.parametrize('component', ['posrf', 'hyperbolic'])
 def test_unit_key_shift_bounds_every_unit_key(component):
-  """``components.unit_key_shift`` (causal RPE on l2-normalized keys, nprf-rpe): W's bound is above
+  """A record's ``unit_key_shift`` (causal RPE on l2-normalized keys, nprf-rpe): W's bound is above
   every unit key's exponent -- including the key w_r / |w_r| that attains it -- so it is the shift of
   every key (no key statistic enters), and the features stay <= sqrt|c_r| (no overflow)."""
   d, m = 16, 8
@@ -148,8 +147,8 @@ def test_unit_key_shift_bounds_every_unit_key(component):
   k = jnp.concatenate([w / jnp.linalg.norm(w, axis=-1, keepdims=True),
                        rf.l2_normalize(jax.random.normal(kk, (5, d)))])[None]     # [1, 13, d]
   q = rf.l2_normalize(jax.random.normal(kq, (1, k.shape[1], d)))
-  bound = components.unit_key_shift(component, proj)
-  fn = components.COMPONENTS[component]
+  bound = catalog.get(component).unit_key_shift(proj)
+  fn = catalog.get(component).fn
   phi_q, phi_k, shift = fn(q, k, proj, causal_chunk=k.shape[1], shift_init=bound)
   np.testing.assert_array_equal(np.asarray(shift), np.asarray(jnp.broadcast_to(bound, shift.shape)))
   scale = np.sqrt(np.abs(np.asarray(projection_lib.row_weights(proj, jnp.float32)))).max()
