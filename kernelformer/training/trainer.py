@@ -649,6 +649,7 @@ class _Run:
     until = self.num_steps if until is None else until
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
     batches = self.batches.device_iterate(start, until, self.mesh)   # placed ahead, by a thread
+    self.ahead = batches   # closed (its thread waited for) by close(), however the loop ends
     log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
     next_boundary = self.next_boundary(start)
     for step, batch in zip(range(start, until), batches):
@@ -934,6 +935,8 @@ class _Run:
 
   def close(self, completed: bool) -> None:
     self.watchdog.disarm()
+    if getattr(self, 'ahead', None) is not None:
+      self.ahead.close()
     if self.progress is not None:
       self.progress.close()
     _stop_profile()
