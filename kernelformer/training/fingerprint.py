@@ -108,6 +108,7 @@ ADDED_FIELDS: dict[str, Any] = {
     'data.query_targets': None,
     'data.eval_context': 'disjoint',  # enwik8's test scheme before lm_eval.py (non-overlapping windows)
     'data.eval_stride': 0,
+    'early_stop_accuracy': 0.0,       # trainer: no stopping rule (configs/mqar.py)
 }
 
 

@@ -508,7 +508,7 @@ class _Run:
     self.previous = workdir_lib.read_results(self.workdir)
     reevaluate = bool(config.get('reevaluate', False))
     if self.previous is not None and not self.allowed and not reevaluate and \
-        self.previous.get('final_step') == self.num_steps and \
+        (self.previous.get('final_step') == self.num_steps or self.previous.get('stopped_early')) and \
         self.previous.get('config_fingerprint') in (None, self.record.fingerprint):
       done = RunResults(self.previous)
       done.status = 'finished'
@@ -647,6 +647,8 @@ class _Run:
     start = self.start_step
     until = self.num_steps if until is None else until
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
+    if 'stopped_early' in self.meta:   # restored from the checkpoint where the run stopped early
+      return
     batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
     log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
     next_boundary = self.next_boundary(start)
@@ -675,6 +677,8 @@ class _Run:
       if done == next_boundary:
         self.boundary(done)
         next_boundary = self.next_boundary(done)
+        if 'stopped_early' in self.meta:
+          break
       else:
         if done % log_every == 0:
           self.pending_logs.append((done, self.window))   # the next step starts a new window
@@ -774,10 +778,22 @@ class _Run:
         self.check_finite(done, val)
         self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
         self.save(self.best, done)
-    if done % c.checkpoint_every == 0 or done == self.num_steps:
+      self.stop_early(done, val)
+    if done % c.checkpoint_every == 0 or done == self.num_steps or 'stopped_early' in self.meta:
       self.save_checkpoint(done, val)
     self.watchdog.arm(f'after step {done}', self.step_limit)
     self.span = (done, time.perf_counter())
+
+  def stop_early(self, done: int, val: dict) -> None:
+    """``config.early_stop_accuracy`` > 0: validation accuracy above it ends the training here
+    (Zoology's rule, ``zoology/train.py`` 197-205); the checkpoint then written carries the reason, so
+    a resumed or re-run workdir does not train further, and results.json records it."""
+    threshold = float(self.config.get('early_stop_accuracy', 0.0) or 0.0)
+    if threshold > 0 and val['accuracy'] > threshold:
+      self.meta['stopped_early'] = {'step': done, 'val_accuracy': val['accuracy'],
+                                    'threshold': threshold}
+      workdir_lib.say(f"step {done}: validation accuracy {val['accuracy']:.4f} > {threshold}: "
+                      f'training ends here (early_stop_accuracy)')
 
   def stop_now(self, done: int) -> None:
     """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
@@ -939,6 +955,7 @@ class _Run:
                         (f' (periodic validation capped at max_eval_batches={cap})' if cap
                          else ' (the whole validation split)')),
         'final_step': int(self.state.step),
+        'stopped_early': meta.get('stopped_early'),   # {step, val_accuracy, threshold} or None
         'num_params': count_params(self.state.params),
         'steps_per_sec': (meta['timed_steps'] / meta['train_seconds'] if meta['timed_steps']
                           else 0.0),
