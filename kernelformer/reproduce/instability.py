@@ -333,8 +333,9 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
         on_seed: Optional[Callable[[dict], None]] = None) -> dict:
   """The table-3 column of ``task``: per seed, the reference and each kind for ``steps`` steps.
 
-  ``on_seed(partial_result)`` is called after each seed with the result of the seeds done so far
-  (the command writes it, so a long run stopped early keeps its finished seeds)."""
+  ``on_seed(partial_result)`` is called after each kind of each seed with the result so far (the
+  command writes it, so a long run stopped early keeps every kind it finished; ``seeds`` lists the
+  seeds whose every kind finished, and the summary counts, per kind, the seeds that have it)."""
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   for k in (REFERENCE, *kinds):
     try:
@@ -350,7 +351,7 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
   per_seed = []
 
   def result() -> dict:
-    done = [e['seed'] for e in per_seed]
+    done = [e['seed'] for e in per_seed if len(e['kinds']) == len(kinds)]
     return {'task': task, 'preset': PRESET, 'steps': steps, 'seeds': done,
             'seeds_planned': [int(s) for s in seeds], 'reference': REFERENCE, 'kinds': list(kinds),
             'overrides': [list(o) for o in overrides], 'optimizer': describe_optimizer(base),
@@ -369,6 +370,7 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
     ref, ref_params, _ = trace_kind(c, REFERENCE, batches, on_step=progress(REFERENCE))
     log(f'seed {seed}: {REFERENCE} {ref.seconds:.0f} s')
     entry = {'seed': int(seed), 'reference': dataclasses.asdict(ref), 'kinds': {}}
+    per_seed.append(entry)
     for kind in kinds:
       tr, _, _ = trace_kind(c, kind, batches, reference_params=ref_params, on_step=progress(kind))
       entry['kinds'][kind] = {**dataclasses.asdict(tr), 'ratio': ratios(tr, ref),
@@ -376,9 +378,8 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
                               'ratio_all': ratios(tr, ref, 'tau_all')}
       m, n = mean_ratio(entry['kinds'][kind]['ratio'])
       log(f'seed {seed}: {kind} mean ratio {m:.3f} over {n} steps ({tr.seconds:.0f} s)')
-    per_seed.append(entry)
-    if on_seed is not None:
-      on_seed(result())
+      if on_seed is not None:
+        on_seed(result())
   return result()
 
 
@@ -400,10 +401,13 @@ def summarize(per_seed: Sequence[dict], kinds: Sequence[str], task: str) -> dict
   for kind in kinds:
     row = {'published': PUBLISHED.get(kind, {}).get(task)}
     for field in ('ratio', 'ratio_difference', 'ratio_all'):
-      means = [mean_ratio(s['kinds'][kind][field]) for s in per_seed]
+      have = [e for e in per_seed if kind in e['kinds']]
+      means = [mean_ratio(e['kinds'][kind][field]) for e in have]
       vals = np.asarray([m for m, _ in means], np.float64)
-      row[field] = {'mean': float(np.mean(vals)), 'sd': float(np.std(vals, ddof=1)) if len(vals) > 1
-                    else float('nan'), 'per_seed': vals.tolist(), 'steps_used': [n for _, n in means]}
+      row[field] = {'mean': float(np.mean(vals)) if len(vals) else float('nan'),
+                    'sd': float(np.std(vals, ddof=1)) if len(vals) > 1 else float('nan'),
+                    'per_seed': vals.tolist(), 'seeds': [e['seed'] for e in have],
+                    'steps_used': [n for _, n in means]}
     out[kind] = row
   return out
 
@@ -414,23 +418,24 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
 
 def markdown(result: dict, command: str = '') -> str:
   s, task = result['summary'], result['task']
-  n = len(result['seeds'])
+  planned = result.get('seeds_planned', result['seeds'])
   lines = [f"Instability ratio to {result['reference']} ({SOURCE}), {task}, preset "
-           f"`{result['preset']}`, {result['steps']} steps, mean ± sd over {n} seeds "
-           f"({', '.join(map(str, result['seeds']))})" +
-           (f" of the {len(result['seeds_planned'])} planned" if len(result.get('seeds_planned', ()))
-            > n else '') + '.', '']
+           f"`{result['preset']}`, {result['steps']} steps, mean ± sd over the seeds of each row "
+           f"(planned: {', '.join(map(str, planned))}; finished: "
+           f"{', '.join(map(str, result['seeds'])) or 'none'}).", '']
   if command:
     lines += [f'`{command}`; {result["wall_seconds"] / 60:.1f} min on '
               f"{result['environment']['device']} ({result['environment']['cores']} cores), jax "
               f"{result['environment']['jax']}.", '']
   lines += ['| model | kind | published | ours (first-order τ) | ours (float32 difference) | '
-            'ours (τ over all parameters) | steps averaged |', '|---|---|---|---|---|---|---|']
+            'ours (τ over all parameters) | seeds | steps averaged |',
+            '|---|---|---|---|---|---|---|---|']
   for kind, row in s.items():
     cells = [f"{_fmt(row[f]['mean'])} ± {_fmt(row[f]['sd'])}"
              for f in ('ratio', 'ratio_difference', 'ratio_all')]
     lines.append(f"| {PAPER_NAMES.get(kind, kind)} | `{kind}` | {_fmt(row['published'])} | "
-                 f"{' | '.join(cells)} | {'/'.join(map(str, row['ratio']['steps_used']))} |")
+                 f"{' | '.join(cells)} | {len(row['ratio']['seeds'])} | "
+                 f"{'/'.join(map(str, row['ratio']['steps_used'])) or '—'} |")
   opt = result['optimizer']
   lines += ['', 'Optimizer (from the preset, kernelformer/training/optim.py): ' +
             ', '.join(f'{k}={v}' for k, v in sorted(opt.items()))]
