@@ -20,6 +20,7 @@ Presets (``--config configs/mqar.py:<preset>``):
                 the embedding. For the other mixers Zoology uses ``short_conv=3`` (see ``cpu``).
                 Validation (every epoch, 3,000 examples) above 0.99 accuracy ends the run
                 (``early_stop_accuracy``; ``zoology/config.py`` 132-133, ``train.py`` 197-205).
+                The panel at this budget: configs/sweeps/zoology_fig2_full.py (not run here yet).
   cpu           the same task and model at CPU scale (docs/recall.md): batch 64, 10,000 training
                 examples, 500 test, the step count of configs/sweeps/zoology_fig2.py.
   legacy_quick  this repository's MQAR before issue 22 (task ``mqar_legacy``: vocabulary 32, values with
