@@ -114,8 +114,16 @@ class Enwik8Task:
 
   def info(self, data: Any) -> LMTaskInfo:
     eval_scheme(data)   # a bad eval_context / eval_stride is reported with the other data fields
-    return LMTaskInfo(num_classes=VOCAB_SIZE, vocab_size=VOCAB_SIZE,
-                      max_length=common.positive_max_length(data, 'enwik8'),
+    length = common.positive_max_length(data, 'enwik8')
+    window = length + 1
+    for split, (start, stop) in split_bounds(int(data.num_bytes)).items():
+      if stop - start < window:
+        raise common.DataError(
+            f'enwik8: data.num_bytes={int(data.num_bytes)} gives a {split} split of {stop - start} '
+            f'bytes, shorter than one window (max_length + 1 = {window} bytes); raise '
+            f'data.num_bytes to at least {20 * window} (the splits are 90/5/5 %) or lower '
+            f'data.max_length')
+    return LMTaskInfo(num_classes=VOCAB_SIZE, vocab_size=VOCAB_SIZE, max_length=length,
                       metric='bits_per_byte')
 
   def check(self, data: Any) -> list[str]:

@@ -11,9 +11,9 @@ Pure functions on feature maps that have already been computed. Shapes follow th
   ``linear_attention`` takes stored features and materializes every chunk's state (any feature map);
   ``causal_exp_feature_attention`` (exp-maps with a ``LogSpaceForm``: posrf, hyperbolic) runs one
   ``lax.scan`` over chunks that forms the chunk's features, updates the running key max and carries
-  only the ``[M, Dv]`` state and the normalizer's ``[M]`` (issue 24; docs/architecture.md says why).
+  only the ``[M, Dv]`` state and the normalizer's ``[M]`` (docs/architecture.md says why).
   ``feature_attention`` / ``causal_feature_attention`` do the same for row-wise maps without a
-  stabilizer (Taylor, Hedgehog, T2R, DPFP, ReBased, elementwise maps, elu, relu, rks, grelu; issue 27):
+  stabilizer (Taylor, Hedgehog, T2R, DPFP, ReBased, elementwise maps, elu, relu, rks, grelu):
   features formed one chunk at a time, recomputed in the backward.
 * Padded keys are removed from both numerator and normalizer by zeroing their feature rows.
 * Accumulation is float32 whatever the input dtype (bf16 inputs are upcast on CPU, where a bf16 dot with
@@ -22,6 +22,7 @@ Pure functions on feature maps that have already been computed. Shapes follow th
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -276,10 +277,93 @@ def quadratic_reference(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | N
 
 
 # ----------------------------------------------------------------------------------------------
-# Exp-feature attention with features recomputed in the backward (issue 16, item 3).
+# Lean paths: features formed a chunk at a time and recomputed in the backward. Four of them --
+# bidirectional / causal x exp-maps (a ``LogSpaceForm``, with the stabilizer) / row-wise maps -- share
+# one structure: a wrapper that prepares the inputs (``_prepare``, padding) and calls a ``jax.custom_vjp``
+# function of ``(q, k, v, diff, nondiff, mask)`` built once per static configuration by ``_lean_vjp``.
 # ----------------------------------------------------------------------------------------------
 
 DEFAULT_FEATURE_CHUNK = 1024
+
+
+def _split_chunks(x: Array, c: int, rows_axis: int) -> Array:
+  """``[..., n*c, ...]`` -> ``[n, ..., c, ...]`` along ``rows_axis`` (negative)."""
+  ax = x.ndim + rows_axis
+  x = x.reshape(x.shape[:ax] + (x.shape[ax] // c, c) + x.shape[ax + 1:])
+  return jnp.moveaxis(x, ax, 0)
+
+
+def _join_chunks(x: Array, rows_axis: int) -> Array:
+  """Inverse of ``_split_chunks``."""
+  ax = x.ndim - 1 + rows_axis           # position of the chunk axis once the leading n moves back
+  x = jnp.moveaxis(x, 0, ax)
+  return x.reshape(x.shape[:ax] + (-1,) + x.shape[ax + 2:])
+
+
+def _prepare(q, k, v, mask, proj, lead_rows_equal: bool):
+  """Broadcast q, k, v, mask to common leading axes, upcast, and split ``proj`` into leaves."""
+  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+  keys = k.shape[-2]
+  if lead_rows_equal and (keys != q.shape[-2] or v.shape[-2] != keys):
+    raise ValueError(f'causal attention needs as many keys as queries; got q {q.shape}, k {k.shape}, '
+                     f'v {v.shape}')
+  mask = (jnp.ones(lead + (keys,), bool) if mask is None
+          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (keys,)))
+  dt = jnp.promote_types(q.dtype, jnp.float32)
+  q = jnp.broadcast_to(q, lead + q.shape[-2:]).astype(dt)
+  k = jnp.broadcast_to(k, lead + k.shape[-2:]).astype(dt)
+  v = jnp.broadcast_to(v, lead + v.shape[-2:]).astype(jnp.float32)
+  leaves, treedef = jax.tree.flatten(proj)
+  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
+  diff = tuple(x for x, f in zip(leaves, is_float) if f)
+  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
+  return lead, q, k, v, mask, treedef, is_float, diff, nondiff
+
+
+def _pad_rows(x: Array, pad: int, lead: tuple) -> Array:
+  return jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)] + [(0, 0)] * (x.ndim - len(lead) - 1))
+
+
+def _rebuilder(treedef, is_float):
+  def rebuild(diff, nondiff):
+    it_d, it_n = iter(diff), iter(nondiff)
+    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
+  return rebuild
+
+
+_float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
+
+
+def _lean_vjp(builder):
+  """A cached factory of the ``jax.custom_vjp`` function of one lean path.
+
+  ``builder(*config) -> (primal, fwd, bwd)`` for a hashable static ``config`` (the form or component,
+  the parameters' tree structure, eps, chunk sizes): ``primal(q, k, v, diff, nondiff, mask) -> out``,
+  ``fwd(...) -> (out, residuals)`` and ``bwd(residuals, g) -> (dq, dk, dv, dw)`` (float32, ``dw`` one per
+  leaf of ``diff``; ``residuals`` start with the six arguments, whose dtypes the cotangents take, with
+  float0 for ``nondiff`` and ``mask``). ``functools.cache`` returns the same function for the same
+  config, so every trace of a model reuses it.
+  """
+  @functools.cache
+  @functools.wraps(builder)
+  def factory(*config):
+    primal, fwd, bwd = builder(*config)
+
+    def cotangents(res, g):
+      (q, k, v, diff, nondiff, mask), dq, dk, dv, dw = res[:6], *bwd(res, g)
+      return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
+              tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
+              tuple(_float0(x) for x in nondiff), _float0(mask))
+
+    fn = jax.custom_vjp(primal)
+    fn.defvjp(fwd, cotangents)
+    return fn
+  return factory
+
+
+# ----------------------------------------------------------------------------------------------
+# Bidirectional exp-feature attention (a ``LogSpaceForm``; the stabilizer of ``components``).
+# ----------------------------------------------------------------------------------------------
 
 
 def exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *, mask: Array | None = None,
@@ -308,56 +392,23 @@ def exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *, mask: Arr
   Gradients flow to every floating leaf of ``proj`` (learned samplers' W, quadrature weights);
   integer leaves (FastFood's permutation) get none.
   """
-  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+  out_dtype = v.dtype
+  lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, False)
   length, keys = q.shape[-2], k.shape[-2]
-  mask = (jnp.ones(lead + (keys,), bool) if mask is None
-          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (keys,)))
-  q = jnp.broadcast_to(q, lead + q.shape[-2:])
-  k = jnp.broadcast_to(k, lead + k.shape[-2:])
-  v = jnp.broadcast_to(v, lead + v.shape[-2:])
   cq, ck = max(1, min(chunk_size, length)), max(1, min(chunk_size, keys))
   pad_q, pad_k = -length % cq, -keys % ck
   if pad_q:
-    q = jnp.pad(q, [(0, 0)] * len(lead) + [(0, pad_q), (0, 0)])
+    q = _pad_rows(q, pad_q, lead)
   if pad_k:
-    k = jnp.pad(k, [(0, 0)] * len(lead) + [(0, pad_k), (0, 0)])
-    v = jnp.pad(v, [(0, 0)] * len(lead) + [(0, pad_k), (0, 0)])
-    mask = jnp.pad(mask, [(0, 0)] * len(lead) + [(0, pad_k)])
-  leaves, treedef = jax.tree.flatten(proj)
-  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
-  diff = tuple(x for x, f in zip(leaves, is_float) if f)
-  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
-  fn = _exp_attention_fn(form, treedef, is_float, float(eps), cq, ck)
-  out = fn(q, k, v, diff, nondiff, mask)
-  return out[..., :length, :].astype(v.dtype)
+    k, v, mask = _pad_rows(k, pad_k, lead), _pad_rows(v, pad_k, lead), _pad_rows(mask, pad_k, lead)
+  out = _exp_attention_fn(form, treedef, is_float, float(eps), cq, ck)(q, k, v, diff, nondiff, mask)
+  return out[..., :length, :].astype(out_dtype)
 
 
-def _split_chunks(x: Array, c: int, rows_axis: int) -> Array:
-  """``[..., n*c, ...]`` -> ``[n, ..., c, ...]`` along ``rows_axis`` (negative)."""
-  ax = x.ndim + rows_axis
-  x = x.reshape(x.shape[:ax] + (x.shape[ax] // c, c) + x.shape[ax + 1:])
-  return jnp.moveaxis(x, ax, 0)
-
-
-def _join_chunks(x: Array, rows_axis: int) -> Array:
-  """Inverse of ``_split_chunks``."""
-  ax = x.ndim - 1 + rows_axis           # position of the chunk axis once the leading n moves back
-  x = jnp.moveaxis(x, 0, ax)
-  return x.reshape(x.shape[:ax] + (-1,) + x.shape[ax + 2:])
-
-
-_FN_CACHE: dict = {}
-
-
+@_lean_vjp
 def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
-  """The ``custom_vjp`` function of ``exp_feature_attention`` for one (form, W structure, eps, chunks)."""
-  cache_key = (form, treedef, is_float, eps, cq, ck)
-  if cache_key in _FN_CACHE:
-    return _FN_CACHE[cache_key]
-
-  def rebuild(diff, nondiff):
-    it_d, it_n = iter(diff), iter(nondiff)
-    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
+  """``exp_feature_attention`` for one (form, W structure, eps, chunks)."""
+  rebuild = _rebuilder(treedef, is_float)
 
   def key_logits(kc, mc, p):
     return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
@@ -374,9 +425,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
 
   def forward(q, k, v, diff, nondiff, mask):
     p = rebuild(diff, nondiff)
-    dt = jnp.promote_types(q.dtype, jnp.float32)
-    q, k, v32 = q.astype(dt), k.astype(dt), v.astype(jnp.float32)
-    kcs, vcs, mcs = _split_chunks(k, ck, -2), _split_chunks(v32, ck, -2), _split_chunks(mask, ck, -1)
+    dt = q.dtype
+    kcs, vcs, mcs = _split_chunks(k, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)
     f = form.logits(jnp.zeros(k.shape[-1:], dt)[None], p).shape[-1]
     lead = q.shape[:-2]
     init = (jnp.full(lead + (1, f), -jnp.inf, dt), jnp.zeros(lead + (f, v.shape[-1]), jnp.float32),
@@ -408,32 +458,25 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
     _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
     return _join_chunks(out, -2), (beta, kv, ksum, _join_chunks(den, -1))
 
-  @jax.custom_vjp
-  def fn(q, k, v, diff, nondiff, mask):
-    return forward(q, k, v, diff, nondiff, mask)[0]
+  def primal(*args):
+    return forward(*args)[0]
 
-  def fwd(q, k, v, diff, nondiff, mask):
-    out, (beta, kv, ksum, den) = forward(q, k, v, diff, nondiff, mask)
-    return out, (q, k, v, diff, nondiff, mask, beta, kv, ksum, den)
+  def fwd(*args):
+    out, saved = forward(*args)
+    return out, (*args, *saved)
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, beta, kv, ksum, den = res
-    dt = jnp.promote_types(q.dtype, jnp.float32)
-    dq, dk, dv, dw = _bidirectional_backward(
+    return _bidirectional_backward(
         lambda qq, dd: query_features(qq, rebuild(dd, nondiff), beta),
         lambda kk, mc, dd: key_features(kk, mc, rebuild(dd, nondiff), beta),
-        q.astype(dt), k.astype(dt), v, g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck, eps)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-            tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
-            tuple(_float0(x) for x in nondiff), _float0(mask))
+        q, k, v, g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck, eps)
 
-  fn.defvjp(fwd, bwd)
-  _FN_CACHE[cache_key] = fn
-  return fn
+  return primal, fwd, bwd
 
 
 # ----------------------------------------------------------------------------------------------
-# Causal exp-feature attention: features formed inside a scan over chunks (issue 24, item 3).
+# Causal exp-feature attention: features formed inside a scan over chunks.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -466,44 +509,22 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size only changes where the
   shifts change, not the value (to float32 rounding). Gradients flow to every floating leaf of ``proj``.
   """
-  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-  length = q.shape[-2]
-  if k.shape[-2] != length or v.shape[-2] != length:
-    raise ValueError(f'causal attention needs as many keys as queries; got q {q.shape}, k {k.shape}, '
-                     f'v {v.shape}')
-  mask = (jnp.ones(lead + (length,), bool) if mask is None
-          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (length,)))
   out_dtype = v.dtype
-  dt = jnp.promote_types(q.dtype, jnp.float32)
-  q = jnp.broadcast_to(q, lead + q.shape[-2:]).astype(dt)
-  k = jnp.broadcast_to(k, lead + k.shape[-2:]).astype(dt)
-  v = jnp.broadcast_to(v, lead + v.shape[-2:]).astype(jnp.float32)
+  lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)
+  length = q.shape[-2]
   c = max(1, min(chunk_size, length))
   pad = -length % c
   if pad:
     # Padded positions are masked keys (no shift, zero features) and queries cut off below.
-    rows = [(0, 0)] * len(lead) + [(0, pad), (0, 0)]
-    q, k, v = jnp.pad(q, rows), jnp.pad(k, rows), jnp.pad(v, rows)
-    mask = jnp.pad(mask, [(0, 0)] * len(lead) + [(0, pad)])
-  leaves, treedef = jax.tree.flatten(proj)
-  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
-  diff = tuple(x for x, f in zip(leaves, is_float) if f)
-  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
-  fn = _causal_exp_attention_fn(form, treedef, is_float, float(eps), c)
-  out = fn(q, k, v, diff, nondiff, mask)
+    q, k, v, mask = (_pad_rows(x, pad, lead) for x in (q, k, v, mask))
+  out = _causal_exp_attention_fn(form, treedef, is_float, float(eps), c)(q, k, v, diff, nondiff, mask)
   return out[..., :length, :].astype(out_dtype)
 
 
+@_lean_vjp
 def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
-  """The ``custom_vjp`` function of ``causal_exp_feature_attention`` for one (form, W structure, eps,
-  chunk)."""
-  cache_key = ('causal', form, treedef, is_float, eps, c)
-  if cache_key in _FN_CACHE:
-    return _FN_CACHE[cache_key]
-
-  def rebuild(diff, nondiff):
-    it_d, it_n = iter(diff), iter(nondiff)
-    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
+  """``causal_exp_feature_attention`` for one (form, W structure, eps, chunk)."""
+  rebuild = _rebuilder(treedef, is_float)
 
   def key_features(kc, mc, p, shift):
     zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
@@ -549,13 +570,12 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     _, ys = jax.lax.scan(step, init, xs, unroll=xs[0].shape[0] == 1)
     return ys
 
-  @jax.custom_vjp
-  def fn(q, k, v, diff, nondiff, mask):
-    return _join_chunks(forward(q, k, v, diff, nondiff, mask, False)[0], -2)
+  def primal(*args):
+    return _join_chunks(forward(*args, False)[0], -2)
 
-  def fwd(q, k, v, diff, nondiff, mask):
-    ys = forward(q, k, v, diff, nondiff, mask, True)
-    return _join_chunks(ys[0], -2), (q, k, v, diff, nondiff, mask, ys)
+  def fwd(*args):
+    ys = forward(*args, True)
+    return _join_chunks(ys[0], -2), (*args, ys)
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, (out, den, prev, ksum, shift, rescale) = res
@@ -589,19 +609,14 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     init = (jnp.zeros_like(prev[0]), jnp.zeros_like(ksum[0]), zeros_diff)
     (_, _, dw), (dq, dk, dv) = jax.lax.scan(step, init, xs, reverse=True,
                                             unroll=out.shape[0] == 1)
-    float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
-    return (_join_chunks(dq, -2).astype(q.dtype), _join_chunks(dk, -2).astype(k.dtype),
-            _join_chunks(dv, -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
-            tuple(float0(x) for x in nondiff), float0(mask))
+    return _join_chunks(dq, -2), _join_chunks(dk, -2), _join_chunks(dv, -2), dw
 
-  fn.defvjp(fwd, bwd)
-  _FN_CACHE[cache_key] = fn
-  return fn
+  return primal, fwd, bwd
 
 
 # ----------------------------------------------------------------------------------------------
-# Row-wise feature maps (no key statistic): features formed chunk by chunk, bidirectional and causal
-# (issue 27, item 3). Taylor's 1 + d + d^2 features (4,161 at d = 64) must never exist for all L rows.
+# Row-wise feature maps (no key statistic): features formed chunk by chunk, bidirectional and causal.
+# Taylor's 1 + d + d^2 features (4,161 at d = 64) must never exist for all L rows.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -620,40 +635,6 @@ def _row_feature_fns(component, rebuild, nondiff):
     return component(kc, kc, rebuild(diff, nondiff), mask=mc, stabilize=True)[1]
 
   return query_features, key_features
-
-
-def _prepare(q, k, v, mask, proj, lead_rows_equal: bool):
-  """Broadcast q, k, v, mask to common leading axes, upcast, and split ``proj`` into leaves."""
-  lead = jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-  keys = k.shape[-2]
-  if lead_rows_equal and (keys != q.shape[-2] or v.shape[-2] != keys):
-    raise ValueError(f'causal attention needs as many keys as queries; got q {q.shape}, k {k.shape}, '
-                     f'v {v.shape}')
-  mask = (jnp.ones(lead + (keys,), bool) if mask is None
-          else jnp.broadcast_to(jnp.asarray(mask, bool), lead + (keys,)))
-  dt = jnp.promote_types(q.dtype, jnp.float32)
-  q = jnp.broadcast_to(q, lead + q.shape[-2:]).astype(dt)
-  k = jnp.broadcast_to(k, lead + k.shape[-2:]).astype(dt)
-  v = jnp.broadcast_to(v, lead + v.shape[-2:]).astype(jnp.float32)
-  leaves, treedef = jax.tree.flatten(proj)
-  is_float = tuple(bool(jnp.issubdtype(jnp.result_type(x), jnp.inexact)) for x in leaves)
-  diff = tuple(x for x, f in zip(leaves, is_float) if f)
-  nondiff = tuple(x for x, f in zip(leaves, is_float) if not f)
-  return lead, q, k, v, mask, treedef, is_float, diff, nondiff
-
-
-def _pad_rows(x: Array, pad: int, lead: tuple) -> Array:
-  return jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)] + [(0, 0)] * (x.ndim - len(lead) - 1))
-
-
-def _rebuilder(treedef, is_float):
-  def rebuild(diff, nondiff):
-    it_d, it_n = iter(diff), iter(nondiff)
-    return jax.tree.unflatten(treedef, [next(it_d) if f else next(it_n) for f in is_float])
-  return rebuild
-
-
-_float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
 
 
 # Rows per chunk of ``feature_attention`` when not given: a chunk's features hold about this many
@@ -703,16 +684,14 @@ def feature_attention(component, q: Array, k: Array, v: Array, proj, *, mask: Ar
     q = _pad_rows(q, pad_q, lead)
   if pad_k:
     k, v, mask = _pad_rows(k, pad_k, lead), _pad_rows(v, pad_k, lead), _pad_rows(mask, pad_k, lead)
-  fn = _feature_attention_fn(component, treedef, is_float, float(eps), cq, ck)
-  out = fn(q, k, v, diff, nondiff, mask)
+  out = _feature_attention_fn(component, treedef, is_float, float(eps), cq, ck)(q, k, v, diff, nondiff,
+                                                                              mask)
   return out[..., :length, :].astype(out_dtype)
 
 
+@_lean_vjp
 def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
-  """The ``custom_vjp`` function of ``feature_attention`` for one (component, parameters, eps, chunks)."""
-  cache_key = ('rowwise', component, treedef, is_float, eps, cq, ck)
-  if cache_key in _FN_CACHE:
-    return _FN_CACHE[cache_key]
+  """``feature_attention`` for one (component, parameters, eps, chunks)."""
   rebuild = _rebuilder(treedef, is_float)
 
   def forward(q, k, v, diff, nondiff, mask):
@@ -743,27 +722,20 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
     _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
     return _join_chunks(out, -2), (kv, ksum, _join_chunks(den, -1))
 
-  @jax.custom_vjp
-  def fn(q, k, v, diff, nondiff, mask):
-    return forward(q, k, v, diff, nondiff, mask)[0]
+  def primal(*args):
+    return forward(*args)[0]
 
-  def fwd(q, k, v, diff, nondiff, mask):
-    out, (kv, ksum, den) = forward(q, k, v, diff, nondiff, mask)
-    return out, (q, k, v, diff, nondiff, mask, kv, ksum, den)
+  def fwd(*args):
+    out, saved = forward(*args)
+    return out, (*args, *saved)
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, kv, ksum, den = res
     query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
-    dq, dk, dv, dw = _bidirectional_backward(query_features, key_features, q, k, v,
-                                             g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck,
-                                             eps)
-    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-            tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
-            tuple(_float0(x) for x in nondiff), _float0(mask))
+    return _bidirectional_backward(query_features, key_features, q, k, v, g.astype(jnp.float32), den,
+                                   kv, ksum, diff, mask, cq, ck, eps)
 
-  fn.defvjp(fwd, bwd)
-  _FN_CACHE[cache_key] = fn
-  return fn
+  return primal, fwd, bwd
 
 
 def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
@@ -799,17 +771,14 @@ def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
   if pad:
     # Padded rows: masked keys (zero features) and queries cut off below.
     q, k, v, mask = (_pad_rows(x, pad, lead) for x in (q, k, v, mask))
-  fn = _causal_feature_attention_fn(component, treedef, is_float, float(eps), c, g)
-  out = fn(q, k, v, diff, nondiff, mask)
+  out = _causal_feature_attention_fn(component, treedef, is_float, float(eps), c, g)(q, k, v, diff,
+                                                                                   nondiff, mask)
   return out[..., :length, :].astype(out_dtype)
 
 
+@_lean_vjp
 def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
-  """The ``custom_vjp`` function of ``causal_feature_attention`` for one (component, parameters, eps,
-  chunk, segment)."""
-  cache_key = ('rowwise-causal', component, treedef, is_float, eps, c, g)
-  if cache_key in _FN_CACHE:
-    return _FN_CACHE[cache_key]
+  """``causal_feature_attention`` for one (component, parameters, eps, chunk, segment)."""
   rebuild = _rebuilder(treedef, is_float)
   tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
 
@@ -858,13 +827,12 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     return _join_chunks(flat(out), -2), (flat(den), s0, z0)
 
-  @jax.custom_vjp
-  def fn(q, k, v, diff, nondiff, mask):
-    return forward(q, k, v, diff, nondiff, mask, False)
+  def primal(*args):
+    return forward(*args, False)
 
-  def fwd(q, k, v, diff, nondiff, mask):
-    out, (den, s0, z0) = forward(q, k, v, diff, nondiff, mask, True)
-    return out, (q, k, v, diff, nondiff, mask, out, den, s0, z0)
+  def fwd(*args):
+    out, saved = forward(*args, True)
+    return out, (*args, out, *saved)
 
   def bwd(res, gr):
     q, k, v, diff, nondiff, mask, out, den, s0, z0 = res
@@ -912,10 +880,6 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     (_, _, dw), (dq, dk, dv) = jax.lax.scan(segment, init, (*(segments(x) for x in xs), s0, z0),
                                             reverse=True, unroll=s0.shape[0] == 1)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    return (_join_chunks(flat(dq), -2).astype(q.dtype), _join_chunks(flat(dk), -2).astype(k.dtype),
-            _join_chunks(flat(dv), -2).astype(v.dtype), tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
-            tuple(_float0(x) for x in nondiff), _float0(mask))
+    return (_join_chunks(flat(dq), -2), _join_chunks(flat(dk), -2), _join_chunks(flat(dv), -2), dw)
 
-  fn.defvjp(fwd, bwd)
-  _FN_CACHE[cache_key] = fn
-  return fn
+  return primal, fwd, bwd

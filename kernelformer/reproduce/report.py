@@ -156,6 +156,8 @@ class Report:
   runs: list[RunRecord]
   paper_only: list[tuple[str, str, dict[str, float]]]   # (model, citation, task -> accuracy)
   warnings: list[str] = dataclasses.field(default_factory=list)   # runs split by fingerprint
+  # '<path>: <reason>' for each results.json that cannot be read (its run counts as not finished)
+  unreadable: list[str] = dataclasses.field(default_factory=list)
 
 
 def canonical_kind(kind: str) -> str:
@@ -171,8 +173,12 @@ def _read_json(path: str) -> Optional[Any]:
     return None
 
 
-def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
-  """The sweep's metadata and every run: planned ones (sweep.json) and any finished one found."""
+def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, list[RunRecord]]:
+  """The sweep's metadata and every run: planned ones (sweep.json) and any finished one found.
+
+  A results.json that cannot be read (half-written, damaged) is appended to ``unreadable`` as
+  '<path>: <reason>', and its run counts as not finished (with that reason as its error).
+  """
   meta = _read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
   records: dict[str, RunRecord] = {}
   for e in meta.get('runs', []):
@@ -185,17 +191,26 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
       continue
     dirs[:] = []  # a run directory holds no other runs
     rel = os.path.relpath(root, sweep_dir).replace(os.sep, '/')
-    results = _read_json(os.path.join(root, sweeps.RESULTS_FILE))
-    if results is None:
-      continue
+    results, reason = sweeps.read_results(root)
     point = _read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
     rec = records.get(rel)
     if rec is None:
-      kind = canonical_kind(point.get('kind') or results.get('attention', ''))
-      seed = point.get('seed', (results.get('config') or {}).get('seed'))
-      rec = records[rel] = RunRecord(rel, point.get('label') or kind, kind,
-                                     point.get('task') or results.get('task', ''), seed,
+      # Unreadable results: the run's own config.json (written when it started) names it.
+      about = results or {'config': _read_json(os.path.join(root, 'config.json')) or {}}
+      config = about.get('config') if isinstance(about.get('config'), dict) else {}
+      kind = canonical_kind(point.get('kind') or about.get('attention') or
+                            (config.get('model') or {}).get('attention', {}).get('kind', '') or '')
+      seed = point.get('seed', config.get('seed'))
+      rec = records[rel] = RunRecord(rel, point.get('label') or kind or rel, kind,
+                                     point.get('task') or about.get('task') or
+                                     (config.get('data') or {}).get('task', ''), seed,
                                      preset=(point.get('identity') or {}).get('preset'))
+    if results is None:
+      path = os.path.join(root, sweeps.RESULTS_FILE)
+      if unreadable is not None:
+        unreadable.append(f'{path}: {reason}')
+      rec.error = f'unreadable {sweeps.RESULTS_FILE} ({reason})'
+      continue
     rec.results = results
   failures = os.path.join(sweep_dir, sweeps.FAILURES_FILE)
   if os.path.isfile(failures):
@@ -206,14 +221,15 @@ def collect(sweep_dir: str) -> tuple[dict, list[RunRecord]]:
           continue
         e = json.loads(line)
         rec = records.get(e.get('workdir'))
-        if rec is not None and rec.results is None:
+        if rec is not None and rec.results is None and not rec.error.startswith('unreadable'):
           rec.error = e.get('error', 'failed')   # the latest failure wins
   return meta, list(records.values())
 
 
 def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
   """Groups the runs of ``sweep_dir`` into cells; ``paper`` overrides the sweep's own ('none': no paper)."""
-  meta, runs = collect(sweep_dir)
+  unreadable: list[str] = []
+  meta, runs = collect(sweep_dir, unreadable)
   warnings = split_by_fingerprint(runs) + mixed_code_warnings(runs)
   paper = meta.get('paper', '') if paper is None else ('' if paper == 'none' else paper)
   if paper and paper not in paper_numbers.PAPERS:
@@ -246,7 +262,8 @@ def build(sweep_dir: str, paper: Optional[str] = None) -> Report:
     paper_only = [(m, c, v) for m, (c, v) in models.items()]
   return Report(name=meta.get('name') or os.path.basename(os.path.abspath(sweep_dir)),
                 description=meta.get('description', ''), paper=paper, labels=labels, tasks=tasks,
-                cells=cells, runs=runs, paper_only=paper_only, warnings=warnings)
+                cells=cells, runs=runs, paper_only=paper_only, warnings=warnings,
+                unreadable=unreadable)
 
 
 def _short(key: str) -> str:

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 from typing import Any, Optional
 
 import jax
@@ -69,6 +70,30 @@ def _register_array_handler() -> None:
 
 
 _register_array_handler()
+
+
+def _late_tensorstore_callback(unraisable) -> bool:
+  """Whether an unraisable exception is a tensorstore read completing after orbax closed the asyncio
+  loop that waited for it: orbax runs each restore in a fresh event loop and closes it as soon as one
+  read fails, while the checkpoint's other reads are still in flight; as each of those completes,
+  tensorstore (on its own thread) calls ``loop.call_soon_threadsafe`` on the closed loop, which raises
+  "Event loop is closed" where nothing can catch it. Those reads belong to a checkpoint that was
+  already reported as not restoring."""
+  exc = unraisable.exc_value
+  return isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed'
+
+
+def _install_unraisable_filter() -> None:
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not _late_tensorstore_callback(unraisable):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+
+_install_unraisable_filter()
 # A failed write (full disk, file-size limit) leaves orbax's asyncio futures holding the OS error; when
 # they are garbage-collected, asyncio logs "Future exception was never retrieved" with a traceback per
 # array, after the run has already said what failed in one line (Checkpoints.save). We use no asyncio
@@ -85,6 +110,7 @@ class Checkpoints:
   def __init__(self, directory: str, max_to_keep: int):
     self.directory = os.path.abspath(directory)
     self._max_to_keep = max_to_keep
+    self._kept: tuple[int, ...] = ()
     if jax.process_index() == 0 and os.path.isdir(self.directory):
       for name in os.listdir(self.directory):
         if _TMP.fullmatch(name):
@@ -93,11 +119,21 @@ class Checkpoints:
     self._manager = self._open()
 
   def _open(self):
+    policies = ocp.checkpoint_managers
+    keep = policies.LatestN(n=self._max_to_keep)
+    if self._kept:
+      keep = policies.AnyPreservationPolicy([keep, policies.CustomSteps(list(self._kept))])
     return ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep, create=True,
+        options=ocp.CheckpointManagerOptions(preservation_policy=keep, create=True,
                                              enable_async_checkpointing=False),
         item_names=('state', 'meta'))
+
+  def keep_through(self, step: int) -> None:
+    """The checkpoints at ``step`` and before are never rotated away by later saves (a stretch that
+    continues a finished run leaves that run's checkpoints as they were)."""
+    self._kept = tuple(s for s in self.all_steps() if s <= step)
+    self._reload()
 
   def _reload(self) -> None:
     self._manager.close()
@@ -219,14 +255,33 @@ class Checkpoints:
     target = f'{path}.damaged-{n}'
     if jax.process_index() == 0:
       os.rename(path, target)
-      reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
-      say(f'checkpoint {path} does not restore ({type(error).__name__}: {reason}); set aside as '
-          f'{os.path.basename(target)}, trying the previous one')
+      say(f'checkpoint {path} does not restore ({type(error).__name__}: {error_reason(error)}); set '
+          f'aside as {os.path.basename(target)}, trying the previous one')
     _sync('checkpoint-set-aside')
     self._reload()
 
   def close(self) -> None:
     self._manager.close()
+
+
+_OBJECT_REPR = re.compile(r'<(?:bound method [^<>]*|[^<>]* at 0x[0-9a-fA-F]+)>')
+_DRIVER_CHAIN = re.compile(r'(?:Error opening "\w+" driver: )+')
+
+
+def error_reason(error: BaseException, limit: int = 160) -> str:
+  """The first line of ``error`` as words for a user: no object reprs (a tensorstore error can carry
+  ``<bound method pybind11_detail_function_record_... of <... at 0x...>>``), no driver chain, cut at a
+  word."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else ''
+  while True:
+    shorter = _OBJECT_REPR.sub('', text)
+    if shorter == text:
+      break
+    text = shorter
+  text = ' '.join(_DRIVER_CHAIN.sub('', text).split())
+  if len(text) > limit:
+    text = text[:limit].rsplit(' ', 1)[0] + ' ...'
+  return text
 
 
 def abstract_like(tree: Any) -> Any:

@@ -162,6 +162,9 @@ class Progress:
                        bar_format='{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} '
                                   '[{elapsed}<{remaining}{postfix}]')
       self._last = step
+    elif self._bar.desc:
+      # The compile phase labels the bar's first line only; the lines after it are the steps'.
+      self._bar.set_description_str('', refresh=False)
     # The postfix first, so that whatever the bar draws next carries this step's numbers.
     rate = self.rate()
     if rate is None:
