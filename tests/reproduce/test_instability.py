@@ -171,3 +171,15 @@ def test_other_columns_run_on_fixture_data(tmp_path, task):
   sky = res['per_seed'][0]['kinds']['skyformer']
   assert sky['tau'][0] is None and sky['tau'][1] > 0 and sky['ratio'][1] > 0
   assert res['summary']['skyformer']['published'] == ins.PUBLISHED['skyformer'][task]
+
+
+def test_help_lists_the_command(capsys):
+  assert cli.main(['--help']) == 0
+  assert 'reproduce' in capsys.readouterr().out
+  assert cli.main(['reproduce', '--help']) == 0
+  assert 'instability' in capsys.readouterr().out
+  assert cli.main(['reproduce', 'instability', '--help']) == 0
+  out = capsys.readouterr().out
+  assert '--seeds' in out and '--task' in out
+  assert cli.main(['reproduce', 'nope']) == 2
+  assert 'valid: instability' in capsys.readouterr().err
