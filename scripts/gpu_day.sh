@@ -12,7 +12,9 @@
 #                                                          #   50k-step schedule; Zoology figure 2's attention
 #                                                          #   point (64 / 4 pairs, d 64, 4 lrs) meanwhile;
 #                                                          #   OUT_DIR/results.{json,md}. KF_REPRODUCE_DRY=1: a
-#                                                          #   CPU dry run at tiny sizes (the test suite's)
+#                                                          #   CPU dry run at tiny sizes (the test suite's);
+#                                                          #   KF_REPRODUCE_INSTABILITY=1 adds Skyformer table
+#                                                          #   3's ListOps column beside the ListOps pair
 #   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # issue 24 item 3: causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
@@ -100,10 +102,15 @@ reproduce)
   zlrs=${KF_REPRODUCE_ZOOLOGY_LRS:-0.01 0.0021544346900318843 0.00046415888336127773 0.0001}
   runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
   zcfg=configs/mqar.py:zoology
-  lo_tiny=(); zo_tiny=()
+  lo_tiny=(); zo_tiny=(); in_tiny=()
   if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # tiny sizes: the same commands in seconds on a CPU
     cfg=${KF_GPU_CONFIG:-configs/listops.py:tiny}
     lo_tiny=(--config.num_train_steps=4 --config.eval_every=2 --config.checkpoint_every=2)
+    # the skyformer preset on listops:tiny's data, a 16-dim model, 3 steps, 2 seeds
+    in_tiny=(--steps 3 --set data.max_length=32 --set data.min_gen_length=8 --set data.max_gen_length=32
+             --set data.max_depth=3 --set data.max_args=3 --set data.num_train=256 --set data.num_val=64
+             --set data.num_test=64 --set model.emb_dim=16 --set model.qkv_dim=16 --set model.mlp_dim=32
+             --set batch_size=4 --set model.attention.num_landmarks=8 --set model.attention.num_features=8)
     zo_tiny=(--config.data.num_train=512 --config.data.num_val=64 --config.data.num_test=64
              --config.batch_size=16 --config.num_train_steps=4 --config.eval_every=2
              --config.checkpoint_every=2 --config.model.emb_dim=16 --config.model.qkv_dim=16)
@@ -138,6 +145,14 @@ reproduce)
   wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
   # Skyformer table 1, ListOps: the kinds side by side on the one GPU.
   spids=()
+  if [ -n "${KF_REPRODUCE_INSTABILITY:-}" ]; then
+    # Opt-in: Skyformer table 3's ListOps column (kernelformer reproduce instability) beside the pair,
+    # writing OUT/instability-listops.{json,md} after every kind (a time limit keeps what finished).
+    ic=(-m kernelformer reproduce instability --task listops --seeds "${KF_REPRODUCE_INSTABILITY_SEEDS:-3}"
+        --set data.data_dir="$data" --out_dir "$out" "${in_tiny[@]}")
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.15 timeout -s INT "$sky_secs" $py "${ic[@]}" > "$runs/instability.log" 2>&1 &
+    spids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${ic[*]}")
+  fi
   for kind in "${ok[@]}"; do
     wd=$runs/listops-$kind
     sc=(-m kernelformer train --config "$cfg" --workdir "$wd" --config.data.data_dir="$data"
@@ -193,6 +208,10 @@ env['commands'] = sys.argv[2:]
 json.dump(env, open(sys.argv[1], 'w'))
 PYEOF
   $py -m kernelformer.reproduce.gpu_table --out "$out" --env "$out/env.json" "${table[@]}"
+  if [ -f "$out/instability-listops.md" ]; then
+    { echo; cat "$out/instability-listops.md"; } >> "$out/results.md"
+    cat "$out/instability-listops.md"
+  fi
   for f in "$runs"/*.log; do cp "$f" "$out/" 2>/dev/null; done
   for d in "$runs"/*/; do n=$(basename "$d"); [ -f "$d/results.json" ] && cp "$d/results.json" "$out/results-$n.json"; done
   ;;

@@ -34,10 +34,11 @@ def test_reproduce_dry_run_writes_results_and_table(tmp_path):
   env = {**os.environ, 'KF_REPRODUCE_DRY': '1', 'KF_NO_WHL': '1', 'KF_PYTHON': sys.executable,
          'KF_GPU_DATA': str(tmp_path / 'data'), 'KF_REPRODUCE_RUNS': str(tmp_path / 'runs'),
          'KF_REPRODUCE_ZOOLOGY_LRS': '0.01', 'KF_REPRODUCE_KINDS': 'performer-skyformer skyformer',
-         'JAX_PLATFORMS': 'cpu'}
+         'KF_REPRODUCE_INSTABILITY': '1', 'KF_REPRODUCE_INSTABILITY_SEEDS': '1',
+         'KF_REPRODUCE_LISTOPS_SECONDS': '1200', 'JAX_PLATFORMS': 'cpu'}
   env.pop('XLA_FLAGS', None)   # one CPU device per process, as on the GPU machine
   proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce', str(out)], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=900)
+                        capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   res = json.loads((out / 'results.json').read_text())
   rows = {(r['group'], r['label']): r for r in res['runs']}
@@ -54,6 +55,10 @@ def test_reproduce_dry_run_writes_results_and_table(tmp_path):
   md = (out / 'results.md').read_text()
   assert '| skyformer-table1-listops | skyformer | skyformer |' in md and 'Commands:' in md
   assert (out / 'results-listops-skyformer.json').exists()
+  inst = json.loads((out / 'instability-listops.json').read_text())
+  assert inst['seeds'] == [0] and inst['steps'] == 3
+  assert set(inst['summary']) == {'nystromformer', 'gaussian', 'skyformer'}
+  assert '| Skyformer | `skyformer` | 0.79 |' in md
   perf = ('skyformer-table1-listops', 'performer-skyformer')
   if _registered('performer-skyformer'):
     assert rows[perf]['status'] == 'finished' and rows[perf]['published'] == pytest.approx(0.3802)
