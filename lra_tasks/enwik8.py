@@ -2,8 +2,10 @@
 
 Format: ``{data_dir}/enwik8/enwik8``, the raw first 10^8 bytes of the English Wikipedia dump of 2006-03-03,
 as extracted from ``enwik8.zip`` (http://mattmahoney.net/dc/enwik8.zip, one member ``enwik8``). The
-standard split (Al-Rfou et al. 2019; Dai et al. 2019 "Transformer-XL", used by Luo et al. 2021 §4.3's
-LM experiments) is the first 90M bytes for training, the next 5M for validation, the last 5M for test.
+standard split (Al-Rfou et al. 2019; Dai et al. 2019 "Transformer-XL") is the first 90M bytes for
+training, the next 5M for validation, the last 5M for test. (Luo et al. 2021 run their language-model
+setting, §4.2 and appendix A.2, on WikiText-103, not on enwik8; configs/enwik8.py's ``luo`` preset
+applies their sizes to bytes.)
 ``data.num_bytes`` (10^8) sets the split sizes as 90% / 5% / 5% of it, so a small fixture file
 (``write_fixture``) runs the same code.
 

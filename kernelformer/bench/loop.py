@@ -5,11 +5,11 @@ plus the on-device window of sums and the non-finite check), on the same model a
 
 * **trainer**: ``trainer._Run.train`` for ``steps`` steps -- host batches placed on the devices
   ``input_pipeline.PREFETCH`` ahead by a thread (on CPU: by the step's own dispatch,
-  ``input_pipeline.stages_on_host``; that copy is counted here, the bare loop's is not), at most ``trainer.MAX_IN_FLIGHT`` steps in flight
-  (then a wait until ``trainer.RESUME_IN_FLIGHT`` are), the watchdog armed per step, the progress
-  bar, and a logging boundary every ``log_every`` steps (one read of the window) plus one read at
-  the end. The round's host batches are read before it starts, so the
-  figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
+  ``input_pipeline.stages_on_host``; that copy is counted here, the bare loop's is not), at most
+  ``trainer.MAX_IN_FLIGHT`` steps in flight (then a wait until ``trainer.RESUME_IN_FLIGHT`` are), the
+  watchdog armed per step, the progress bar, and a logging boundary every ``log_every`` steps (one
+  read of the window) plus one read at the end. The round's host batches are read before it starts,
+  so the figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
   batches through the input pipeline (``input_pipeline.TrainBatches``) as a run does -- that one also
   measures the pipeline: its figure is *trainer with pipeline / bare*, the median over rounds of its
   steps/s over the bare loop's in the same round; and each round also times the pipeline alone

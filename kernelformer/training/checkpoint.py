@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from typing import Any, Optional
 
 import jax
@@ -83,17 +84,36 @@ def _late_tensorstore_callback(unraisable) -> bool:
   return isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed'
 
 
+_LATE_CALLBACKS = [0]   # how many have arrived (``_settle`` waits until they stop)
+
+
 def _install_unraisable_filter() -> None:
   previous = sys.unraisablehook
 
   def hook(unraisable):
-    if not _late_tensorstore_callback(unraisable):
+    if _late_tensorstore_callback(unraisable):
+      _LATE_CALLBACKS[0] += 1
+    else:
       previous(unraisable)
 
   sys.unraisablehook = hook
 
 
 _install_unraisable_filter()
+
+
+def _settle(quiet_s: float = 0.2, limit_s: float = 3.0) -> None:
+  """After a failed restore: waits until the reads it left in flight have completed (no late callback
+  for ``quiet_s``, at most ``limit_s``), so none completes while the interpreter exits -- a tensorstore
+  thread that needs Python then is ended by ``pthread_exit`` and aborts the process."""
+  deadline = time.monotonic() + limit_s
+  seen, since = _LATE_CALLBACKS[0], time.monotonic()
+  while time.monotonic() < deadline:
+    time.sleep(0.02)
+    if _LATE_CALLBACKS[0] != seen:
+      seen, since = _LATE_CALLBACKS[0], time.monotonic()
+    elif time.monotonic() - since >= quiet_s:
+      return
 # A failed write (full disk, file-size limit) leaves orbax's asyncio futures holding the OS error; when
 # they are garbage-collected, asyncio logs "Future exception was never retrieved" with a traceback per
 # array, after the run has already said what failed in one line (Checkpoints.save). We use no asyncio
@@ -166,7 +186,6 @@ class Checkpoints:
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         if os.environ.get(_SLOW_SAVE_ENV):
-          import time  # pylint: disable=g-import-not-at-top
           time.sleep(float(os.environ[_SLOW_SAVE_ENV]))
         self._manager.wait_until_finished()
         error = None
@@ -237,6 +256,7 @@ class Checkpoints:
       except RunError:
         raise
       except Exception as e:  # pylint: disable=broad-except  (any failure to read is damage)
+        _settle()
         self._set_aside(step, e)
     return None
 

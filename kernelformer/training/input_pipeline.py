@@ -127,8 +127,9 @@ class _Ahead:
     self._queue = queue.Queue(maxsize=max(1, size))
     self._stop = threading.Event()
     self._done = False
-    threading.Thread(target=_work, args=(self._queue, self._stop, items, make), daemon=True,
-                     name='kernelformer-input').start()
+    self._thread = threading.Thread(target=_work, args=(self._queue, self._stop, items, make),
+                                    daemon=True, name='kernelformer-input')
+    self._thread.start()
 
   def __iter__(self):
     return self
@@ -146,8 +147,14 @@ class _Ahead:
     return item
 
   def close(self) -> None:
+    """Stops the thread and waits for the item it is making: a thread still inside a jax call (a
+    device_put) when the interpreter exits is ended by Python with ``pthread_exit``, which aborts the
+    process from the C++ frames it unwinds."""
     self._done = True
     self._stop.set()
+    thread = getattr(self, '_thread', None)
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+      thread.join(timeout=30)
 
   def __del__(self):
     self.close()

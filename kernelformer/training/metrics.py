@@ -155,6 +155,8 @@ class Progress:
       self._postfix = f"loss={summary['loss']:.3f}, acc={summary['accuracy']:.3f}"
     if self._bar is None:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      # No monitor thread: the bar is redrawn by update() (a thread of tqdm's own would outlive the run).
+      tqdm.monitor_interval = 0
       warmup = time.perf_counter() - self._t_start
       self._bar = tqdm(total=self._total, initial=step, unit='step', dynamic_ncols=True,
                        smoothing=0.1, mininterval=1.0, file=self._file,

@@ -37,6 +37,7 @@ from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
 from kernelformer.training import metrics as metrics_lib
 from kernelformer.training import optim as optim_lib
+from kernelformer.training import selection
 from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
@@ -74,8 +75,9 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
                  max_length=info.max_length, dropout_rate=m.dropout_rate,
                  pos_encoding=m.pos_encoding, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
                  dtype=DTYPES[m.dtype], remat=m.get('remat', 'none'),
-                 scan_layers=bool(m.get('scan_layers', False)))
-  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
+                 scan_layers=bool(m.get('scan_layers', False)), qkv_bias=bool(m.get('qkv_bias', True)))
+  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual,
+                    retrieval_head=m.get('retrieval_head', 'nli'))
 
 
 def is_language_model(info) -> bool:
@@ -775,10 +777,13 @@ class _Run:
     val = None
     if done % c.eval_every == 0 or done == self.num_steps:
       val = self.validate(done)
-      if val['accuracy'] > self.meta['best_val_accuracy']:
+      update, keep = selection.on_validation(selection.rule_of(c), val['accuracy'], done,
+                                             self.num_steps, self.meta)
+      if update:
         self.check_finite(done, val)
-        self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
-        self.save(self.best, done)
+        self.meta = {**self.meta, **update}
+        if keep:
+          self.save(self.best, done)
       if good_loss(val['loss'], self.meta.get('lowest_val_loss')):
         lowest = self.meta.get('lowest_val_loss')
         self.meta['lowest_val_loss'] = val['loss'] if lowest is None else min(lowest, val['loss'])
@@ -920,8 +925,9 @@ class _Run:
     the best step's name. ``self.tested``: which checkpoint was tested ('best' or 'final', its step).
     """
     state, self.tested_meta = self.state, None
-    self.tested = {'which': 'final', 'step': int(self.state.step)}
-    if self.best.all_steps() or self.best.damaged():
+    rule = selection.rule_of(self.config)   # eval.test_checkpoint
+    self.tested = {'which': 'final', 'step': int(self.state.step), 'rule': rule}
+    if selection.tests_best(rule) and (self.best.all_steps() or self.best.damaged()):
       restored = self.best.restore_latest(ckpt_lib.abstract_like(self.state))
       if restored is None:
         raise workdir_lib.RunError(
@@ -929,7 +935,7 @@ class _Run:
             f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
             f'train again in a new --workdir')
       state, self.tested_meta = restored
-      self.tested = {'which': 'best', 'step': int(self.best.latest_step())}
+      self.tested = {'which': 'best', 'step': int(self.best.latest_step()), 'rule': rule}
       if self.tested['step'] != self.meta['best_step']:
         workdir_lib.say(f"testing best/{self.tested['step']} (validation accuracy "
                         f"{self.tested_meta.get('best_val_accuracy')}): the newest best/ that "
@@ -983,7 +989,7 @@ class _Run:
         'test_accuracy': test['accuracy'],
         'test_loss': test['loss'],
         'test_examples': test['examples'],
-        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step': ...}
+        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step', 'rule': eval.test_checkpoint}
         'best_val_accuracy': tested['best_val_accuracy'],
         'best_step': tested['best_step'],
         'selected_on': (f"validation accuracy every {config.eval_every} steps over "

@@ -298,6 +298,22 @@ def test_workdir_fingerprint_ignores_aliases_like_the_report(tmp_path):
   assert fp.differences({'model.attention.kind': 'performer', 'seed': 0}, b) == []
 
 
+def test_paper_numbers_name_the_preset_of_their_publication_commit():
+  from kernelformer.reproduce import presets  # pylint: disable=g-import-not-at-top
+  # LRA's README table at 211e07d: ListOps was lra_paper's file, Pathfinder lra_pre_ee6649e's.
+  assert paper_numbers.lookup('lra', 'softmax', 'listops').accuracy == 36.37
+  assert paper_numbers.lookup('lra', 'softmax', 'listops').preset == 'lra_paper'
+  assert paper_numbers.lookup('lra', 'softmax', 'pathfinder').accuracy == 71.40
+  assert paper_numbers.lookup('lra', 'softmax', 'pathfinder').preset == 'lra_pre_ee6649e'
+  assert paper_numbers.lookup('lra', 'softmax', 'image').preset == ''
+  assert paper_numbers.lookup('kernel_learning', 'softmax', 'listops').preset == 'lra_paper'
+  assert paper_numbers.lookup('kernel_learning', 'gmm-rks', 'text').preset == 'kernel_learning'
+  assert paper_numbers.lookup('skyformer', 'skyformer', 'image').preset == 'skyformer'
+  for n in paper_numbers.load():
+    if n.preset:
+      assert n.preset in presets.task_module(n.task).PRESETS, n
+
+
 def test_an_unreadable_results_json_is_named_and_not_finished(tmp_path):
   """A half-written results.json (a run killed while writing it, a full disk) is never skipped in
   silence nor counted as finished: the report names it and counts its run as not finished."""

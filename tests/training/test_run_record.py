@@ -41,7 +41,7 @@ def test_test_measures_the_best_checkpoint_or_stops(tmp_path, capfd):
   first = trainer.train_and_evaluate(c, str(workdir))
   bests = numbered(workdir / 'best')
   assert len(bests) == 2, bests                          # the newest best and the one before
-  assert first['tested_checkpoint'] == {'which': 'best', 'step': bests[-1]}
+  assert first['tested_checkpoint'] == {'which': 'best', 'step': bests[-1], 'rule': 'best'}
   assert first['best_step'] == bests[-1]
   again = helpers.tiny_config(tmp_path / 'data', eval_every=2, reevaluate=True)
 
@@ -49,7 +49,7 @@ def test_test_measures_the_best_checkpoint_or_stops(tmp_path, capfd):
   shutil.copytree(workdir, tmp_path / 'ref')
   shutil.rmtree(tmp_path / 'ref' / 'best' / str(bests[-1]))
   ref = trainer.train_and_evaluate(again, str(tmp_path / 'ref'))
-  assert ref['tested_checkpoint'] == {'which': 'best', 'step': bests[0]}
+  assert ref['tested_checkpoint'] == {'which': 'best', 'step': bests[0], 'rule': 'best'}
 
   # The newest best damaged: the earlier one is tested and named, quietly (no orbax tracebacks).
   _damage(str(workdir / 'best' / str(bests[-1])), 'truncated file')
@@ -58,7 +58,7 @@ def test_test_measures_the_best_checkpoint_or_stops(tmp_path, capfd):
   err = capfd.readouterr().err
   assert 'Traceback' not in err and len(err.strip().splitlines()) <= 3, err[-3000:]
   assert f'best/{bests[0]}' in err
-  assert out['tested_checkpoint'] == {'which': 'best', 'step': bests[0]}
+  assert out['tested_checkpoint'] == {'which': 'best', 'step': bests[0], 'rule': 'best'}
   for k in ('test_loss', 'test_accuracy', 'best_step', 'best_val_accuracy'):
     assert out[k] == ref[k], k
   on_disk = json.loads((workdir / 'results.json').read_text())

@@ -150,7 +150,7 @@ def test_nonfinite_skip_policy_skips_updates_then_stops(tmp_path):
   def record(step, state):
     params[step] = [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
-  with pytest.raises(workdir_lib.RunError, match='non-finite gradients in a row') as e:
+  with pytest.raises(workdir_lib.RunError, match='non-finite steps .loss or gradient norm. in a row') as e:
     trainer.train_and_evaluate(c, str(tmp_path / 'run'), hooks=[record])
   assert e.value.exit_code == workdir_lib.EXIT_DIVERGED
   skipped = [s for s in params if s > 1 and all(
