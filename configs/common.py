@@ -72,12 +72,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Changes the parameter tree (checkpoints of the other setting do not restore) and the per-layer
   # random-feature keys (split by the scan instead of folded from 'block_i').
   c.model.scan_layers = False
+  c.model.qkv_bias = True               # biases on the attention's q/k/v/output projections (LRA: none)
+  c.model.retrieval_head = 'nli'        # Retrieval's head: 'nli' [u, v, u*v, u-v] -> 2 Dense | 'lra' [u, v] -> 3 Dense (kernelformer/encoder.py)
   c.model.attention = attention_config('softmax')
   c.model.attention.attention_dropout = 0.1
 
   c.optim = ml_collections.ConfigDict()
   c.optim.learning_rate = 0.05          # LRA's "constant" factor of the rsqrt schedule
-  c.optim.schedule = 'rsqrt'            # 'rsqrt' (LRA linear warm-up + sqrt decay) | 'cosine' | 'linear' | 'constant'
+  c.optim.schedule = 'rsqrt'            # 'rsqrt' (LRA linear warm-up + sqrt decay) | 'cosine' | 'linear' | 'constant' | 'onecycle-linear' | 'onecycle-cosine' (torch OneCycleLR, Skyformer)
   c.optim.warmup_steps = 1000
   c.optim.weight_decay = 0.1            # AdamW, decoupled
   # Which parameters weight_decay reaches (kernelformer/training/optim.py decay_mask): 'matrices' = weight
@@ -89,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.b2 = 0.98                     # kernel-learning paper table 4
   c.optim.eps = 1e-9
   c.optim.grad_clip_norm = 0.0          # 0 = no clipping
+  c.optim.grad_clip_value = 0.0         # clip each gradient element to [-v, v] (optax.clip; torch clip_grad_value_); 0 = none
   c.optim.grad_accum_steps = 1          # micro-batches per update, for global batches that do not fit
 
   c.batch_size = 32                     # GLOBAL batch: split over all devices and processes
@@ -98,6 +101,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.max_eval_batches = 0                # periodic validation only: cap in batches (0 = whole split); the final test always uses the whole test split
   c.checkpoint_every = 500              # a crash loses at most this many steps
   c.keep_checkpoints = 2
+  c.eval = ml_collections.ConfigDict()
+  # Which weights the final test measures: 'best' (highest validation accuracy) | 'final' (the last
+  # step's, as LRA) | 'best_after:<fraction>' (Skyformer: only validations after that share of the
+  # steps are kept). kernelformer/training/selection.py; results.json tested_checkpoint names it.
+  c.eval.test_checkpoint = 'best'
   c.log_every = 50
   c.progress = True                     # progress bar with steps/s and ETA
   c.profile_steps = 0                   # >0: write a jax.profiler trace of that many steps to workdir/profile
@@ -116,26 +124,60 @@ def lock(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return c
 
 
-def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning_rate: float,
-                      warmup_steps: int, eval_every: int = 500) -> None:
-  """The ``skyformer`` preset's shared small setting, for one task's batch, rate and warm-up.
+SKYFORMER_COMMIT = 'cfe8c8c'   # pkuzengqi/Skyformer: src/main.py and src/config.py's only version (HEAD 1a677cb)
 
-  Skyformer (Chen et al. 2021) appendix "Implementation Details": a 2-layer transformer, 64 embedding
-  dims, 128 hidden, 2 heads, mean pooling, 128 features for every method, 50k steps, keeping the
-  checkpoint with the best validation accuracy; the batch (16 Text, 32 ListOps, 16 Retrieval, 128
-  Pathfinder, 256 Image) and the learning rate (1e-4 Text, ListOps, Image; 2e-4 Retrieval, Pathfinder)
-  are per task. Spectraformer table 5 follows it for ListOps/Text/Retrieval and adds what Skyformer
-  leaves out: transformer (qkv) dim 64, dropout and attention dropout 0.1, linear decay, no weight decay,
-  the warm-up (1000 / 80 / 800) and the evaluation frequency (500 / 500 / 1000). Learned positions
-  follow Skyformer's code. Both ``num_features`` (random-feature kinds) and ``num_landmarks``
-  (Skyformer, Nystromformer) are 128, so switching ``kind`` keeps the paper's 128 * n visited entries.
+
+def lra_setting(c: ml_collections.ConfigDict) -> None:
+  """What every LRA-repository preset shares beyond its config file (google-research/long-range-arena).
+
+  * No bias in the attention projections: ``nn.SelfAttention(..., bias=False)``
+    (lra_benchmarks/models/transformer/transformer.py 71 @ b4f9fed; the Performer's, performer.py 99).
+  * The test measures the final weights, not a best-validation checkpoint: each task's ``train.py``
+    evaluates the test split with the model it ends training with (listops/train.py 207-211, 249-254
+    and text_classification/train.py 204-206, 248-253 @ fd1763a; image/train.py 391-400 @ b4f9fed;
+    matching/train.py 310-319 @ fd1763a tests at every evaluation).
+  """
+  c.model.qkv_bias = False
+  c.eval.test_checkpoint = 'final'
+
+
+def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning_rate: float,
+                      warmup_steps: int, eval_every: int, max_eval_batches: int) -> None:
+  """The ``skyformer`` preset: Skyformer's code (pkuzengqi/Skyformer src/main.py, src/config.py @ cfe8c8c).
+
+  The model of the paper's section 5 "Implementation Details" and of src/config.py (e.g. ListOps
+  lines 13-28): 2 layers, embedding and transformer dim 64, hidden 128, 2 heads of 32, dropout and
+  attention dropout 0.1, mean pooling, learned positions (``learn_pos_emb``), biased q/k/v projections
+  (torch nn.Linear, src/models/attention.py 109-111); 128 features for every method, so both
+  ``num_features`` (random-feature kinds) and ``num_landmarks`` (Skyformer, Nystromformer) are 128.
+
+  Training, src/main.py:
+  * AdamW betas (0.9, 0.999), eps 1e-6, the task's weight decay (0 for every task) (286-290);
+  * gradients clipped element-wise to [-1, 1] (``clip_grad_value_``, 84): ``optim.grad_clip_value``;
+  * ``OneCycleLR(max_lr=lr, pct_start=warmup / num_train_steps, anneal_strategy=lr_decay,
+    total_steps=num_train_steps)`` (292-298) with torch's defaults (div_factor 25, final_div_factor
+    1e4, cycle_momentum between 0.85 and 0.95; ``optim.b1`` = 0.95 is beta1 at step 0).
+    ``lr_decay`` is "linear" for every task in src/config.py, so both phases are linear
+    ('onecycle-linear'; torch's own default would be cosine);
+  * validation every ``eval_frequency`` steps over ``num_eval_steps`` batches of the training batch
+    (149-151): ``eval_every`` / ``max_eval_batches``;
+  * the best validation checkpoint is saved only after 20 % of the steps (155-160):
+    ``eval.test_checkpoint = 'best_after:0.2'``;
+  * 50k steps (src/config.py ``num_train_steps``).
+
+  Not reproduced, each a difference from Skyformer's run: its validation batches continue through an
+  endless reshuffled dev set from one evaluation to the next (src/models/dataset_LRA.py 24-45), ours
+  are the same first batches each time; its test drops the last partial batch (main.py 281); it
+  trains under torch.cuda.amp float16 autocast (main.py 212); its mean pooling averages padded
+  positions too (src/models/model_LRA.py 12), ours only real tokens.
 
   Args:
     c: the task config, changed in place.
-    batch_size: global batch of the task (the list above).
-    learning_rate: peak learning rate of the task.
-    warmup_steps: linear warm-up steps before the linear decay.
-    eval_every: validation (and best-checkpoint) frequency in steps.
+    batch_size: the task's ``batch_size`` in src/config.py.
+    learning_rate: the task's ``learning_rate`` (OneCycleLR's max_lr).
+    warmup_steps: the task's ``warmup`` (OneCycleLR's first phase: pct_start * total steps).
+    eval_every: the task's ``eval_frequency``.
+    max_eval_batches: the task's ``num_eval_steps``.
   """
   c.model.emb_dim = 64
   c.model.qkv_dim = 64
@@ -146,17 +188,23 @@ def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning
   c.model.attention.attention_dropout = 0.1
   c.model.pooling = 'mean'
   c.model.pos_encoding = 'learned'
+  c.model.qkv_bias = True
+  c.model.retrieval_head = 'nli'    # SCHeadDual: [X_0, X_1, X_0 * X_1, X_0 - X_1] (model_LRA.py 68-82)
   c.model.attention.kind = 'skyformer'
   c.model.attention.num_features = 128
   c.model.attention.num_landmarks = 128
   c.optim.learning_rate = learning_rate
-  c.optim.schedule = 'linear'
+  c.optim.schedule = 'onecycle-linear'
   c.optim.warmup_steps = warmup_steps
+  c.optim.b1, c.optim.b2, c.optim.eps = 0.95, 0.999, 1e-6
+  c.optim.grad_clip_value = 1.0
   c.optim.weight_decay = 0.0
-  c.optim.decay_mask = 'matrices'   # no weight decay: the mask has no effect
+  c.optim.decay_mask = 'all'        # torch AdamW(model.parameters()); no decay here anyway
   c.batch_size = batch_size
   c.num_train_steps = 50000
   c.eval_every = eval_every
+  c.max_eval_batches = max_eval_batches
+  c.eval.test_checkpoint = 'best_after:0.2'
   c.checkpoint_every = 1000
 
 

@@ -14,20 +14,29 @@ docs/reproduce.md ("Presets"):
                  learned positions, lr 5e-4 'constant * linear_warmup * cosine_decay' with one epoch
                  (45000 // 256 = 175 steps) of warm-up, no weight decay, batch 256, 200 epochs = 35,000
                  steps, evaluation every epoch. The same model as LRA's two kernelized-attention entries
-                 (cifar10/performer_base.py = linear_transformer_base.py @ a2e5057). Reproduces the LRA
-                 paper's table 1 Image column. (Before ee6649e transformer_base.py set nothing over
-                 base_cifar10_config.py, i.e. 1 head of 32 dims and mlp 64; LRA issue #33 reported that
-                 only the 8-head model reproduces the paper's Transformer number, which ee6649e then
-                 wrote into the file.) Default.
+                 (cifar10/performer_base.py = linear_transformer_base.py @ a2e5057). Raw pixels 0..255
+                 with every black pixel masked as padding (``inputs > 0``, vocabulary 256:
+                 image/input_pipeline.py 72 @ ad0ff01, models/transformer/transformer.py 148 @
+                 b4f9fed; data.pixel_padding = 'lra'), no bias in the attention projections and the
+                 test on the final weights (image/train.py 391-400 @ b4f9fed; common.lra_setting).
+                 Which model gave the LRA table's Image number is not settled: when the table was
+                 published (211e07d, Transformer 42.44) transformer_base.py set nothing over
+                 base_cifar10_config.py, i.e. 1 head of 32 dims and mlp 64 (no preset here); LRA
+                 issue #33 reported that only the 8-head model reproduces the number, which ee6649e
+                 then wrote into the file. No run of it here yet. Default.
   kernel_learning  "On Learning the Transformer Kernel" table 4, Image column (the same model: 1 layer,
                  8 heads x 8, 128 dims, mlp 128, dropout 0.3, learnable positions, CLS, same schedule)
                  with GMM-RKS and its table 5 M = 128 (table 5 Image M: GMM-RKS 128, FASTFOOD-RKS 8,
-                 GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 8, GENERATIVE-PRF 8); reproduces its
-                 table 2 Image column. Attention dropout 0.2 as LRA (table 4 does not list it).
-  skyformer      Skyformer section 5 "Implementation Details" shared setting: 2 layers, 64 dims, 128
-                 hidden, 2 heads, mean pooling, learned positions, 128 features, batch 256, lr 1e-4
-                 linear decay with 175 warm-up steps (Skyformer's code), no weight decay, 50k steps;
-                 reproduces its table 1 Image column.
+                 GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 8, GENERATIVE-PRF 8): the setting of its
+                 table 2 Image column (pixels shifted by one, nothing masked, as before). Attention dropout 0.2 as LRA (table 4 does not list it).
+  skyformer      Skyformer's code (pkuzengqi/Skyformer src/config.py 207-239 and src/main.py @ cfe8c8c,
+                 common.skyformer_setting): 2 layers, 64 dims, 128 hidden, 2 heads, mean pooling,
+                 learned positions, 128 features, raw pixels with black masked as padding (its
+                 src/preprocess/create_cifar10.py 21 keeps the grayscale value, src/models/
+                 dataset_LRA.py 32 masks ``input_ids != 0``), batch 256, AdamW (0.9, 0.999) eps 1e-6,
+                 gradients clipped to [-1, 1], OneCycleLR to lr 1e-4 with warm-up 175 (linear phases),
+                 50k steps, validation every 50 steps over 20 batches, the best validation after 20 %
+                 of the steps tested; the setting of its table 1 Image column.
   quick          2-core CPU, ~5 min: 1 x 32-dim layer, batch 32, 1000 steps, Performer attention
                  (posrf-orf, M = 32): softmax over 1024 tokens costs ~8x more per step on a CPU
                  (2.8 against 0.34 CPU-s measured); --config.model.attention.kind=softmax to compare.
@@ -45,10 +54,12 @@ PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
 LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'
 LRA_BASE_COMMIT = 'a2e5057545f67ef55bc02360a9afd7418bbd0d39'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/cifar10/transformer_base.py over '
-           f'base_cifar10_config.py @ {LRA_BASE_COMMIT[:7]}',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/cifar10/transformer_base.py lines 24-29 over '
+           f'base_cifar10_config.py @ {LRA_BASE_COMMIT[:7]}; raw pixels, inputs > 0 mask: '
+           'image/input_pipeline.py 72 @ ad0ff01, transformer.py 148 @ b4f9fed; no attention bias: '
+           'transformer.py 71; final weights tested: image/train.py 391-400 @ b4f9fed',
     'kernel_learning': 'Learning the Transformer Kernel, tables 4 (Image) and 5 (GMM-RKS M)',
-    'skyformer': 'Skyformer section 5 "Implementation Details"; warm-up and positions from its code',
+    'skyformer': f'Skyformer code @ {common.SKYFORMER_COMMIT}: src/config.py 207-239 (image), src/main.py',
     'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',
     'tiny': 'kernelformer smoke tests; not a paper setting',
 }
@@ -61,6 +72,9 @@ def image_data(c):
   c.data.tfds_check = True          # look for the prepared files first (only tests under mock_data set False)
   c.data.val_fraction = 0.1         # validation = this share of CIFAR-10's train split (LRA: 10%)
   c.data.split_seed = 0             # seeds the train/validation permutation
+  # 'none': tokens are pixel + 1 (vocabulary 257), nothing masked; 'lra': raw pixels 0..255
+  # (vocabulary 256) and ``inputs > 0`` is the padding mask, so black pixels are masked (LRA, Skyformer).
+  c.data.pixel_padding = 'none'
 
 
 def get_config(preset: str = 'lra'):
@@ -88,14 +102,18 @@ def get_config(preset: str = 'lra'):
   c.checkpoint_every = 1750
 
   if preset == 'lra':
-    pass
+    common.lra_setting(c)
+    c.data.pixel_padding = 'lra'
   elif preset == 'kernel_learning':
     # Chowdhury et al., table 4 (Image column) is the lra model: 1 layer, 8 heads x 8 (qkv 64), emb 128,
     # mlp 128. M from table 5. Attention dropout as LRA (not in table 4).
     common.kernel_learning_setting(c, num_features=128)
   elif preset == 'skyformer':
-    # Skyformer §5 (batch 256, lr 1e-4 for Image); warm-up 175 and learned positions from its code.
-    common.skyformer_setting(c, batch_size=256, learning_rate=1e-4, warmup_steps=175)
+    # Skyformer src/config.py 229-238 (image): batch 256, lr 1e-4, warm-up 175, eval_frequency 50,
+    # num_eval_steps 20.
+    common.skyformer_setting(c, batch_size=256, learning_rate=1e-4, warmup_steps=175, eval_every=50,
+                             max_eval_batches=20)
+    c.data.pixel_padding = 'lra'    # create_cifar10.py: raw grayscale; dataset_LRA.py: mask != 0
   elif preset == 'quick':
     # Learned positions (as lra); Performer attention: softmax over 1024 tokens is ~8x slower on a CPU.
     common.quick_setting(c, dim=32, num_layers=1, warmup_steps=50, weight_decay=0.0, batch_size=32,

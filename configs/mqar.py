@@ -43,8 +43,9 @@ Pick the kernel with ``--config.model.attention.kind`` (causal kinds only: see d
 Where our model differs from Zoology's (docs/recall.md, "Against Zoology's setup"): token embeddings
 are N(0, 1/d) scaled by sqrt(d) (Zoology: N(0, 0.02^2), unscaled), other layers keep this
 repository's initialisation, Zoology's embedding dropout 0.1 is not applied (``model.dropout_rate``
-is both the embedding and the residual dropout; Zoology's residual dropout is 0), and weight decay
-skips biases and LayerNorm scales (PyTorch AdamW decays every parameter).
+is both the embedding and the residual dropout; Zoology's residual dropout is 0). Weight decay
+reaches every parameter (``optim.decay_mask='all'``), as Zoology's torch AdamW over
+``model.parameters()``.
 """
 from __future__ import annotations
 

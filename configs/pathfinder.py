@@ -17,8 +17,13 @@ docs/reproduce.md ("Presets"):
                  dropout 0.1, mean pooling, sinusoidal positions (learn_pos_emb False), lr 1e-3
                  'constant * linear_warmup * cosine_decay' with one epoch (160000 // 512 = 312 steps) of
                  warm-up, no weight decay, batch 512, 200 epochs = 312 x 200 = 62,400 steps, evaluation
-                 every epoch. Meant to reproduce the LRA paper's table 1 Pathfinder column with softmax
-                 (but see lra_pre_ee6649e). Default.
+                 every epoch. Raw pixels 0..255 with every black pixel -- Pathfinder's background --
+                 masked as padding (``inputs > 0``, vocabulary 256: image/input_pipeline.py 186, 205 @
+                 ad0ff01, models/transformer/transformer.py 148 @ b4f9fed; data.pixel_padding =
+                 'lra'), so attention sees only the lit pixels; no bias in the attention projections
+                 and the test on the final weights (common.lra_setting). The repository's current
+                 setting; the LRA table's 71.40 was published (211e07d) when the file was
+                 lra_pre_ee6649e's. Default.
   lra_pre_ee6649e  The same files before ee6649e (transformer_base.py @ ad0ff01: 1 layer, 4 heads, emb
                  128, qkv 64, mlp 128, dropout 0.2), kept because the LRA maintainers have not said which
                  one is behind the paper: in LRA issue #37 (2021-11-16, after ee6649e) a maintainer
@@ -27,14 +32,21 @@ docs/reproduce.md ("Presets"):
                  128 / 64 / 128 model (8 heads, for the Performer) as the one that gets the reported
                  score, where the 4 x 32 model of the performer config did not converge. (LRA's kernel
                  entries at a2e5057 disagree with each other too: performer_base.py 4 layers / 8 heads /
-                 32 / 16 / 32, linear_transformer_base.py 1 layer / 2 heads / 128 / 64 / 128.)
+                 32 / 16 / 32, linear_transformer_base.py 1 layer / 2 heads / 128 / 64 / 128.) The
+                 config of the LRA README table's Transformer 71.40 (211e07d); pixels, bias and test
+                 checkpoint as lra.
   kernel_learning  The kernel-learning paper did not run Pathfinder (its footnote 1: no model beat
-                 chance). This preset is the lra one (4 x 32 since ee6649e) with that paper's GMM-RKS at M = 128 (its Image
-                 value), for running its kernels here; it reproduces no table.
-  skyformer      Skyformer section 5 shared setting: 2 layers, 64 dims, 128 hidden, 2 heads, mean
-                 pooling, learned positions, 128 features, batch 128, lr 2e-4 linear decay with 312
-                 warm-up steps (Skyformer's code), no weight decay, 50k steps; reproduces its table 1
-                 Pathfinder column.
+                 chance). This preset is the lra one (4 x 32 since ee6649e; its pixels, bias and test
+                 checkpoint included) with that paper's GMM-RKS at M = 128 (its Image value), for
+                 running its kernels here; it reproduces no table.
+  skyformer      Skyformer's code (pkuzengqi/Skyformer src/config.py 58-103 and src/main.py @ cfe8c8c,
+                 common.skyformer_setting): 2 layers, 64 dims, 128 hidden, 2 heads, mean pooling,
+                 learned positions, 128 features, raw pixels with black masked as padding (its
+                 src/preprocess/create_pathfinder.py 29 keeps the decoded value, src/models/
+                 dataset_LRA.py 32 masks ``input_ids != 0``), batch 128, AdamW (0.9, 0.999) eps 1e-6,
+                 gradients clipped to [-1, 1], OneCycleLR to lr 2e-4 with warm-up 312 (linear phases),
+                 50k steps, validation every 500 steps over 156 batches, the best validation after
+                 20 % of the steps tested; the setting of its table 1 Pathfinder column.
   quick          2-core CPU, ~5 min: the easy set (curv_baseline), 1 x 32-dim layer, batch 32, 1000
                  steps, Performer attention (posrf-orf, M = 32; softmax over 1024 tokens costs ~8x more
                  per step on a CPU). Needs the release's pathfinder32/curv_baseline.
@@ -51,13 +63,15 @@ PRESETS = ('lra', 'lra_pre_ee6649e', 'kernel_learning', 'skyformer', 'quick', 't
 LRA_COMMIT = 'ee6649e0c5cabab560aa5e21be5b910d78c1b5a8'
 LRA_PREVIOUS_COMMIT = 'ad0ff01a5b3492ade621553a1caae383b347e0c1'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/pathfinder32/transformer_base.py over '
-           f'base_pathfinder32_config.py @ {LRA_PREVIOUS_COMMIT[:7]}',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: image/configs/pathfinder32/transformer_base.py lines 24-29 over '
+           f'base_pathfinder32_config.py @ {LRA_PREVIOUS_COMMIT[:7]}; raw pixels, inputs > 0 mask: '
+           'image/input_pipeline.py 186, 205 @ ad0ff01, transformer.py 148 @ b4f9fed; no attention bias: '
+           'transformer.py 71; final weights tested: image/train.py 391-400 @ b4f9fed',
     'lra_pre_ee6649e': f'LRA repo @ {LRA_PREVIOUS_COMMIT[:7]}: pathfinder32/transformer_base.py before '
                        f'{LRA_COMMIT[:7]} (kept: LRA issue #37)',
     'kernel_learning': 'the lra preset with Learning the Transformer Kernel\'s GMM-RKS, M = 128 '
                        '(its table 5 Image value; the paper ran no Pathfinder)',
-    'skyformer': 'Skyformer section 5 "Implementation Details"; warm-up and positions from its code',
+    'skyformer': f'Skyformer code @ {common.SKYFORMER_COMMIT}: src/config.py 58-103 (pathfinder), src/main.py',
     'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',
     'tiny': 'kernelformer smoke tests; not a paper setting',
 }
@@ -69,6 +83,9 @@ def pathfinder_data(c):
   c.data.difficulty = 'hard'        # 'easy' (curv_baseline), 'intermediate' (..._9), 'hard' (..._14)
   c.data.max_length = 0             # 0 = resolution**2 tokens (the only valid non-zero value)
   c.data.split_seed = 0             # seeds the permutation before the 80/10/10 split
+  # 'none': tokens are pixel + 1 (vocabulary 257), nothing masked; 'lra': raw pixels 0..255
+  # (vocabulary 256) and ``inputs > 0`` is the padding mask, so the black background is masked.
+  c.data.pixel_padding = 'none'
 
 
 def get_config(preset: str = 'lra'):
@@ -95,6 +112,9 @@ def get_config(preset: str = 'lra'):
   c.eval_every = 312                # every epoch, as LRA
   c.checkpoint_every = 3120
 
+  if preset in ('lra', 'lra_pre_ee6649e', 'kernel_learning'):
+    common.lra_setting(c)
+    c.data.pixel_padding = 'lra'
   if preset == 'lra':
     pass
   elif preset == 'lra_pre_ee6649e':
@@ -107,8 +127,11 @@ def get_config(preset: str = 'lra'):
   elif preset == 'kernel_learning':
     common.kernel_learning_setting(c, num_features=128)   # the paper's Image M (no Pathfinder column)
   elif preset == 'skyformer':
-    # Skyformer §5 (batch 128, lr 2e-4 for Pathfinder); warm-up 312 and learned positions from its code.
-    common.skyformer_setting(c, batch_size=128, learning_rate=2e-4, warmup_steps=312)
+    # Skyformer src/config.py 75-86 (pathfinder): batch 128, lr 2e-4, warm-up 312, eval_frequency 500,
+    # num_eval_steps 156.
+    common.skyformer_setting(c, batch_size=128, learning_rate=2e-4, warmup_steps=312, eval_every=500,
+                             max_eval_batches=156)
+    c.data.pixel_padding = 'lra'    # create_pathfinder.py: decoded pixels; dataset_LRA.py: mask != 0
   elif preset == 'quick':
     # Sinusoidal positions (as lra); Performer attention: softmax over 1024 tokens is ~8x slower on a CPU.
     c.data.difficulty = 'easy'

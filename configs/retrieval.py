@@ -5,20 +5,29 @@ Command (LRA defaults; the release's new_aan_pairs.*.tsv in data/retrieval, see 
 
 Presets (``--config configs/retrieval.py:<preset>``); each one's source is in ``SOURCES`` and in the table
 of docs/reproduce.md ("Presets"):
-  lra            google-research/long-range-arena at commit 4954d9f (the file's last version we found),
-                 lra_benchmarks/matching/configs/base_match_config.py: 4 layers, 128 dims, 4 heads, qkv
-                 128, mlp 512, CLS, lr 0.05 'constant * linear_warmup * rsqrt_decay' with 8000 warm-up
-                 (longer than the 5k steps, as in LRA), weight decay 0.1, batch 32, 5000 steps, 4000 bytes
-                 per document; dropout and attention dropout 0.1 (the LRA Transformer's defaults).
-                 Reproduces the LRA paper's table 1 Retrieval column. Default.
+  lra            google-research/long-range-arena lra_benchmarks/matching/configs/base_match_config.py as
+                 last changed by a2e5057 (2021-03-04, the licence header only; the settings are
+                 4954d9f's, 2020-11-04): 4 layers (line 48), 128 dims (46), 4 heads, qkv 128, mlp 512
+                 (50), CLS, lr 0.05 'constant * linear_warmup * rsqrt_decay' (39) with 8000 warm-up
+                 (40; longer than the 5k steps, as in LRA), weight decay 0.1 (28), batch 32 (23), 5000
+                 steps (25), evaluation every 100 steps (24) on the whole validation split, 4000 bytes
+                 per document (41); dropout and attention dropout 0.1 (the LRA Transformer's
+                 defaults). LRA's dual head on [u, v] (model.retrieval_head = 'lra':
+                 models/layers/common_layers.py 236-241 @ b4f9fed, interaction=None), no bias in the
+                 attention projections and the test on the final weights (common.lra_setting). The
+                 file's settings when LRA's README table (Transformer Retrieval 57.46) was added at
+                 211e07d; no run of it here yet. Default.
   kernel_learning  "On Learning the Transformer Kernel" table 4, Retrieval column (the same LRA model:
                  4 heads x 32) with GMM-RKS and its table 5 M = 64 (table 5 Retrieval M: GMM-RKS 64,
-                 FASTFOOD-RKS 32, GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 32, GENERATIVE-PRF 64);
-                 reproduces its table 2 Retrieval column.
-  skyformer      Skyformer section 5 "Implementation Details" / Spectraformer table 5 shared setting: 2
-                 layers, 64 dims, 128 hidden, 2 heads, mean pooling, learned positions, 128 features,
-                 batch 16, lr 2e-4 linear decay with 800 warm-up steps, no weight decay, 50k steps, eval
-                 every 1000; reproduces Skyformer table 1 / Spectraformer table 2 (Retrieval).
+                 FASTFOOD-RKS 32, GENERATIVE-RKS 128, GMM-PRF 128, FASTFOOD-PRF 32, GENERATIVE-PRF 64):
+                 the setting of its table 2 Retrieval column.
+  skyformer      Skyformer's code (pkuzengqi/Skyformer src/config.py 104-154 and src/main.py @ cfe8c8c,
+                 common.skyformer_setting): 2 layers, 64 dims, 128 hidden, 2 heads, mean pooling,
+                 learned positions, 128 features, [u, v, u*v, u-v] head (src/models/model_LRA.py
+                 68-82), batch 16, AdamW (0.9, 0.999) eps 1e-6, gradients clipped to [-1, 1],
+                 OneCycleLR to lr 2e-4 with warm-up 800 (linear phases), 50k steps, validation every
+                 1000 steps over 300 batches, the best validation after 20 % of the steps tested; the
+                 setting of Skyformer table 1 / Spectraformer table 2 (Retrieval).
   quick          2-core CPU, ~10 min: 256 bytes per document, 2 x 64-dim layers, batch 16, 1500 steps
                  (~0.37 CPU-s per step measured). Needs the release files (reading the 147k training
                  pairs takes ~30 s). Not a paper setting.
@@ -32,11 +41,14 @@ from __future__ import annotations
 from kernelformer.configs import common
 
 PRESETS = ('lra', 'kernel_learning', 'skyformer', 'quick', 'tiny')
-LRA_COMMIT = '4954d9fbf071e154a56e3e651a4e3be55dd2178e'
+LRA_COMMIT = 'a2e5057545f67ef55bc02360a9afd7418bbd0d39'
 SOURCES = {
-    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: matching/configs/base_match_config.py',
+    'lra': f'LRA repo @ {LRA_COMMIT[:7]}: matching/configs/base_match_config.py lines 23-50 (settings of '
+           '4954d9f; eval_frequency 100: line 24); head: models/layers/common_layers.py 236-241 @ b4f9fed; '
+           'no attention bias: transformer.py 71 @ b4f9fed; final weights tested: matching/train.py '
+           '310-319 @ fd1763a',
     'kernel_learning': 'Learning the Transformer Kernel, tables 4 (Retrieval) and 5 (GMM-RKS M)',
-    'skyformer': 'Skyformer section 5 "Implementation Details"; Spectraformer table 5 (warm-up, eval)',
+    'skyformer': f'Skyformer code @ {common.SKYFORMER_COMMIT}: src/config.py 104-154 (retrieval), src/main.py',
     'quick': 'kernelformer (2-core CPU, minutes); not a paper setting',
     'tiny': 'kernelformer smoke tests; not a paper setting',
 }
@@ -50,7 +62,7 @@ def retrieval_data(c):
 def get_config(preset: str = 'lra'):
   c = common.base_config()
   retrieval_data(c)
-  # LRA matching/configs/base_match_config.py @ 4954d9f: 4 x 128, 4 heads, mlp 512, CLS, lr 0.05 rsqrt,
+  # LRA matching/configs/base_match_config.py @ a2e5057 (= 4954d9f's settings): 4 x 128, 4 heads, mlp 512, CLS, lr 0.05 rsqrt,
   # 8000 warm-up, weight decay 0.1, 5k steps, batch 32, 4000 bytes.
   c.model.emb_dim = 128
   c.model.qkv_dim = 128
@@ -70,14 +82,18 @@ def get_config(preset: str = 'lra'):
   c.checkpoint_every = 500
 
   if preset == 'lra':
-    pass
+    common.lra_setting(c)
+    c.model.retrieval_head = 'lra'  # common_layers.py classifier_head_dual, interaction=None
+    c.eval_every = 100              # base_match_config.py line 24: eval_frequency = 100
   elif preset == 'kernel_learning':
     # Chowdhury et al., table 4 (Retrieval column); M from table 5.
     c.model.qkv_dim = 128           # 4 heads x 32 (table 4: key/query/value dim 32 per head)
     common.kernel_learning_setting(c, num_features=64)
   elif preset == 'skyformer':
-    # Skyformer §5 (batch 16, lr 2e-4 for Retrieval) / Spectraformer table 5 (warm-up 800, eval 1000).
-    common.skyformer_setting(c, batch_size=16, learning_rate=2e-4, warmup_steps=800, eval_every=1000)
+    # Skyformer src/config.py 126-137 (retrieval): batch 16, lr 2e-4, warm-up 800, eval_frequency
+    # 1000, num_eval_steps 300.
+    common.skyformer_setting(c, batch_size=16, learning_rate=2e-4, warmup_steps=800, eval_every=1000,
+                             max_eval_batches=300)
   elif preset == 'quick':
     c.data.max_length = 256
     common.quick_setting(c, dim=64, num_layers=2, warmup_steps=100, weight_decay=0.01, batch_size=16,

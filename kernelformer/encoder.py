@@ -5,7 +5,16 @@ mean over real tokens), so padded positions never reach the classifier.
 
 The dual encoder (LRA Retrieval) encodes each document separately with the same weights -- and, for
 random-feature and landmark mechanisms, the same features: both documents go through one encoder call
--- and classifies ``[u, v, u * v, u - v]``: no cross-attention, as LRA requires.
+-- and classifies the pair without cross-attention, as LRA requires, with one of two heads
+(``retrieval_head``, config.model.retrieval_head):
+
+* ``'lra'``: LRA's ``classifier_head_dual`` with ``interaction=None`` (its Retrieval setting): ``[u, v]``
+  -> Dense(mlp_dim) -> ReLU -> Dense(mlp_dim // 2) -> ReLU -> Dense(classes)
+  (google-research/long-range-arena lra_benchmarks/models/layers/common_layers.py 236-241 @ b4f9fed,
+  the file's last version; matching/configs/base_match_config.py sets no ``interaction``).
+* ``'nli'``: ``[u, v, u * v, u - v]`` -> Dense(mlp_dim) -> ReLU -> Dense(classes), the head of
+  Skyformer's ``SCHeadDual`` (pkuzengqi/Skyformer src/models/model_LRA.py 68-82 @ cfe8c8c) and of the
+  kernel-learning paper's code.
 """
 from __future__ import annotations
 
@@ -17,6 +26,8 @@ import numpy as np
 
 from kernelformer import registry
 from kernelformer.layers import RelativePositionBias, remat_block, scanned_layers
+
+RETRIEVAL_HEADS = ('lra', 'nli')
 
 def sinusoidal_positions(length: int, dim: int, max_scale: float = 10000.0) -> np.ndarray:
   """The sinusoidal table of Vaswani et al. 2017 §3.5, ``[length, dim]``."""
@@ -57,6 +68,7 @@ class Encoder(nn.Module):
   dtype: Any = jnp.float32
   remat: str = 'none'                  # 'none' | 'block' | a jax.checkpoint_policies name (layers.py)
   scan_layers: bool = False            # one nn.scan over the blocks (params stacked on a layer axis)
+  qkv_bias: bool = True                # biases of the attention projections (layers.MultiHeadAttention)
 
   @nn.compact
   def __call__(self, inputs, *, train: bool = False, step=None):
@@ -91,7 +103,7 @@ class Encoder(nn.Module):
         shared_bias = RelativePositionBias(self.num_heads, name='position_bias')(length)
     block = dict(num_heads=self.num_heads, qkv_dim=self.qkv_dim, mlp_dim=self.mlp_dim,
                  attention=attention, dropout_rate=self.dropout_rate,
-                 per_layer_position_bias=per_layer, dtype=self.dtype)
+                 per_layer_position_bias=per_layer, dtype=self.dtype, qkv_bias=self.qkv_bias)
     if self.scan_layers:
       # Parameters under 'layers/block/...' with a leading [num_layers] axis; one compiled block.
       x, _ = scanned_layers(self.num_layers, self.remat, deterministic, block)(
@@ -109,15 +121,20 @@ class Encoder(nn.Module):
 
 
 class Classifier(nn.Module):
-  """Encoder + MLP head (LRA: Dense(mlp_dim) -> ReLU -> Dense(num_classes))."""
+  """Encoder + MLP head (LRA: Dense(mlp_dim) -> ReLU -> Dense(num_classes); the dual head per
+  ``retrieval_head``, see the module docstring)."""
 
   num_classes: int
   encoder: Mapping[str, Any]     # Encoder fields
   mlp_dim: int
   dual: bool = False             # Retrieval: two documents, encoded separately with shared weights
+  retrieval_head: str = 'nli'    # the dual head: 'lra' | 'nli' (RETRIEVAL_HEADS)
 
   @nn.compact
   def __call__(self, batch: Mapping[str, Any], *, train: bool = False, step=None):
+    if self.retrieval_head not in RETRIEVAL_HEADS:
+      raise ValueError(f"model.retrieval_head must be one of {', '.join(map(repr, RETRIEVAL_HEADS))}, "
+                       f'got {self.retrieval_head!r}')
     enc = Encoder(**self.encoder, name='encoder')
     if self.dual:
       # One encoder call over both documents (stacked on the batch axis), so the towers are truly
@@ -129,6 +146,11 @@ class Classifier(nn.Module):
       pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])))  # token 0 is padding
       both = enc(jnp.concatenate([pad(x1), pad(x2)], axis=0), train=train, step=step)
       u, v = both[:x1.shape[0]], both[x1.shape[0]:]
+      if self.retrieval_head == 'lra':
+        h = jnp.concatenate([u, v], axis=-1)
+        h = nn.relu(nn.Dense(self.mlp_dim, name='head_hidden')(h))
+        h = nn.relu(nn.Dense(self.mlp_dim // 2, name='head_hidden2')(h))
+        return nn.Dense(self.num_classes, name='head_out')(h)
       h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
     else:
       h = enc(batch['inputs'], train=train, step=step)

@@ -22,15 +22,17 @@ def _attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in dict(attention).items() if v is not None}
 
 
-def qkv_projections(x, num_heads: int, qkv_dim: int, dtype) -> tuple[Array, Array, Array]:
+def qkv_projections(x, num_heads: int, qkv_dim: int, dtype,
+                    use_bias: bool = True) -> tuple[Array, Array, Array]:
   """``q, k, v [B, L, H, qkv_dim / H]`` from ``x``: submodules 'query', 'key', 'value' of the calling module.
 
   Called inside a compact ``__call__`` (the encoder's and the decoder's attention share it).
+  ``use_bias=False`` gives the three projections no bias parameter.
   """
   if qkv_dim % num_heads:
     raise ValueError(f'qkv_dim={qkv_dim} is not divisible by num_heads={num_heads}')
   dense = lambda name: nn.DenseGeneral(
-      (num_heads, qkv_dim // num_heads), dtype=dtype, name=name,
+      (num_heads, qkv_dim // num_heads), dtype=dtype, name=name, use_bias=use_bias,
       kernel_init=nn.initializers.xavier_uniform())
   return dense('query')(x), dense('key')(x), dense('value')(x)
 
@@ -43,16 +45,21 @@ class MultiHeadAttention(nn.Module):
   attention: Mapping[str, Any]        # config.model.attention as a dict (must contain 'kind')
   causal: bool = False
   dtype: Any = jnp.float32            # compute dtype; parameters stay float32
+  # Whether the query/key/value and output projections have biases (config.model.qkv_bias). LRA's
+  # attention has none: flax nn.SelfAttention(..., bias=False), "whether pointwise QKVO dense
+  # transforms use bias" (long-range-arena lra_benchmarks/models/transformer/transformer.py 71 @
+  # b4f9fed), so the output projection goes with the three.
+  use_bias: bool = True
 
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
-    q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype)
+    q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype, self.use_bias)
     mechanism = registry.build(_attention_options(self.attention))
     extra = {} if position_bias is None else {'position_bias': position_bias}
     out = mechanism(q, k, v, mask=mask, causal=self.causal, step=step,
                     deterministic=deterministic, **extra)
     return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), dtype=self.dtype, name='out',
-                           kernel_init=nn.initializers.xavier_uniform())(out)
+                           use_bias=self.use_bias, kernel_init=nn.initializers.xavier_uniform())(out)
 
 
 class MlpBlock(nn.Module):
@@ -93,6 +100,7 @@ class EncoderBlock(nn.Module):
   per_layer_position_bias: bool = False   # Luo et al. share b across layers; True gives each layer its own
   max_length: Optional[int] = None
   dtype: Any = jnp.float32
+  qkv_bias: bool = True                   # biases of the attention projections (MultiHeadAttention.use_bias)
 
   @nn.compact
   def __call__(self, x, mask=None, step=None, deterministic=True, position_bias=None):
@@ -101,7 +109,7 @@ class EncoderBlock(nn.Module):
     if self.per_layer_position_bias:
       position_bias = RelativePositionBias(self.num_heads, name='position_bias')(x.shape[1])
     attention = MultiHeadAttention(self.num_heads, self.qkv_dim, self.attention, causal=self.causal,
-                                   dtype=self.dtype, name='attention')
+                                   dtype=self.dtype, use_bias=self.qkv_bias, name='attention')
     return pre_ln_residuals(
         x, lambda y: attention(y, mask=mask, step=step, deterministic=deterministic,
                                position_bias=position_bias),

@@ -11,6 +11,11 @@ A task turns its upstream files into random-access sources of fixed-length examp
 Dual tasks (Retrieval) give ``inputs1`` and ``inputs2`` instead of ``inputs``. Token id 0 is padding
 in every task (the model derives its key padding mask from ``inputs != 0``), so vocabularies start at 1.
 
+A source may also answer a whole batch at once: ``src.read_batch(indices int[B]) -> {name: int32[B,
+...]}``, equal to stacking ``src[i]`` over ``indices`` (the training and evaluation batches use it when
+present, else they stack single examples). ``ArraySource``, ``IndexedSource`` and the generated recall
+tasks (``lra_tasks/mqar.py``) have it.
+
 Shared by the task modules: the sources (``ArraySource`` over int32 arrays, ``IndexedSource`` over
 stored, possibly memory-mapped rows), the seeded ``split_indices``, and the TFDS helpers
 (``TfdsDataset``: where a prepared dataset must be and how to say it is missing; ``read_tfds_split``).
@@ -85,6 +90,10 @@ class ArraySource:
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     return {k: a[i] for k, a in self._arrays.items()}
 
+  def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    """Examples ``indices`` as one batch, ``{name: array[indices]}``: one gather per array."""
+    return {k: a[indices] for k, a in self._arrays.items()}
+
   @property
   def arrays(self) -> Mapping[str, np.ndarray]:
     return self._arrays
@@ -132,6 +141,17 @@ class IndexedSource:
         row = a[j].astype(np.int32)
         row += offset
         out[name] = row
+    return out
+
+  def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    """Examples ``indices`` as one batch: one gather of the stored rows per array, then one int32
+    conversion -- what stacking ``src[i]`` gives."""
+    rows = self._index[np.asarray(indices, dtype=np.int64)]
+    out = {}
+    for name, a, offset, _ in self._fields:
+      batch = a[rows].astype(np.int32)
+      batch += offset
+      out[name] = batch
     return out
 
   def materialize(self) -> dict[str, np.ndarray]:

@@ -2,8 +2,10 @@
 
 Format: ``{data_dir}/enwik8/enwik8``, the raw first 10^8 bytes of the English Wikipedia dump of 2006-03-03,
 as extracted from ``enwik8.zip`` (http://mattmahoney.net/dc/enwik8.zip, one member ``enwik8``). The
-standard split (Al-Rfou et al. 2019; Dai et al. 2019 "Transformer-XL", used by Luo et al. 2021 §4.3's
-LM experiments) is the first 90M bytes for training, the next 5M for validation, the last 5M for test.
+standard split (Al-Rfou et al. 2019; Dai et al. 2019 "Transformer-XL") is the first 90M bytes for
+training, the next 5M for validation, the last 5M for test. (Luo et al. 2021 run their language-model
+setting, §4.2 and appendix A.2, on WikiText-103, not on enwik8; configs/enwik8.py's ``luo`` preset
+applies their sizes to bytes.)
 ``data.num_bytes`` (10^8) sets the split sizes as 90% / 5% / 5% of it, so a small fixture file
 (``write_fixture``) runs the same code.
 
@@ -114,8 +116,16 @@ class Enwik8Task:
 
   def info(self, data: Any) -> LMTaskInfo:
     eval_scheme(data)   # a bad eval_context / eval_stride is reported with the other data fields
-    return LMTaskInfo(num_classes=VOCAB_SIZE, vocab_size=VOCAB_SIZE,
-                      max_length=common.positive_max_length(data, 'enwik8'),
+    length = common.positive_max_length(data, 'enwik8')
+    window = length + 1
+    for split, (start, stop) in split_bounds(int(data.num_bytes)).items():
+      if stop - start < window:
+        raise common.DataError(
+            f'enwik8: data.num_bytes={int(data.num_bytes)} gives a {split} split of {stop - start} '
+            f'bytes, shorter than one window (max_length + 1 = {window} bytes); raise '
+            f'data.num_bytes to at least {20 * window} (the splits are 90/5/5 %) or lower '
+            f'data.max_length')
+    return LMTaskInfo(num_classes=VOCAB_SIZE, vocab_size=VOCAB_SIZE, max_length=length,
                       metric='bits_per_byte')
 
   def check(self, data: Any) -> list[str]:

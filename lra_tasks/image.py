@@ -7,9 +7,19 @@ inductive bias. The grayscale conversion is LRA's ``tf.image.rgb_to_grayscale`` 
 ``255.5`` and truncate to uint8 (``tf.image.convert_image_dtype``). It is not PIL's ``convert('L')``,
 which rounds ``(299 R + 587 G + 114 B) / 1000``: pure green is 149 here and 150 there.
 
-Tokens are ``pixel + 1`` (1..256), so 0 stays padding and the vocabulary has 257 ids, as for the byte
-tasks. Every image has exactly 1024 tokens (``TaskInfo.max_length``); ``data.max_length`` must be 1024
-or 0 (= automatic).
+Tokens per ``data.pixel_padding`` (``pixel_offset``; Pathfinder reads the same field):
+
+* ``'none'`` (the default): ``pixel + 1`` (1..256), so 0 stays padding and nothing is masked; the
+  vocabulary has 257 ids, as for the byte tasks.
+* ``'lra'``: the raw pixel 0..255, vocabulary 256, as LRA feeds them (image/input_pipeline.py 72
+  @ ad0ff01: ``tf.cast(tf.image.rgb_to_grayscale(...), tf.int32)``; image/train.py gets vocab_size 256
+  from the pipeline). The model's padding mask is ``inputs != 0`` (kernelformer/encoder.py), LRA's
+  ``inputs > 0`` (models/transformer/transformer.py 148 @ b4f9fed), so every black pixel is masked:
+  attention neither reads nor writes it and mean pooling skips it. Skyformer's pipeline does the same
+  (src/preprocess/create_cifar10.py 21, src/models/dataset_LRA.py 32 @ cfe8c8c).
+
+Every image has exactly 1024 tokens (``TaskInfo.max_length``); ``data.max_length`` must be 1024 or 0
+(= automatic).
 
 The data is TFDS' ``cifar10`` read with ``tfds.data_source`` (prepared ``array_record`` files; see
 ``common.TfdsDataset`` for the on-disk check that keeps TFDS from trying to download). Splits: LRA used
@@ -25,7 +35,8 @@ import numpy as np
 from lra_tasks import common
 
 NUM_CLASSES = 10
-VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding
+VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding (pixel_padding 'none')
+PIXEL_PADDINGS = ('none', 'lra')
 SIDE = 32
 NUM_PIXELS = SIDE * SIDE
 
@@ -51,6 +62,25 @@ def lra_grayscale(rgb: np.ndarray) -> np.ndarray:
   gray = (scaled[..., 0] * GRAY_WEIGHTS[0] + scaled[..., 1] * GRAY_WEIGHTS[1]
           + scaled[..., 2] * GRAY_WEIGHTS[2])
   return (gray * np.float32(255.5)).astype(np.uint8)
+
+
+def pixel_padding(data: Any) -> str:
+  """``data.pixel_padding`` ('none' for a config written before the field existed); DataError if unknown."""
+  value = str(getattr(data, 'pixel_padding', 'none'))
+  if value not in PIXEL_PADDINGS:
+    raise common.DataError(f"data.pixel_padding must be one of {', '.join(map(repr, PIXEL_PADDINGS))}, "
+                           f'got {value!r}')
+  return value
+
+
+def pixel_offset(data: Any) -> int:
+  """What is added to a pixel to make its token: 1 ('none': 0 stays padding), 0 ('lra': black is 0)."""
+  return 0 if pixel_padding(data) == 'lra' else 1
+
+
+def pixel_vocab_size(data: Any) -> int:
+  """257 for 'none' (pixels + 1, and padding), 256 for 'lra' (LRA's vocab_size)."""
+  return 256 + pixel_offset(data)
 
 
 def pixel_tokens(gray: np.ndarray) -> np.ndarray:
@@ -87,6 +117,8 @@ def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
                                               data.split_seed)
     idx = train_idx if split == 'train' else val_idx
     inputs, targets = inputs[idx], targets[idx]
+  if pixel_offset(data) == 0:   # read_tfds_split's tokens are pixel + 1 (``_convert``): a new array
+    inputs = inputs - 1
   arrays = {'inputs': inputs, 'targets': targets}
   common.check_nonempty('image', arrays, split, 'use more data or another data.val_fraction')
   return arrays
@@ -99,7 +131,8 @@ class ImageTask:
 
   def info(self, data: Any) -> common.TaskInfo:
     _check_length(data)
-    return common.TaskInfo(num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE, max_length=NUM_PIXELS)
+    return common.TaskInfo(num_classes=NUM_CLASSES, vocab_size=pixel_vocab_size(data),
+                           max_length=NUM_PIXELS)
 
   def check(self, data: Any) -> list[str]:
     return CIFAR10.check(data)

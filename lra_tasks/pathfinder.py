@@ -3,8 +3,12 @@
 Long Range Arena (Tay et al. 2021, section 3.4 "Pathfinder (long-range spatial dependency)") shows a
 grayscale image with two marked dots and dashed curves and asks whether one curve joins the dots (2
 classes). The image is flattened in raster order; tokens are ``pixel + 1`` (1..256, vocabulary 257, 0
-stays padding). "Pathfinder" is 32x32 (1024 tokens) at the hard difficulty; "Path-X" is 128x128
-(16384 tokens), also hard. ``data.resolution`` (32, 64, 128, 256) and ``data.difficulty`` pick the set:
+stays padding) with ``data.pixel_padding = 'none'``, or the raw pixel 0..255 (vocabulary 256) with
+``'lra'``, where the mask ``inputs != 0`` -- LRA's ``inputs > 0`` (image/input_pipeline.py 186, 205
+@ ad0ff01; models/transformer/transformer.py 148 @ b4f9fed) -- drops every black pixel, i.e. the whole
+background: attention sees only the lit pixels, as in LRA's and Skyformer's runs
+(``lra_tasks.image.pixel_offset``). "Pathfinder" is 32x32 (1024 tokens) at the hard difficulty;
+"Path-X" is 128x128 (16384 tokens), also hard. ``data.resolution`` (32, 64, 128, 256) and ``data.difficulty`` pick the set:
 
     easy -> curv_baseline    intermediate -> curv_contour_length_9    hard -> curv_contour_length_14
 
@@ -47,9 +51,10 @@ import numpy as np
 
 from lra_tasks import cache
 from lra_tasks import common
+from lra_tasks import image
 
 NUM_CLASSES = 2
-VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding
+VOCAB_SIZE = 257   # pixel values 0..255 shifted by one, plus padding (pixel_padding 'none'; 'lra': 256)
 RESOLUTIONS = (32, 64, 128, 256)
 DIFFICULTIES = {'easy': 'curv_baseline', 'intermediate': 'curv_contour_length_9',
                 'hard': 'curv_contour_length_14'}
@@ -251,12 +256,16 @@ def _split_source(data: Any, split: str) -> common.ArraySource | common.IndexedS
     n = len(labels)
   parts = dict(zip(common.SPLITS, common.split_indices(n, SPLIT_FRACTIONS, data.split_seed)))
   idx = parts[split]
+  offset = image.pixel_offset(data)
   if stored is not None:
-    # Pixels are stored as decoded (uint8); tokens are pixel + 1, as in load_examples.
-    src = common.IndexedSource(idx, {'inputs': 1}, inputs=stored['pixels'],
+    # Pixels are stored as decoded (uint8); tokens are pixel + offset, as below.
+    src = common.IndexedSource(idx, {'inputs': offset}, inputs=stored['pixels'],
                                targets=stored['labels'])
   else:
-    src = common.ArraySource(inputs=tokens[idx], targets=labels[idx])
+    inputs = tokens[idx]          # a copy: load_examples' tokens (pixel + 1) stay as they are
+    if offset == 0:
+      inputs -= 1
+    src = common.ArraySource(inputs=inputs, targets=labels[idx])
   common.check_nonempty('pathfinder', {'targets': idx}, split,
                         f'{directory} has {n} valid images, too few for an 80/10/10 split')
   return src
@@ -273,7 +282,7 @@ class PathfinderTask:
   name = 'pathfinder'
 
   def info(self, data: Any) -> common.TaskInfo:
-    return common.TaskInfo(num_classes=NUM_CLASSES, vocab_size=VOCAB_SIZE,
+    return common.TaskInfo(num_classes=NUM_CLASSES, vocab_size=image.pixel_vocab_size(data),
                            max_length=_check_length(data))
 
   def check(self, data: Any) -> list[str]:

@@ -1,4 +1,4 @@
-"""The GPU-day check (issue 17); the logic is kernelformer/bench/gpu_check.py (its docstring: sections, budgets).
+"""The GPU check; the logic is kernelformer/bench/gpu_check.py (its docstring: sections, budgets).
 
   python scripts/gpu_check.py                              # on one GPU, <= ~14 minutes
   python scripts/gpu_check.py --dry_run --out_dir /tmp/gc  # CPU: tiny shapes, interpret mode

@@ -4,12 +4,18 @@ import os
 # Must happen before jax is imported anywhere: lets the sharding tests build an 8-device mesh on CPU.
 # The other flags make XLA:CPU compile fast rather than run fast: test shapes are tiny, so compilation
 # dominates (about 2.5x less CPU for the attention tests), and they change no numerics we assert on.
-os.environ.setdefault('XLA_FLAGS', ' '.join([
-    '--xla_force_host_platform_device_count=8',
-    '--xla_backend_optimization_level=0',
-    '--xla_llvm_disable_expensive_passes=true',
-    '--xla_cpu_use_fusion_emitters=false',
-]))
+# Flags already in XLA_FLAGS are kept and win over these (e.g. XLA_FLAGS=--xla_cpu_max_isa=AVX2 runs the
+# suite as on an AVX2 CPU, with the 8 devices still forced).
+_XLA_DEFAULTS = {
+    '--xla_force_host_platform_device_count': '8',
+    '--xla_backend_optimization_level': '0',
+    '--xla_llvm_disable_expensive_passes': 'true',
+    '--xla_cpu_use_fusion_emitters': 'false',
+}
+_given = os.environ.get('XLA_FLAGS', '').split()
+os.environ['XLA_FLAGS'] = ' '.join(
+    [f'{k}={v}' for k, v in _XLA_DEFAULTS.items() if not any(g.split('=')[0] == k for g in _given)]
+    + _given)
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 # A test that leaves config.data.data_dir at its default writes into a throw-away folder, never into
@@ -32,9 +38,12 @@ if not flags.FLAGS.is_parsed():
   flags.FLAGS.mark_as_parsed()
 
 
-# The end-to-end tests that take longest on 2 cores (pytest --durations, 2026-11-26: each 4-70 s): marked
-# ``slow`` here, in one place, so README's first test command (``-m "not slow"``) stays under 8 minutes
-# and its second (``-m slow``) runs them; CI (.ci/run) runs both. Matched by test function name.
+# The test command (README, .ci/run) is ``python -m pytest -n 2 -q``: every test, these included. The
+# markers below only select: ``-m "not slow"`` for a shorter local run, ``-m isa`` for the numerics
+# subset that .ci/run repeats under narrower vector ISAs.
+#
+# ``slow``: the end-to-end tests that take longest on 2 cores (pytest --durations: each 4-70 s).
+# Matched by test function name.
 SLOW_TESTS = frozenset({
     # Moved to the second command when the first reached 7.4-8 min (issue 24, third session): the
     # slowest single tests of the first, 4-11 s each (pytest --durations).
@@ -81,14 +90,22 @@ SLOW_TESTS = frozenset({
     'test_file_size_limit_ends_in_one_line',
     'test_gradient_reaches_only_the_map_and_the_step_adds_and_logs_it',
     'test_gradient_accumulation_carries_the_aux_loss',
+    # Runs ending cleanly and the record of a finished run kept (tests/training/test_clean_exit.py,
+    # test_run_record.py): whole CLI runs and trainer runs, 20-100 s each on 2 cores.
+    'test_finished_runs_exit_0',
+    'test_a_checkpoint_that_does_not_restore_ends_in_its_one_line',
+    'test_a_returned_run_leaves_no_thread_and_no_live_run',
+    'test_a_started_run_whose_checkpoints_are_gone_is_refused',
+    'test_a_stretch_that_diverges_leaves_the_finished_run_as_it_was',
+    'test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run',
+    'test_a_diverging_skip_run_is_not_advised_to_skip',
 })
 
 
-# The registry-wide properties (one test per registered kind, 85 kinds and growing) run in the first
-# command for every kind except the rest of the component x weight-sampler grid: every component keeps
-# one sampler there (orf; grelu: iid and orf as performer-relu) and posrf keeps
-# every sampler, so each component and each sampler is checked by the first command; likewise one kind
-# of each deterministic map family; every kind is checked by the two commands together.
+# The registry-wide properties (one test per registered kind, 85 kinds and growing) are ``slow`` for the
+# rest of the component x weight-sampler grid only: ``-m "not slow"`` keeps one sampler of every
+# component (orf; grelu: iid and orf as performer-relu) and every sampler of posrf, so each component
+# and each sampler is still checked; likewise one kind of each deterministic map family.
 REGISTRY_SUITES = frozenset({
     'test_incremental_equals_full_forward',                # tests/test_decoder.py
     'test_identical_documents_give_identical_embeddings',  # tests/test_encoder_dual.py
@@ -107,6 +124,7 @@ MAP_VARIANTS_IN_SECOND_COMMAND = frozenset({'dpfp-nu2', 'dpfp-nu3', 'gelu', 'swi
 
 
 def grid_kind_in_second_command(kind: str) -> bool:
+  """A kind whose registry-suite tests are ``slow`` (named for the two-command layout it came from)."""
   if kind in MAP_VARIANTS_IN_SECOND_COMMAND:
     return True
   component = kind.split('-', 1)[0]
@@ -114,9 +132,31 @@ def grid_kind_in_second_command(kind: str) -> bool:
           and kind not in GRID_KINDS_IN_FIRST_COMMAND)
 
 
+# ``isa``: tests that compare two differently fused float32 computations (or a float32 computation with
+# a float64 reference) at a tolerance the math must justify. How XLA:CPU vectorises and fuses depends on
+# the CPU's vector ISA, so a tolerance fitted to one machine can fail on another (AVX-512 vs AVX2 vs
+# SSE4.2). .ci/run runs this subset again under XLA_FLAGS=--xla_cpu_max_isa=AVX2 and =SSE4_2; locally:
+#   XLA_FLAGS=--xla_cpu_max_isa=SSE4_2 python -m pytest -n 2 -q -m isa
+# Matched by file (relative to tests/).
+# Kept small (about 110 tests): the files whose tight comparisons are between two fusions of the same
+# float32 math (cached vs in-program draws, lean vs stored feature paths, structured vs dense
+# projections, fused vs reference softmax); the registry-wide suites stay at the native ISA only.
+ISA_FILES = frozenset({
+    'attention/test_projection_cache.py',
+    'attention/test_softmax.py',
+    'attention/test_linear_lean.py',
+    'attention/test_causal_lean.py',
+    'features/test_weights.py',
+    'features/test_hadamard.py',
+})
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
   import pytest  # pylint: disable=g-import-not-at-top
+  tests_dir = os.path.dirname(os.path.abspath(__file__))
   for item in items:
+    if os.path.relpath(str(item.path), tests_dir).replace(os.sep, '/') in ISA_FILES:
+      item.add_marker(pytest.mark.isa)
     name = getattr(item, 'originalname', item.name)
     if name in SLOW_TESTS:
       item.add_marker(pytest.mark.slow)

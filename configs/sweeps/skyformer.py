@@ -1,10 +1,14 @@
 """Skyformer (Chen et al. 2021) table 1: softmax, Gaussian kernelized attention, Skyformer and baselines.
 
-Five LRA tasks (Text, ListOps, Retrieval, Pathfinder, Image) with each task config's ``skyformer`` preset
-(section 5: 2 layers, 64 dims, 128 hidden, 2 heads, mean pooling, 128 features or landmarks, 50k steps,
-the best validation checkpoint evaluated). Rows this repository implements: Self-Attention (``softmax``),
-Kernelized Attention (``gaussian``), Nystromformer, Linformer, Performer (``posrf-orf``) and Skyformer;
-the paper's Informer, Reformer and BigBird rows appear in the report as paper-only rows.
+Five LRA tasks (Text, ListOps, Retrieval, Pathfinder, Image) with each task config's ``skyformer`` preset,
+Skyformer's code (src/config.py and src/main.py @ cfe8c8c: the section-5 model of 2 layers, 64 dims, 128
+hidden, 2 heads, mean pooling, 128 features or landmarks; AdamW (0.9, 0.999) eps 1e-6, gradients clipped
+to [-1, 1], torch OneCycleLR with linear phases, 50k steps, validation on the task's number of batches,
+the best validation checkpoint after 20 % of the steps tested; configs/common.py skyformer_setting).
+Rows this repository implements: Self-Attention (``softmax``), Kernelized Attention (``gaussian``),
+Nystromformer, Linformer, Performer (``posrf-orf``: FAVOR+ redrawn every 100 steps, not Skyformer's own
+fixed-draw Performer of src/models/attention_performer.py) and Skyformer; the paper's Informer, Reformer
+and BigBird rows appear in the report as paper-only rows.
 
 Seeds: "all experiment results are averaged across three runs with different random seeds" (section 5),
 so three seeds here as well.

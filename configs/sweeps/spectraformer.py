@@ -3,9 +3,10 @@
 The 18 variants of table 2 (components PosRF, OPRF, SADERF x weights ORF, SORF, QMC, SGQ, MM, FastFoodL),
 plus the reference rows of its table 3 that this repository implements (the original Transformer =
 ``softmax``, Nystromformer, Linformer, Skyformer; Informer, Reformer and BigBird are paper-only rows in
-the report), all with the ``skyformer`` preset of each task config: the shared small
-setting of the paper's table 5 (2 layers, 64 dims, 2 heads, mean pooling, linear decay, 50k steps), which
-the paper took from Skyformer.
+the report), all with the ``skyformer`` preset of each task config: Skyformer's code (its src/config.py
+and src/main.py), whose shared small setting the paper's table 5 summarises (2 layers, 64 dims, 2 heads,
+mean pooling, linear decay, 50k steps; Text batch 32 as Skyformer's code). Spectraformer's own training
+code was not compared.
 
 Seeds: the paper trained each variant once ("we do not run the experiments on different seeds",
 section 4.1; seed 42, table 5). Single runs are noisy here (e.g. PosRF-SORF 22.98 on ListOps against

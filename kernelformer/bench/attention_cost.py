@@ -1,4 +1,4 @@
-"""Cost of attention mechanisms versus sequence length: time, compiled memory, FLOPs (issue 6, part 1).
+"""Cost of attention mechanisms versus sequence length: time, compiled memory, FLOPs.
 
 What is measured, for every registry name asked for and every length, in one process:
 
@@ -490,7 +490,7 @@ def plot(rows: Sequence[dict[str, Any]], path_prefix: str, title: str = '') -> l
 
 
 # ----------------------------------------------------------------------------------------------
-# ``--compare official``: the project's posrf-orf against the official Performer FAVOR+ (issue 16).
+# ``--compare official``: the project's posrf-orf against the official Performer FAVOR+.
 # ----------------------------------------------------------------------------------------------
 
 COMPARE_FIELDS = ('causal', 'mode', 'length', 'batch', 'heads', 'head_dim', 'num_features',
@@ -654,7 +654,7 @@ def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# ``--compare projections``: SORF and FastFood against a dense W (issue 16, item 4).
+# ``--compare projections``: SORF and FastFood against a dense W.
 # ----------------------------------------------------------------------------------------------
 
 PROJECTION_FIELDS = ('what', 'size', 'num_features', 'rows', 'dense_ms', 'sorf_ms',
@@ -770,7 +770,7 @@ def projections_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# ``--compare maps``: the feature maps of issue 27 at long lengths, lean and stored (issue 27, item 3).
+# ``--compare maps``: the deterministic and learned feature maps at long lengths, lean and stored.
 # ----------------------------------------------------------------------------------------------
 
 MAPS_FIELDS = ('kind', 'path', 'causal', 'length', 'batch', 'heads', 'head_dim', 'features', 'time_ms',

@@ -1,4 +1,4 @@
-"""Bits per byte of a tiny trained decoder under each enwik8 test context scheme (issue 22 item 3).
+"""Bits per byte of a tiny trained decoder under each enwik8 test context scheme.
 
 ``python -m kernelformer.bench.eval_context --fixture topic``   (or ``--fixture words``)
 

@@ -1,4 +1,4 @@
-"""The GPU-day check (issue 17): one command proves the Pallas kernels, the cuDNN baseline and a training step.
+"""The GPU check: one command proves the Pallas kernels, the cuDNN baseline and a training step.
 
     python scripts/gpu_check.py                    # on a GPU: <= ~14 min on one H100
     python scripts/gpu_check.py --dry_run --out_dir /tmp/gc   # on CPU: tiny shapes, same code paths
@@ -26,7 +26,7 @@ report says which cells were skipped and why):
    dropout included, which cuDNN flash does not take) with posrf-orf (M = 256) through the Pallas
    kernels, through the XLA path, and softmax through cuDNN.
 4. report -- ``<out_dir>/gpu-<device>.md`` and ``.json``: device, driver, JAX/jaxlib versions, the exact
-   command, every cell, the issue-10 targets met or not; and the validation table entries
+   command, every cell, the Pallas targets (docs/pallas.md) met or not; and the validation table entries
    (``kernelformer/pallas/validated.py``) for every (feature, mode, dtype) whose cases all passed
    compiled on a GPU, merged into the package's ``validated.json`` unless ``--no_write_table``.
 
@@ -492,7 +492,7 @@ def run_train(opts: Options, budget: Budget, log) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------------------------------------
 
 def targets(att_rows, info, train_rows) -> list[dict[str, Any]]:
-  """The issue-10 targets, each met / not met / not measured."""
+  """The Pallas kernels' targets (docs/pallas.md), each met / not met / not measured."""
   at = lambda impl, causal, n=16384: _time(att_rows, impl, 'fwd+bwd', n, causal)
   out = []
 
@@ -568,7 +568,7 @@ def markdown(result: dict[str, Any]) -> str:
       lines.append(f"| {r['variant']} | {r.get('attention', '')} | {r.get('length', '')} | "
                    f"{r.get('batch', '')} | {_fmt(r.get('time_ms'))} | {_fmt(r.get('temp_mib'))} | "
                    f"{r['note']} |")
-  lines += ['', '## Issue-10 targets', '', '| target | status | detail |', '|---|---|---|']
+  lines += ['', '## Pallas targets', '', '| target | status | detail |', '|---|---|---|']
   for t in result['targets']:
     lines.append(f"| {t['target']} | {t['status']} | {t['detail']} |")
   lines += ['', f"Validation table entries written: {len(result['validated_entries'])} "

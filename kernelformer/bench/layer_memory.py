@@ -1,4 +1,4 @@
-"""Training-step memory and time for each ``model.remat`` x ``model.scan_layers`` setting (issue 16, 6).
+"""Training-step memory and time for each ``model.remat`` x ``model.scan_layers`` setting.
 
 ``python -m kernelformer.bench.layer_memory --length 4096 --batch 2 --kind posrf-orf --rounds 3``
 

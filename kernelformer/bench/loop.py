@@ -4,13 +4,16 @@ Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step
 plus the on-device window of sums and the non-finite check), on the same model and batches:
 
 * **trainer**: ``trainer._Run.train`` for ``steps`` steps -- host batches placed on the devices
-  ``trainer.PREFETCH`` ahead (on CPU: by the step's own dispatch, ``trainer.stages_on_host``; that
-  copy is counted here, the bare loop's is not), at most ``trainer.MAX_IN_FLIGHT`` steps in flight
-  (then a wait until ``trainer.RESUME_IN_FLIGHT`` are), the watchdog armed per step, the progress
-  bar, and a logging boundary every ``log_every`` steps (one read of the window) plus one read at
-  the end. The round's host batches are read before it starts, so the
-  figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
-  batches through the input pipeline (grain) as a run does -- that one also measures the pipeline;
+  ``input_pipeline.PREFETCH`` ahead by a thread (on CPU: by the step's own dispatch,
+  ``input_pipeline.stages_on_host``; that copy is counted here, the bare loop's is not), at most
+  ``trainer.MAX_IN_FLIGHT`` steps in flight (then a wait until ``trainer.RESUME_IN_FLIGHT`` are), the
+  watchdog armed per step, the progress bar, and a logging boundary every ``log_every`` steps (one
+  read of the window) plus one read at the end. The round's host batches are read before it starts,
+  so the figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
+  batches through the input pipeline (``input_pipeline.TrainBatches``) as a run does -- that one also
+  measures the pipeline: its figure is *trainer with pipeline / bare*, the median over rounds of its
+  steps/s over the bare loop's in the same round; and each round also times the pipeline alone
+  (``TrainBatches.batch`` for the round's steps, one thread: examples/s);
 * **bare**: ``for batch in placed: state, window = step(state, window, batch)`` over batches placed on
   the devices beforehand, then one ``block_until_ready``.
 
@@ -25,8 +28,12 @@ waits for it the same way. Its ratio is the trainer's steps/s over the
 bare loop's *in that round* (two adjacent spans of time, so a load that drifts over the run cancels);
 the figure is the median over rounds of these ratios, beside each side's median steps/s. Validation
 and checkpoints are not part of either side (``eval_every`` and ``checkpoint_every`` are set past the
-end). The data are random tokens of the task's vocabulary and length (no data files needed), so the
-Text-sized setting runs anywhere.
+end). The data are random tokens of the task's vocabulary and length in an ``ArraySource`` (no data
+files needed; read as a real task's arrays are), so the Text-sized setting runs anywhere; the ``mqar``
+setting reads its task's own generated source (Zoology's MQAR, generated a batch at a time).
+
+The MQAR setting (``mqar``) is configs/mqar.py:zoology -- Zoology's figure-2 panel at length 64, 4
+pairs, vocabulary 8192, d_model 64, batch 512 -- where the data are generated per step.
 
 The Text-sized setting (``text``) is the LRA Text model of configs/text.py:lra (4 layers x 256 dims, 4
 heads, mlp 1024, CLS, reviews of 1000 bytes, batch 32) with the attention of configs/text.py:
@@ -50,6 +57,7 @@ from typing import Optional, Sequence
 import jax
 
 import lra_tasks
+from lra_tasks import common as lra_common
 from kernelformer.bench import measure as measure_lib
 from kernelformer.bench import train_step
 from kernelformer.training import input_pipeline
@@ -67,11 +75,16 @@ class Setting:
   source: str             # what the table's config column says
   kind: Optional[str] = None          # attention kind (None: the preset's)
   num_features: Optional[int] = None  # the kind's M (None: the preset's)
+  task_data: bool = False # the task's own training source (generated tasks), not random tokens
 
 
 SETTINGS = {
     'tiny': Setting('listops', 'tiny', 60, 'configs/listops.py:tiny'),
     'quick': Setting('listops', 'quick', 40, 'configs/listops.py:quick'),
+    # Zoology's figure-2 model at its batch of 512 on its own generated data: the setting where the
+    # input pipeline has the most to do per step.
+    'mqar': Setting('mqar', 'zoology', 10, 'configs/mqar.py:zoology (Zoology MQAR, 64 tokens, 4 pairs, '
+                    'batch 512)', task_data=True),
     # The LRA Text model at its batch, with the attention of configs/text.py:kernel_learning (the
     # softmax of the lra preset does not fit a 23 GiB CPU host: 12.6 GiB temp per step).
     'text': Setting('text', 'lra', 4,
@@ -96,6 +109,7 @@ class LoopTiming:
   bare_rates: list
   pipeline_rates: list
   peak_resident_gib: Optional[float] = None
+  pipeline_examples_per_s: list = dataclasses.field(default_factory=list)   # the pipeline alone
 
   @property
   def rounds(self) -> int:
@@ -112,6 +126,15 @@ class LoopTiming:
   @property
   def pipeline_steps_per_s(self) -> Optional[float]:
     return statistics.median(self.pipeline_rates) if self.pipeline_rates else None
+
+  @property
+  def pipeline_round_ratios(self) -> list:
+    """Each round's trainer-with-pipeline steps/s over the bare loop's in the same round."""
+    return [t / b for t, b in zip(self.pipeline_rates, self.bare_rates)]
+
+  @property
+  def pipeline_ratio(self) -> Optional[float]:
+    return statistics.median(self.pipeline_round_ratios) if self.pipeline_rates else None
 
   @property
   def round_ratios(self) -> list:
@@ -160,18 +183,9 @@ def peak_resident_gib() -> Optional[float]:
   return None if mib is None else mib / 1024.0
 
 
-class _RandomTokens:
-  """A random-access source of ``n`` examples: random tokens of the task's vocabulary and length."""
-
-  def __init__(self, info, n: int, seed: int = 0):
-    batch = train_step.random_batch(info, n, seed)
-    self._rows = [{name: x[i] for name, x in batch.items()} for i in range(n)]
-
-  def __len__(self):
-    return len(self._rows)
-
-  def __getitem__(self, i):
-    return self._rows[i]
+def _random_tokens(info, n: int, seed: int = 0) -> lra_common.ArraySource:
+  """A source of ``n`` examples: random tokens of the task's vocabulary and length."""
+  return lra_common.ArraySource(**train_step.random_batch(info, n, seed))
 
 
 class _Preloaded:
@@ -185,6 +199,9 @@ class _Preloaded:
 
   def iterate(self, start: int, stop: int):
     return (self._batches[s] for s in range(start, stop))
+
+  def device_iterate(self, start: int, stop: int, mesh):
+    return input_pipeline.placed_ahead(self.batch, start, stop, mesh)
 
 
 class _Bench:
@@ -206,13 +223,25 @@ class _Bench:
     run.committed, run.pending_events = True, []
     run.progress = metrics_lib.Progress(0, 0, enabled=False)
     run.timer = metrics_lib.StepTimer()
-    self.pipeline = input_pipeline.TrainBatches(_RandomTokens(info, 4 * config.batch_size),
-                                                config.batch_size, config.seed)
+    task = lra_tasks.get(config.data.task)
+    data = (task.source(config.data, 'train') if SETTINGS[setting].task_data
+            else _random_tokens(info, 4 * config.batch_size))
+    self.pipeline = input_pipeline.TrainBatches(data, config.batch_size, config.seed)
     run.batches = self.pipeline
     run.train(until=2)               # compiles, warms up
     run.start_step = 2
     self.executable = run.compiled   # what both sides run, every round
     self.trainer_rates, self.bare_rates, self.pipeline_rates = [], [], []
+    self.pipeline_examples = []
+
+  def pipeline_alone(self) -> None:
+    """The input pipeline alone (one thread, no step): examples/s reading this round's batches."""
+    start = self.run.start_step
+    t0 = time.perf_counter()
+    for s in range(start, start + self.steps):
+      self.pipeline.batch(s)
+    self.pipeline_examples.append(self.steps * int(self.config.batch_size)
+                                  / (time.perf_counter() - t0))
 
   def _round_batches(self):
     start = self.run.start_step
@@ -268,7 +297,7 @@ class _Bench:
   def result(self) -> LoopTiming:
     return LoopTiming(self.setting, self.source, int(self.config.batch_size), self.steps,
                       int(self.config.log_every), list(self.trainer_rates), list(self.bare_rates),
-                      list(self.pipeline_rates), peak_resident_gib())
+                      list(self.pipeline_rates), peak_resident_gib(), list(self.pipeline_examples))
 
   def close(self) -> None:
     shutil.rmtree(self.tmp, ignore_errors=True)
@@ -290,6 +319,7 @@ def measure(settings: Sequence[str], *, steps: Optional[dict] = None, rounds: in
         sides = [b.trainer_round, b.bare_round]
         if with_pipeline:
           sides.append(lambda b=b: b.trainer_round(with_pipeline=True))
+          b.pipeline_alone()
         for side in (sides[r % len(sides):] + sides[:r % len(sides)]):
           side()
       if time_limit_s and time.monotonic() - t_start > time_limit_s:
@@ -308,18 +338,31 @@ def markdown(results: Sequence[LoopTiming], header: str) -> str:
   lines = [header, '',
            '| setting | config | batch | steps per round | log every | rounds | trainer (steps/s) | '
            'bare loop (steps/s) | trainer / bare | per-round trainer / bare (min-max) | '
-           'trainer with input pipeline (steps/s) |',
-           '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
+           'trainer with input pipeline (steps/s) | trainer with pipeline / bare | '
+           'input pipeline alone (examples/s) |',
+           '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|']
   for t in results:
     pipe = _rate(t.pipeline_steps_per_s) if t.pipeline_steps_per_s else '-'
+    pipe_ratio = (f'{t.pipeline_ratio:.3f} ({min(t.pipeline_round_ratios):.3f}-'
+                  f'{max(t.pipeline_round_ratios):.3f})' if t.pipeline_rates else '-')
+    alone = '-'
+    if t.pipeline_examples_per_s:
+      rate = statistics.median(t.pipeline_examples_per_s)
+      alone = f'{rate:,.0f} ({1e3 * t.batch / rate:.2f} ms a batch)'
     lines.append(f'| {t.setting} | {t.source} | {t.batch} | {t.steps} | {t.log_every} | {t.rounds} | '
                  f'{_rate(t.trainer_steps_per_s)} | {_rate(t.bare_steps_per_s)} | {t.ratio:.3f} | '
-                 f'{min(t.round_ratios):.3f}-{max(t.round_ratios):.3f} | {pipe} |')
+                 f'{min(t.round_ratios):.3f}-{max(t.round_ratios):.3f} | {pipe} | {pipe_ratio} | '
+                 f'{alone} |')
   lines += ['', 'steps/s: the median over rounds of each side; trainer / bare: the median over rounds of '
-            "the round's trainer steps/s over its bare loop's (the two adjacent in time)."]
+            "the round's trainer steps/s over its bare loop's (the two adjacent in time); likewise "
+            'trainer with pipeline / bare (min-max over rounds in brackets). Input pipeline alone: '
+            "the median over rounds of examples/s reading the round's batches in one thread."]
   for t in results:
     lines.append(f'{t.setting}, each round trainer / bare (steps/s): ' + ', '.join(
         f'{_rate(a)} / {_rate(b)}' for a, b in zip(t.trainer_rates, t.bare_rates)) + '.')
+    if t.pipeline_rates:
+      lines.append(f'{t.setting}, each round trainer with pipeline / bare (steps/s): ' + ', '.join(
+          f'{_rate(a)} / {_rate(b)}' for a, b in zip(t.pipeline_rates, t.bare_rates)) + '.')
   peaks = [t.peak_resident_gib for t in results if t.peak_resident_gib]
   if peaks:
     lines.append(f'Peak resident memory of the process: {max(peaks):.1f} GiB.')

@@ -1,4 +1,4 @@
-"""RPE by FFT against its inherent cost (issue 16, item 5).
+"""RPE by FFT against its inherent cost.
 
 ``python -m kernelformer.bench.rpe_cost --lengths 1024,4096,16384 --rounds 3``
 

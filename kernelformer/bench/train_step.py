@@ -1,6 +1,6 @@
 """Time the trainer's own jitted train step for several attention kinds, interleaved, in one process.
 
-What it answers (issue 16, item 1): does the weight sampler still cost anything per step? Fixed samplers'
+What it answers: does the weight sampler still cost anything per step? Fixed samplers'
 projections live in the ``features`` collection and are redrawn only in the step that starts a new
 window of ``redraw_every`` steps, so two numbers per kind:
 

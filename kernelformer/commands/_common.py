@@ -50,6 +50,11 @@ def resolve_config_path(path: str) -> str:
     packaged = os.path.join(packaged_configs_dir(), name)
     if os.path.isfile(packaged):
       return packaged
+  if os.path.isdir(path):
+    files = sorted(f for f in os.listdir(path) if f.endswith('.py') and not f.startswith('_'))
+    raise UserError(f'--config {path} is a directory, not a config file; give FILE.py[:PRESET]'
+                    + (f" (in it: {', '.join(files[:8])}{', ...' if len(files) > 8 else ''})"
+                       if files else ''))
   raise UserError(f'config file {path} not found (looked in {os.getcwd()} and among the packaged '
                   f'configs: {", ".join(task_names())})')
 

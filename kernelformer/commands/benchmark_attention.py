@@ -1,4 +1,4 @@
-"""Time, compiled memory and FLOPs of attention mechanisms versus sequence length (issue 6).
+"""Time, compiled memory and FLOPs of attention mechanisms versus sequence length.
 
   python scripts/benchmark_attention.py                          # default set, L = 1K..16K, runs/benchmarks/
   python scripts/benchmark_attention.py --out_dir docs/benchmarks   # the committed results

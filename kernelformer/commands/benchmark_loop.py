@@ -1,17 +1,24 @@
-"""The trainer's steps/s against a bare loop of the same compiled step (issue 24, item 2).
+"""The trainer's steps/s against a bare loop of the same compiled step, and the input pipeline's cost.
 
-  kernelformer benchmark loop                                   # tiny, quick, text; 3 rounds
+  kernelformer benchmark loop                                   # tiny, quick, mqar, text; 3 rounds
   kernelformer benchmark loop --settings tiny,quick --steps 100 --rounds 5 --time_limit_s 300
+  kernelformer benchmark loop --settings tiny,quick,mqar --with_pipeline --rounds 5
   kernelformer benchmark loop --settings text --rounds 7        # ~25 min on 2 CPU cores, 7.5 GiB
   kernelformer benchmark loop --settings text --batch text=8          # the Text model at batch 8
 
-Settings: tiny and quick (configs/listops.py); text: the LRA Text model (configs/text.py:lra: 4 x 256,
-4 heads, mlp 1024, 1000 bytes, batch 32) with configs/text.py:kernel_learning's attention (gmm-rks,
-M=128), whose step fits a CPU host (6.5 GiB temp; the lra preset's softmax asks 12.6 GiB). A --batch or
---kind other than the setting's is named in the table.
+Settings: tiny and quick (configs/listops.py); mqar: Zoology's figure-2 model on its own generated data
+(configs/mqar.py:zoology: length 64, 4 pairs, vocabulary 8192, batch 512); text: the LRA Text model
+(configs/text.py:lra: 4 x 256, 4 heads, mlp 1024, 1000 bytes, batch 32) with
+configs/text.py:kernel_learning's attention (gmm-rks, M=128), whose step fits a CPU host (6.5 GiB temp;
+the lra preset's softmax asks 12.6 GiB). A --batch or --kind other than the setting's is named in the
+table.
+
+--with_pipeline adds the trainer reading its batches through the input pipeline as a run does
+(``trainer with pipeline / bare``) and the pipeline alone (examples/s).
 
 Writes ``loop.md`` (a table) into --out_dir (default runs/benchmarks/) and prints it. See
-kernelformer/bench/loop.py for what each side runs. Goal: trainer / bare >= 0.95.
+kernelformer/bench/loop.py for what each side runs. Goal: trainer / bare >= 0.95, and trainer with
+pipeline / bare >= 0.95.
 """
 from __future__ import annotations
 

@@ -128,6 +128,12 @@ def main(argv: list[str]) -> int:
   except common.DataError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
+  except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
+    line = _unwritable(e, args)
+    if line is None:
+      raise
+    print(f'error: {line}', file=sys.stderr)
+    return 1
   from kernelformer import data_location  # pylint: disable=g-import-not-at-top
   for data_dir in dict.fromkeys(str(s.request.data.data_dir) for s in statuses):
     print(data_location.describe(data_dir))
@@ -139,6 +145,12 @@ def main(argv: list[str]) -> int:
   ok = all(oks)
   print('all present' if ok else f'{oks.count(False)} of {len(oks)} not ready (see above)')
   return 0 if ok else 1
+
+
+def _unwritable(error: OSError, args) -> str | None:
+  from kernelformer import data_location  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import workdir  # pylint: disable=g-import-not-at-top
+  return workdir.unwritable_data(error, args.data_dir or data_location.default_data_dir())
 
 
 def _enwik8(args, summary: bool = True) -> int:
@@ -154,7 +166,8 @@ def _enwik8(args, summary: bool = True) -> int:
       enwik8.prepare_data(data, zip_path=args.source)
     problems = enwik8.verify(data, checksums=not args.no_checksums)
   except (common.DataError, OSError) as e:
-    print(f'error: enwik8: {e}', file=sys.stderr)
+    line = _unwritable(e, args) if isinstance(e, OSError) else None
+    print(f'error: enwik8: {line or e}', file=sys.stderr)
     return 1
   print(f'[enwik8] {"MISSING" if problems else "OK"}')
   for line in problems:

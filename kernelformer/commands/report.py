@@ -44,10 +44,16 @@ def _main(argv):
   if not report.runs:
     print(f'error: {sweep_dir} holds no sweep.json and no results.json', file=sys.stderr)
     sys.exit(1)
+  if not any(r.results for r in report.runs) and report.unreadable:
+    print(f"error: {sweep_dir} holds no finished run; results.json that cannot be read: "
+          f"{'; '.join(report.unreadable)}", file=sys.stderr)
+    sys.exit(1)
   paths = report_lib.write(report, _OUT.value or os.path.join(sweep_dir, 'report'), sweep_dir)
   print(report_lib.markdown(report, sweep_dir))
   for warning in report.warnings:
     print(f'warning: {warning}', file=sys.stderr)
+  for unreadable in report.unreadable:
+    print(f'warning: {unreadable}; that run counts as not finished', file=sys.stderr)
   print('wrote ' + ', '.join(paths.values()))
 
 

@@ -1,4 +1,4 @@
-"""Fused Pallas kernels for random-feature attention (issue 10): forward and backward, masked, causal.
+"""Fused Pallas kernels for random-feature attention: forward and backward, masked, causal.
 
 What. ``feature_attention`` computes normalized linear attention ``D^-1 phi(Q) (phi(K)^T V)``
 (Spectraformer eq. 7) for the features of ``features/components.py`` -- ``exp`` (posrf, Spectraformer
@@ -17,7 +17,7 @@ Kernels (grids; every tile below lives on chip, nothing of size ``L x M`` reache
   ``z = sum_j phi(k_j) [M]``; padded keys contribute nothing. The ``splits_k`` partial states are merged
   by XLA (they are ``O(M dv)`` each). (2) ``_fwd_q_kernel``, grid ``(B, H, query chunks)``:
   ``out_i = phi(q_i) S / phi(q_i).z``.
-* causal forward, chunk-parallel (issue 17; the structure of flash-linear-attention's chunked
+* causal forward, chunk-parallel (the structure of flash-linear-attention's chunked
   kernels). The padded length is cut into ``P = ceil(L / (C G))`` segments of G chunks of C rows
   (defaults C = 64, G = 4; ``num_splits`` sets P). (1) ``_fwd_kv_kernel``, grid ``(B, H, P)``: each
   segment's key state ``S_s, z_s`` relative to its running max; (2) ``_segment_scan`` (XLA,
@@ -73,7 +73,7 @@ Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``
       elu:  dx = dphi * s * (1 if x > 0 else exp(x)),    relu: dx = dphi * s * [x > 0]
       the scales: ds_r = sum_rows dphi_r * phi_r / s_r  (formed from the unscaled feature).
 
-Feature tiles (issue 24). Every grid has a last axis over tiles of ``block_m`` feature columns: a
+Feature tiles. Every grid has a last axis over tiles of ``block_m`` feature columns: a
 program holds only its tile of W, the states and their gradients. Sums over features (numerator,
 normalizer, dq, dk, dv, the causal in-chunk scores) become per-tile partial sums merged by XLA; the
 query row shift ``a_i`` is per tile in the forward, merged as ``a = max_T a_T`` with factors
@@ -82,7 +82,7 @@ features tile by tile. ``tiling()`` is the block table; ``fits()`` says whether 
 check (``kernelformer benchmark pallas-resources``) found every kernel of a case within an H100's
 registers (no spills) and shared memory.
 
-Value tiles (issue 24, causal backward only). The causal backward grids' last axis runs over
+Value tiles (causal backward only). The causal backward grids' last axis runs over
 (feature tile, value tile) pairs: a program holds ``block_v`` columns of v, g and of the carried states
 ``S, R``; contractions over dv (``gN V^T``, ``gN S^T``, ``V R^T``) become partial sums over value
 tiles, and since dq, dk, dW, ds are linear in ``dphi`` XLA sums the tiles' shares; the normalizer's
@@ -101,9 +101,13 @@ float32, which is the same arithmetic (a product of two bf16 values is exact in 
 Targets and verification. The kernels are written for the Triton backend of Pallas on GPU: every tile
 is 2-D with power-of-two sides >= 16 (d, dv, M and the lengths are zero-padded internally; padded keys
 are masked, padded queries dropped), loops are ``fori_loop`` over ``pl.ds`` slices, no scratch memory.
-In this repository they are verified on CPU in interpret mode only (tests/pallas), plus a check that the
-forward and backward lower to Triton IR (``jax.export`` for platform 'cuda'); they have not been compiled
-or timed on a GPU here. The Mosaic TPU backend is not supported (see docs/pallas.md).
+They are verified on CPU in interpret mode (tests/pallas), with a check that the forward and backward
+lower to Triton IR (``jax.export`` for platform 'cuda') and an offline ptxas check that every kernel fits
+an H100 (docs/pallas.md, "Resources"). On an H100 (jax 0.11.2) they compiled, matched the XLA path in
+the cases checked, and were slower than the XLA path at every length timed (1.2-1.5x forward,
+1.9-2.8x forward+backward; docs/benchmarks.md, "GPU"); that run predates the register work
+(chunked projections, value tiles), which has not been timed on a GPU. So ``impl='auto'`` keeps the
+XLA path (kernelformer/pallas/validated.py). The Mosaic TPU backend is not supported (docs/pallas.md).
 """
 from __future__ import annotations
 

@@ -12,7 +12,11 @@
 * ``skyformer``: Chen et al. 2021, "Skyformer: Remodel Self-Attention with Gaussian Kernel and Nystrom
   Method" (NeurIPS 2021), table 1, page 8 (section 5). Text, ListOps, Retrieval, Pathfinder, Image.
 
-Columns: ``paper, table, page, where, model, kind, source_kernel, task, accuracy``. ``page`` is given where the stored
+* ``lra``: Tay et al. 2021, "Long Range Arena", its results table as published in the repository's
+  README.md at google-research/long-range-arena 211e07d (2020-11-08; the numbers of the paper's table 1),
+  Path-X omitted (FAIL). ListOps, Text, Retrieval, Image, Pathfinder.
+
+Columns: ``paper, table, page, where, model, kind, source_kernel, task, accuracy, preset``. ``page`` is given where the stored
 copy of the paper marks pages (Skyformer); the other two stored copies are unpaginated, so ``where``
 gives the section and the line of the table in ``/work/shared/papers/<paper>.txt``, the copy the numbers
 were transcribed from (the table rows were parsed from it and each row's printed average re-checked).
@@ -29,6 +33,29 @@ Performer rows (their own FAVOR+ runs). Caveat: the kernel-learning paper's List
 published one (LRA README @ cd31e5c: Performer 18.01, Linear Trans. 16.13, Sparse Trans. 17.07; the paper
 prints 36.00, 17.15, 35.78), so where its ListOps baselines come from is not stated; the ListOps
 Performer is attributed to the only ListOps Performer LRA's repository defines.
+
+``preset`` names the preset of ``configs/<task>.py`` whose settings match the code that produced the
+number at the commit it was published with, empty where no preset does:
+
+* LRA's Transformer (and the kernel-learning paper's "Softmax Trans." copy of it): the README table was
+  added at 211e07d (2020-11-08). ListOps -> ``lra_paper``: base_listops_config.py was then 6 layers,
+  mlp 2048, evaluation every 20 steps over 20 batches; 8d3dc39 (4 layers / 1024, today's ``lra``) came
+  2021-03-22. Pathfinder -> ``lra_pre_ee6649e``: pathfinder32/transformer_base.py was the 1-layer,
+  128 / 64 / 128 file until ee6649e (2021-08-29). Text and Retrieval -> ``lra``: base_tc_config.py and
+  base_match_config.py have had today's settings since 4954d9f (2020-11-04). Image -> none:
+  cifar10/transformer_base.py then set nothing over base_cifar10_config.py (1 head of 32, mlp 64), a
+  model no preset holds; ``lra`` is the 8-head model ee6649e added after LRA issue #33 reported that
+  it, not the file, gives 42.44. LRA issue #17's answer that the repository's configs are behind the
+  published results (2021-06-09) came after 8d3dc39, so which config produced the ListOps number is
+  not settled; the preset column follows the publication commit, and configs/listops.py says so.
+  LRA's other models had no config files in the repository at 211e07d: no preset.
+* Skyformer's rows -> ``skyformer`` (its src/config.py and src/main.py @ cfe8c8c). Their ``kind`` for
+  Performer is ``posrf-orf`` (FAVOR+ redrawn by our schedule); Skyformer's own Performer is a fixed
+  draw with its own scaling, not a registered kind here.
+* Spectraformer's rows -> ``skyformer``, the setting its table 5 lists (Skyformer's, batch 32 for Text
+  as Skyformer's code); its own code was not compared.
+* The kernel-learning paper's own kernels -> ``kernel_learning``; its other baselines, copied from LRA,
+  -> none.
 """
 from __future__ import annotations
 
@@ -44,6 +71,7 @@ PAPERS = {
     'spectraformer': 'Nguyen et al. 2024, Spectraformer, tables 2-3',
     'kernel_learning': 'Chowdhury et al. 2022, On Learning the Transformer Kernel, table 2',
     'skyformer': 'Chen et al. 2021, Skyformer, table 1 (p. 8)',
+    'lra': 'Tay et al. 2021, Long Range Arena, table 1 (README.md @ 211e07d)',
 }
 
 
@@ -58,6 +86,7 @@ class PaperNumber:
   source_kernel: str  # registry name of the kernel the printed number came from ('' if not implemented)
   task: str
   accuracy: float     # percent
+  preset: str = ''    # configs/<task>.py preset matching the code behind the number ('' if none)
 
   def cite(self) -> str:
     page = f', p. {self.page}' if self.page else ''

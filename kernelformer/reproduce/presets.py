@@ -20,7 +20,8 @@ END = '<!-- END PRESET TABLE -->'
 COLUMNS = ('task', 'preset', 'source', 'layers', 'heads', 'emb', 'qkv', 'mlp', 'lr', 'schedule',
            'warm-up', 'steps', 'batch', 'pooling', 'positions', 'length',
            'attention (features / landmarks)',
-           'dropout / attn.', 'eval every', 'weight decay (decayed)')
+           'dropout / attn.', 'eval every', 'weight decay (decayed)', 'Adam b1 / b2 / eps', 'clip',
+           'eval batches', 'test checkpoint', 'qkv bias', 'head / pixels')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,13 +47,20 @@ class Row:
   eval_every: int
   weight_decay: float
   decay_mask: str     # optim.decay_mask: 'all' or 'matrices' (kernelformer/training/optim.py)
+  adam: str = ''      # b1 / b2 / eps (b1 cycled under a one-cycle schedule)
+  clip: str = ''
+  eval_batches: str = ''
+  test_checkpoint: str = ''
+  qkv_bias: str = ''
+  task_option: str = ''   # retrieval: model.retrieval_head; image, pathfinder: data.pixel_padding
 
   def cells(self) -> tuple[str, ...]:
     return (self.task, f'`{self.preset}`', self.source, str(self.layers), str(self.heads),
             str(self.emb), str(self.qkv), str(self.mlp), _num(self.lr), self.schedule,
             f'{self.warmup:,}', f'{self.steps:,}', str(self.batch), self.pooling, self.positions, f'{self.length:,}',
             self.attention, self.dropout, f'{self.eval_every:,}',
-            f'{_num(self.weight_decay)} ({self.decay_mask})')
+            f'{_num(self.weight_decay)} ({self.decay_mask})', self.adam, self.clip, self.eval_batches,
+            self.test_checkpoint, self.qkv_bias, self.task_option)
 
 
 def _num(x: float) -> str:
@@ -76,6 +84,28 @@ def _attention(config) -> str:
   return a.kind + (f' ({", ".join(extra)})' if extra else '')
 
 
+def _adam(config) -> str:
+  o = config.optim
+  b1 = (f'{optim_lib.ONECYCLE_MAX_MOMENTUM:g}-{optim_lib.ONECYCLE_BASE_MOMENTUM:g} cycled'
+        if str(o.schedule).startswith('onecycle-') else f'{o.b1:g}')
+  return f'{b1} / {o.b2:g} / {o.eps:g}'
+
+
+def _clip(config) -> str:
+  o = config.optim
+  parts = ([f'value {o.grad_clip_value:g}'] if o.get('grad_clip_value') else []) + (
+      [f'norm {o.grad_clip_norm:g}'] if o.grad_clip_norm else [])
+  return ', '.join(parts) or 'none'
+
+
+def _task_option(config) -> str:
+  if config.data.task == 'retrieval':
+    return f'head {config.model.retrieval_head}'
+  if config.data.task in ('image', 'pathfinder'):
+    return f'pixels {config.data.pixel_padding}'
+  return '-'
+
+
 def task_module(task: str):
   return importlib.import_module(f'kernelformer.configs.{task}')
 
@@ -95,7 +125,10 @@ def rows(tasks: tuple[str, ...] = TASKS) -> list[Row]:
           batch=c.batch_size, pooling=c.model.pooling, positions=c.model.pos_encoding, length=_length(c), attention=_attention(c),
           dropout=f'{c.model.dropout_rate:g} / {c.model.attention.attention_dropout:g}',
           eval_every=c.eval_every, weight_decay=c.optim.weight_decay,
-          decay_mask=optim_lib.decay_mode(c.optim)))
+          decay_mask=optim_lib.decay_mode(c.optim), adam=_adam(c), clip=_clip(c),
+          eval_batches=str(c.max_eval_batches) if c.max_eval_batches else 'all',
+          test_checkpoint=c.eval.test_checkpoint, qkv_bias='yes' if c.model.qkv_bias else 'no',
+          task_option=_task_option(c)))
   return out
 
 

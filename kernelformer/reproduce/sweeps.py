@@ -177,6 +177,9 @@ def expand(sweep: Sweep) -> Sweep:
   uses its preset's, which the trainer checks when the run starts.)
   """
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  if not sweep.points:
+    raise SweepError(f'sweep {sweep.name!r} has no points (a grid axis without values?); nothing '
+                     f'would be trained')
   kinds = sorted({str(p.get(KIND_KEY)) for p in sweep.points if p.get(KIND_KEY) is not None} |
                  {str(v) for k, v in sweep.common if k == KIND_KEY})
   unknown, canonical = [], {}
@@ -360,8 +363,10 @@ class Run:
             'common': {k: v for k, v in self.common}}
 
   def status(self) -> str:
-    """'done' (results.json exists), 'resume' (a checkpoint exists), 'new'; 'error' if it cannot start."""
-    if os.path.isfile(os.path.join(self.workdir, RESULTS_FILE)):
+    """'done' (a finished run's results.json), 'resume' (a checkpoint exists), 'new'; 'error' if it
+    cannot start. A results.json that cannot be read is not 'done' (``unreadable_results``)."""
+    results, _ = read_results(self.workdir)
+    if results is not None:
       return 'done'
     if self.error:
       return 'error'
@@ -383,6 +388,26 @@ class Run:
     for k, v in [*self.common, *_ordered(self.point.overrides)]:
       args.append(f'--config.{k}={_format_value(v)}')
     return args
+
+
+def read_results(workdir: str) -> tuple[Optional[dict], str]:
+  """``(results, '')`` for a finished run's results.json, ``(None, '')`` where there is none, and
+  ``(None, reason)`` for one that cannot be read (half-written, damaged, not a run's results): such a
+  run is not finished, and whoever reads it says so."""
+  path = os.path.join(workdir, RESULTS_FILE)
+  if not os.path.lexists(path):
+    return None, ''
+  try:
+    with open(path, encoding='utf-8') as f:
+      results = json.load(f)
+  except (OSError, ValueError) as e:
+    return None, ' '.join(str(e).split())[:200] or type(e).__name__
+  if not isinstance(results, dict):
+    return None, f'a JSON {type(results).__name__}, not an object'
+  missing = [k for k in ('test_accuracy',) if k not in results]
+  if missing:
+    return None, f"no {', '.join(missing)}: not a finished run's results"
+  return results, ''
 
 
 class SweepInterrupted(Exception):
@@ -505,6 +530,9 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
       counts['done'] += 1
       log(f'skip (finished)  {r.name}')
     else:
+      _, unreadable = read_results(r.workdir)
+      if unreadable:
+        log(f'{os.path.join(r.workdir, RESULTS_FILE)} cannot be read ({unreadable}): not finished')
       todo.append(r)
   log(f'sweep {sweep.name}: {len(runs)} runs, {counts["done"]} finished, {len(todo)} to run')
   from kernelformer import data_location  # pylint: disable=g-import-not-at-top
@@ -581,7 +609,7 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
           still.append((r, proc, logf, t0))
           continue
         logf.close()
-        if rc == 0 and os.path.isfile(os.path.join(r.workdir, RESULTS_FILE)):
+        if rc == 0 and read_results(r.workdir)[0] is not None:
           counts['ran'] += 1
           log(f'finished {r.name} in {time.time() - t0:.0f}s')
         elif rc in INTERRUPT_EXIT_CODES:

@@ -27,6 +27,8 @@ import logging
 import os
 import re
 import shutil
+import sys
+import time
 from typing import Any, Optional
 
 import jax
@@ -69,6 +71,49 @@ def _register_array_handler() -> None:
 
 
 _register_array_handler()
+
+
+def _late_tensorstore_callback(unraisable) -> bool:
+  """Whether an unraisable exception is a tensorstore read completing after orbax closed the asyncio
+  loop that waited for it: orbax runs each restore in a fresh event loop and closes it as soon as one
+  read fails, while the checkpoint's other reads are still in flight; as each of those completes,
+  tensorstore (on its own thread) calls ``loop.call_soon_threadsafe`` on the closed loop, which raises
+  "Event loop is closed" where nothing can catch it. Those reads belong to a checkpoint that was
+  already reported as not restoring."""
+  exc = unraisable.exc_value
+  return isinstance(exc, RuntimeError) and str(exc) == 'Event loop is closed'
+
+
+_LATE_CALLBACKS = [0]   # how many have arrived (``_settle`` waits until they stop)
+
+
+def _install_unraisable_filter() -> None:
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if _late_tensorstore_callback(unraisable):
+      _LATE_CALLBACKS[0] += 1
+    else:
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+
+_install_unraisable_filter()
+
+
+def _settle(quiet_s: float = 0.2, limit_s: float = 3.0) -> None:
+  """After a failed restore: waits until the reads it left in flight have completed (no late callback
+  for ``quiet_s``, at most ``limit_s``), so none completes while the interpreter exits -- a tensorstore
+  thread that needs Python then is ended by ``pthread_exit`` and aborts the process."""
+  deadline = time.monotonic() + limit_s
+  seen, since = _LATE_CALLBACKS[0], time.monotonic()
+  while time.monotonic() < deadline:
+    time.sleep(0.02)
+    if _LATE_CALLBACKS[0] != seen:
+      seen, since = _LATE_CALLBACKS[0], time.monotonic()
+    elif time.monotonic() - since >= quiet_s:
+      return
 # A failed write (full disk, file-size limit) leaves orbax's asyncio futures holding the OS error; when
 # they are garbage-collected, asyncio logs "Future exception was never retrieved" with a traceback per
 # array, after the run has already said what failed in one line (Checkpoints.save). We use no asyncio
@@ -85,6 +130,7 @@ class Checkpoints:
   def __init__(self, directory: str, max_to_keep: int):
     self.directory = os.path.abspath(directory)
     self._max_to_keep = max_to_keep
+    self._kept: tuple[int, ...] = ()
     if jax.process_index() == 0 and os.path.isdir(self.directory):
       for name in os.listdir(self.directory):
         if _TMP.fullmatch(name):
@@ -93,11 +139,21 @@ class Checkpoints:
     self._manager = self._open()
 
   def _open(self):
+    policies = ocp.checkpoint_managers
+    keep = policies.LatestN(n=self._max_to_keep)
+    if self._kept:
+      keep = policies.AnyPreservationPolicy([keep, policies.CustomSteps(list(self._kept))])
     return ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=self._max_to_keep, create=True,
+        options=ocp.CheckpointManagerOptions(preservation_policy=keep, create=True,
                                              enable_async_checkpointing=False),
         item_names=('state', 'meta'))
+
+  def keep_through(self, step: int) -> None:
+    """The checkpoints at ``step`` and before are never rotated away by later saves (a stretch that
+    continues a finished run leaves that run's checkpoints as they were)."""
+    self._kept = tuple(s for s in self.all_steps() if s <= step)
+    self._reload()
 
   def _reload(self) -> None:
     self._manager.close()
@@ -130,7 +186,6 @@ class Checkpoints:
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)), force=True)
         if os.environ.get(_SLOW_SAVE_ENV):
-          import time  # pylint: disable=g-import-not-at-top
           time.sleep(float(os.environ[_SLOW_SAVE_ENV]))
         self._manager.wait_until_finished()
         error = None
@@ -201,6 +256,7 @@ class Checkpoints:
       except RunError:
         raise
       except Exception as e:  # pylint: disable=broad-except  (any failure to read is damage)
+        _settle()
         self._set_aside(step, e)
     return None
 
@@ -219,14 +275,33 @@ class Checkpoints:
     target = f'{path}.damaged-{n}'
     if jax.process_index() == 0:
       os.rename(path, target)
-      reason = str(error).strip().splitlines()[0][:160] if str(error).strip() else ''
-      say(f'checkpoint {path} does not restore ({type(error).__name__}: {reason}); set aside as '
-          f'{os.path.basename(target)}, trying the previous one')
+      say(f'checkpoint {path} does not restore ({type(error).__name__}: {error_reason(error)}); set '
+          f'aside as {os.path.basename(target)}, trying the previous one')
     _sync('checkpoint-set-aside')
     self._reload()
 
   def close(self) -> None:
     self._manager.close()
+
+
+_OBJECT_REPR = re.compile(r'<(?:bound method [^<>]*|[^<>]* at 0x[0-9a-fA-F]+)>')
+_DRIVER_CHAIN = re.compile(r'(?:Error opening "\w+" driver: )+')
+
+
+def error_reason(error: BaseException, limit: int = 160) -> str:
+  """The first line of ``error`` as words for a user: no object reprs (a tensorstore error can carry
+  ``<bound method pybind11_detail_function_record_... of <... at 0x...>>``), no driver chain, cut at a
+  word."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else ''
+  while True:
+    shorter = _OBJECT_REPR.sub('', text)
+    if shorter == text:
+      break
+    text = shorter
+  text = ' '.join(_DRIVER_CHAIN.sub('', text).split())
+  if len(text) > limit:
+    text = text[:limit].rsplit(' ', 1)[0] + ' ...'
+  return text
 
 
 def abstract_like(tree: Any) -> Any:

@@ -108,6 +108,12 @@ ADDED_FIELDS: dict[str, Any] = {
     'data.query_targets': None,
     'data.eval_context': 'disjoint',  # enwik8's test scheme before lm_eval.py (non-overlapping windows)
     'data.eval_stride': 0,
+    # The paper-setting options (configs/common.py): these values are what every earlier run did.
+    'data.pixel_padding': 'none',     # pixels + 1, nothing masked
+    'model.qkv_bias': True,
+    'model.retrieval_head': 'nli',
+    'optim.grad_clip_value': 0.0,
+    'eval.test_checkpoint': 'best',
 }
 
 

@@ -155,6 +155,8 @@ class Progress:
       self._postfix = f"loss={summary['loss']:.3f}, acc={summary['accuracy']:.3f}"
     if self._bar is None:
       from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+      # No monitor thread: the bar is redrawn by update() (a thread of tqdm's own would outlive the run).
+      tqdm.monitor_interval = 0
       warmup = time.perf_counter() - self._t_start
       self._bar = tqdm(total=self._total, initial=step, unit='step', dynamic_ncols=True,
                        smoothing=0.1, mininterval=1.0, file=self._file,
@@ -162,6 +164,9 @@ class Progress:
                        bar_format='{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} '
                                   '[{elapsed}<{remaining}{postfix}]')
       self._last = step
+    elif self._bar.desc:
+      # The compile phase labels the bar's first line only; the lines after it are the steps'.
+      self._bar.set_description_str('', refresh=False)
     # The postfix first, so that whatever the bar draws next carries this step's numbers.
     rate = self.rate()
     if rate is None:

@@ -7,7 +7,40 @@ import jax
 import jax.numpy as jnp
 import optax
 
-SCHEDULES = ('rsqrt', 'cosine', 'linear', 'constant')
+SCHEDULES = ('rsqrt', 'cosine', 'linear', 'constant', 'onecycle-linear', 'onecycle-cosine')
+
+# torch.optim.lr_scheduler.OneCycleLR's defaults, which Skyformer's src/main.py 292-298 keeps
+# (pkuzengqi/Skyformer @ cfe8c8c): the rate starts at max_lr / div_factor and ends at
+# start / final_div_factor; with cycle_momentum=True Adam's beta1 runs max_momentum -> base_momentum
+# during the warm-up phase and back to max_momentum by the last step.
+ONECYCLE_DIV_FACTOR = 25.0
+ONECYCLE_FINAL_DIV_FACTOR = 1e4
+ONECYCLE_BASE_MOMENTUM = 0.85
+ONECYCLE_MAX_MOMENTUM = 0.95
+
+
+def _onecycle_boundaries(warmup: int, num_train_steps: int) -> tuple[int, int]:
+  """OneCycleLR's phase ends (two phases): step ``pct_start * total - 1`` and ``total - 1``.
+
+  Skyformer passes ``pct_start = warmup / num_train_steps`` (src/main.py 295), so the first phase
+  ends at step ``warmup - 1``: the rate peaks there, one step before a linear warm-up of ``warmup``
+  steps would.
+  """
+  if warmup < 2 or num_train_steps <= warmup:
+    raise ValueError(f'optim.schedule onecycle-* needs 2 <= optim.warmup_steps < num_train_steps, '
+                     f'got warmup_steps={warmup}, num_train_steps={num_train_steps}')
+  return warmup - 1, num_train_steps - 1
+
+
+def onecycle(start: float, peak: float, end: float, warmup: int, num_train_steps: int,
+             anneal: str) -> optax.Schedule:
+  """``start`` at step 0 -> ``peak`` at step ``warmup - 1`` -> ``end`` at ``num_train_steps - 1``
+  (then constant), each phase annealed ``'linear'`` or ``'cosine'``: OneCycleLR's two phases on
+  optax.piecewise_interpolate_schedule (``optax.cosine_onecycle_schedule`` puts its phase ends one
+  step later, at ``pct_start * total`` and ``total``, and ``linear_onecycle_schedule`` has three phases).
+  """
+  first, last = _onecycle_boundaries(warmup, num_train_steps)
+  return optax.piecewise_interpolate_schedule(anneal, start, {first: peak / start, last: end / peak})
 
 
 def make_schedule(optim, num_train_steps: int) -> optax.Schedule:
@@ -19,6 +52,11 @@ def make_schedule(optim, num_train_steps: int) -> optax.Schedule:
   * ``cosine``: linear warm-up to ``lr``, cosine decay to 0 at the last step.
   * ``linear``: linear warm-up to ``lr``, linear decay to 0 at the last step (Skyformer/Spectraformer).
   * ``constant``: linear warm-up to ``lr``, then constant.
+  * ``onecycle-linear`` / ``onecycle-cosine``: torch's ``OneCycleLR(max_lr=lr, pct_start=warmup /
+    num_train_steps, anneal_strategy='linear' | 'cos', total_steps=num_train_steps)`` with its other
+    defaults (``ONECYCLE_*``): ``lr / 25`` at step 0, ``lr`` at step ``warmup - 1``, ``lr / 25e4`` at
+    the last step (``onecycle``). Skyformer's setting (src/main.py 292-298, src/config.py
+    ``"lr_decay": "linear"``); ``make_optimizer`` cycles beta1 with it.
   """
   lr, warmup = float(optim.learning_rate), int(optim.warmup_steps)
   if optim.schedule == 'rsqrt':
@@ -33,6 +71,9 @@ def make_schedule(optim, num_train_steps: int) -> optax.Schedule:
     return optax.join_schedules([
         optax.linear_schedule(0.0, lr, max(warmup, 1)),
         optax.linear_schedule(lr, 0.0, max(num_train_steps - warmup, 1))], [max(warmup, 1)])
+  if optim.schedule in ('onecycle-linear', 'onecycle-cosine'):
+    return onecycle(lr / ONECYCLE_DIV_FACTOR, lr, lr / ONECYCLE_DIV_FACTOR / ONECYCLE_FINAL_DIV_FACTOR,
+                    warmup, num_train_steps, optim.schedule.split('-')[1])
   if optim.schedule == 'constant':
     return optax.join_schedules([optax.linear_schedule(0.0, lr, max(warmup, 1)),
                                  optax.constant_schedule(lr)], [max(warmup, 1)])
@@ -98,14 +139,39 @@ def decay_mode(optim) -> str:
   return str(optim.get('decay_mask', DEFAULT_DECAY_MASK)) if hasattr(optim, 'get') else DEFAULT_DECAY_MASK
 
 
+def momentum_schedule(optim, num_train_steps: int) -> optax.Schedule | None:
+  """Adam's beta1 at each step under a one-cycle schedule (torch OneCycleLR ``cycle_momentum=True``:
+  ``ONECYCLE_MAX_MOMENTUM`` -> ``ONECYCLE_BASE_MOMENTUM`` at the rate's peak -> back at the last step,
+  annealed as the rate); None (``optim.b1`` throughout) for the other schedules. OneCycleLR overwrites
+  the optimizer's beta1 with ``max_momentum`` when it is built, so ``optim.b1`` is not read here
+  (the Skyformer presets set it to 0.95, the value of the first step)."""
+  if not str(optim.schedule).startswith('onecycle-'):
+    return None
+  return onecycle(ONECYCLE_MAX_MOMENTUM, ONECYCLE_BASE_MOMENTUM, ONECYCLE_MAX_MOMENTUM,
+                  int(optim.warmup_steps), num_train_steps, optim.schedule.split('-')[1])
+
+
 def make_optimizer(optim, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW at ``make_schedule``'s rate, after the optional clipping (``optim.grad_clip_value``:
+  optax.clip, each gradient element to [-v, v], as torch ``clip_grad_value_``; then
+  ``optim.grad_clip_norm``: optax.clip_by_global_norm). Under a one-cycle schedule beta1 follows
+  ``momentum_schedule`` (optax.inject_hyperparams, so the optimizer state also holds the current
+  rate and beta1)."""
   schedule = make_schedule(optim, num_train_steps)
   parts = []
+  clip_value = float(optim.get('grad_clip_value', 0.0) or 0.0) if hasattr(optim, 'get') else 0.0
+  if clip_value > 0:
+    parts.append(optax.clip(clip_value))
   if optim.grad_clip_norm and optim.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(float(optim.grad_clip_norm)))
-  parts.append(optax.adamw(schedule, b1=float(optim.b1), b2=float(optim.b2), eps=float(optim.eps),
-                           weight_decay=float(optim.weight_decay),
-                           mask=functools.partial(decay_mask, mode=decay_mode(optim))))
+  adamw = dict(b2=float(optim.b2), eps=float(optim.eps), weight_decay=float(optim.weight_decay),
+               mask=functools.partial(decay_mask, mode=decay_mode(optim)))
+  b1 = momentum_schedule(optim, num_train_steps)
+  if b1 is None:
+    parts.append(optax.adamw(schedule, b1=float(optim.b1), **adamw))
+  else:
+    parts.append(optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
+        learning_rate=schedule, b1=b1, **adamw))
   # Gradient accumulation is done inside the train step (a scan over micro-batches of one global
   # batch), so steps, schedules and checkpoints always count optimizer updates.
   return optax.chain(*parts), schedule

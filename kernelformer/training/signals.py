@@ -244,10 +244,21 @@ class Watchdog:
   def disarm(self) -> None:
     with self._lock:
       self._deadline = None
+      self._progress = None
 
   def close(self) -> None:
+    """Stops the thread and waits for it: nothing of it runs once the run has returned (a thread
+    still inside a jax call when the interpreter exits is ended by Python with ``pthread_exit``, which
+    aborts the process from the C++ frames it unwinds). Drops the callables the run gave ``arm`` (its
+    bound methods): the run's arrays, executables and checkpoint managers are then released when the
+    run returns, in order, not by the garbage collector at interpreter exit."""
     self._stop.set()
     self.disarm()
+    thread = self._thread
+    if thread is not None and thread is not threading.current_thread():
+      thread.join(10)
+    with self._lock:
+      self._what, self._progress, self.on_fire = '', None, None
 
   def _watch(self) -> None:
     while not self._stop.wait(min(self._poll, max(self._limit / 10, 0.05))):

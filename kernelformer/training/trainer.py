@@ -37,6 +37,7 @@ from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
 from kernelformer.training import metrics as metrics_lib
 from kernelformer.training import optim as optim_lib
+from kernelformer.training import selection
 from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
@@ -74,8 +75,9 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
                  max_length=info.max_length, dropout_rate=m.dropout_rate,
                  pos_encoding=m.pos_encoding, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
                  dtype=DTYPES[m.dtype], remat=m.get('remat', 'none'),
-                 scan_layers=bool(m.get('scan_layers', False)))
-  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual)
+                 scan_layers=bool(m.get('scan_layers', False)), qkv_bias=bool(m.get('qkv_bias', True)))
+  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual,
+                    retrieval_head=m.get('retrieval_head', 'nli'))
 
 
 def is_language_model(info) -> bool:
@@ -253,9 +255,6 @@ ON_NONFINITE = ('stop', 'skip')
 # loop against a bare loop").
 MAX_IN_FLIGHT = 16
 RESUME_IN_FLIGHT = 8
-# Training batches placed on the devices ahead of their step (flax's prefetch_to_device); on a
-# single-process CPU run they are not placed ahead (``prefetch_to_device``).
-PREFETCH = 2
 # best/ keeps the last two bests: the test falls back to the earlier if the newest does not restore.
 KEEP_BEST = 2
 
@@ -277,7 +276,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   The loop never waits for the host between boundaries (logging, validation, checkpoint, stop): the
   step's loss, accuracy, gradient norm and learning rate are summed on the device (``loop_step``), a
   non-finite step is detected there and its update not applied, and the host reads the sums once per
-  boundary. Batches are placed on the devices ``PREFETCH`` steps ahead (on CPU: by the step itself).
+  boundary. Batches are read and placed on the devices by a thread, ``input_pipeline.PREFETCH`` steps
+  ahead (on CPU: placed by the step itself).
 
   Run safety (``workdir_lib.RunError`` carries the exit code the CLI uses; each is one line):
   * the workdir is locked (``workdir/lock``) while the run is in progress;
@@ -422,31 +422,6 @@ def next_window(window: jax.Array) -> jax.Array:
   return pack_window(fresh)
 
 
-def stages_on_host(mesh) -> bool:
-  """One process whose devices are CPUs: a "device" buffer is host memory, so placing a batch ahead
-  buys no overlap, and ``jax.device_put`` costs more host time (Python, per leaf) than the copy the
-  compiled step makes of a numpy argument in its own (C++) dispatch."""
-  return jax.process_count() == 1 and all(d.platform == 'cpu' for d in mesh.devices.flat)
-
-
-def prefetch_to_device(batches: Iterable[dict], mesh, size: int = PREFETCH):
-  """Yields ``batches`` placed on ``mesh`` (batch-sharded), ``size`` batches ahead of the consumer;
-  on a CPU-only single process (``stages_on_host``) the host batches themselves, which the compiled
-  step (``in_shardings`` batch-sharded) places as it is called."""
-  if stages_on_host(mesh):
-    yield from batches
-    return
-  queue = collections.deque()
-  place = ((lambda b: jax.device_put(b, sharding.batch_sharded(mesh))) if jax.process_count() == 1
-           else (lambda b: sharding.shard_batch(b, mesh)))  # one process: one call, half the time
-  for batch in batches:
-    queue.append(place(batch))
-    if len(queue) > size:
-      yield queue.popleft()
-  while queue:
-    yield queue.popleft()
-
-
 def code_segments(previous, start: int, current: dict, resumed: bool) -> list:
   """The code that trained each stretch of the run: ``[{'from_step', 'code_version'}, ...]``.
 
@@ -520,7 +495,13 @@ class _Run:
     config = self.config
     self.task = task = lra_tasks.get(config.data.task)
     if self.is_lead:
-      task.prepare(config.data)
+      try:
+        task.prepare(config.data)
+      except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
+        line = workdir_lib.unwritable_data(e, str(config.data.data_dir))
+        if line is None:
+          raise
+        raise lra_tasks.DataError(f'{task.name}: {line}') from None
     _sync('prepare_data')
     missing = task.check(config.data)
     if missing:
@@ -565,6 +546,7 @@ class _Run:
     restored = self.checkpoints.restore_latest(ckpt_lib.abstract_like(self.state))
     if restored is not None:
       self.state, meta = restored
+      meta = dict(meta)
       logging.warning('resumed from %s at step %d', self.checkpoints.directory, int(self.state.step))
     else:
       self.refuse_silent_restart()
@@ -580,9 +562,23 @@ class _Run:
                  'wall_seconds': float(meta.get('wall_seconds', 0.0))}
     self.meta = {**meta, **self.base, 'started': meta.get('started') or self.segment_started,
                  'code_versions': code_segments(meta.get('code_versions'), start,
-                                                workdir_lib.code_version(), restored is not None)}
+                                                workdir_lib.code_version(), restored is not None),
+                 'data_order': input_pipeline.data_order_segments(meta.get('data_order'), start,
+                                                                  restored is not None)}
     self.compiled_memory = meta.get('compiled_memory_bytes')
-    self.committed, self.pending_events = False, []
+    # Events not yet in metrics.jsonl travel in the checkpoint meta (``uncommitted``), with the step
+    # the record was last written at: a stretch resumed before its record was written loses none.
+    held = self.meta.pop('uncommitted', None) or {}
+    self.stretch_from = int(held.get('from_step', start)) if restored is not None else start
+    self.committed = False
+    self.pending_events = [tuple(e) for e in held.get('events', []) if int(e[1]) <= start]
+    # A workdir holding results.json holds a finished run: a stretch that continues it (a config
+    # change, more steps, a re-test) writes its record only when it completes, and never rotates away
+    # the checkpoints and bests that the finished run had (docs/architecture.md, "The run's record").
+    self.provisional = self.previous is not None
+    if self.provisional:
+      self.checkpoints.keep_through(self.stretch_from)
+      self.best.keep_through(self.stretch_from)
     self.val_source = self.task.source(config.data, 'val')
     self.batches = input_pipeline.TrainBatches(self.task.source(config.data, 'train'),
                                                config.batch_size, config.seed)
@@ -594,11 +590,17 @@ class _Run:
     """No checkpoint restores: if some existed (set aside as damaged) or the run had finished, stop
     with one line; with ``start_over`` the earlier best/ is moved aside (never overwritten)."""
     damaged = self.checkpoints.damaged()
-    if not damaged and self.previous is None:
+    # run.json (config.json in older workdirs) is written only once a checkpoint exists (``save``).
+    started = self.record.data is not None
+    if not damaged and self.previous is None and not started:
       return  # a new workdir, or a run that stopped before its first checkpoint
     what = (f"none of its checkpoints restores ({', '.join(damaged)} in "
             f'{self.checkpoints.directory})' if damaged else
-            f'it holds results.json but no checkpoint in {self.checkpoints.directory}')
+            f'it holds results.json but no checkpoint in {self.checkpoints.directory}'
+            if self.previous is not None else
+            f"{'config.json' if self.record.data.get('from') == 'config.json' else 'run.json'} "
+            f'records a run started here, but {self.checkpoints.directory} holds no checkpoint '
+            f'(emptied or removed)')
     if not self.config.get('start_over', False):
       raise workdir_lib.RunError(
           f'workdir {self.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
@@ -616,15 +618,16 @@ class _Run:
 
   def commit(self) -> None:
     """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
-    restored step (the resumed run logs them again) -- once this run has something to keep: its
-    first checkpoint or its results. A run that stops before (divergence, signal, error) leaves the
-    record of the workdir as it was, so the command that made it still runs."""
+    step the record was last written at (the resumed run logs them again) -- once this run has
+    something to keep: its first checkpoint, or (continuing a finished run) its results. A run that
+    stops before (divergence, signal, error) leaves the record of the workdir as it was, so the
+    command that made it still runs."""
     if self.committed:
       return
     self.committed = True
     if self.is_lead:
-      self.record.write(self.config, self.allowed, self.start_step)
-      workdir_lib.truncate_metrics(self.workdir, self.start_step)
+      self.record.write(self.config, self.allowed, self.stretch_from)
+      workdir_lib.truncate_metrics(self.workdir, self.stretch_from)
     self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_lead)
     if self.start_step == 0 or self.allowed:
       self.writer.write_config(self.config)
@@ -647,7 +650,7 @@ class _Run:
     start = self.start_step
     until = self.num_steps if until is None else until
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
-    batches = prefetch_to_device(self.batches.iterate(start, until), self.mesh)
+    batches = self.batches.device_iterate(start, until, self.mesh)   # placed ahead, by a thread
     log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
     next_boundary = self.next_boundary(start)
     for step, batch in zip(range(start, until), batches):
@@ -770,10 +773,16 @@ class _Run:
     val = None
     if done % c.eval_every == 0 or done == self.num_steps:
       val = self.validate(done)
-      if val['accuracy'] > self.meta['best_val_accuracy']:
+      update, keep = selection.on_validation(selection.rule_of(c), val['accuracy'], done,
+                                             self.num_steps, self.meta)
+      if update:
         self.check_finite(done, val)
-        self.meta = {**self.meta, 'best_val_accuracy': val['accuracy'], 'best_step': done}
-        self.save(self.best, done)
+        self.meta = {**self.meta, **update}
+        if keep:
+          self.save(self.best, done)
+      if good_loss(val['loss'], self.meta.get('lowest_val_loss')):
+        lowest = self.meta.get('lowest_val_loss')
+        self.meta['lowest_val_loss'] = val['loss'] if lowest is None else min(lowest, val['loss'])
     if done % c.checkpoint_every == 0 or done == self.num_steps:
       self.save_checkpoint(done, val)
     self.watchdog.arm(f'after step {done}', self.step_limit)
@@ -801,27 +810,40 @@ class _Run:
       self.last_saved = done
 
   def check_finite(self, done: int, val: Optional[dict]) -> None:
-    """A checkpoint is written only from finite parameters whose validation loss is finite (``val``
-    of this step, else one validation batch); otherwise the run stops as diverged at ``done``."""
+    """A checkpoint is written only when it is good (``good_loss``): finite parameters, and a
+    validation loss (``val`` of this step, else one validation batch) that is finite and not orders of
+    magnitude above the lowest the run has seen; otherwise the run stops as diverged at ``done``."""
     if not bool(_all_finite(self.state.params)):
       reason = 'non-finite parameters'
     else:
       if val is None:
         val = evaluate(self.eval_step, self.state, self.val_source, self.config, self.mesh,
                        max_batches=1, on_batch=self.eval_progress(f'checking step {done}'))
-      if np.isfinite(val['loss']):
+      lowest = self.meta.get('lowest_val_loss')
+      if good_loss(val['loss'], lowest):
         return
-      reason = f"non-finite validation loss {val['loss']}"
+      reason = (f"non-finite validation loss {val['loss']}" if not np.isfinite(val['loss']) else
+                f"validation loss {val['loss']:.4g}, over {DIVERGED_FACTOR:g} x "
+                f'max(1, the lowest so far {lowest:.4g})')
     raise workdir_lib.RunError(
         f'step {done}: {reason}; the run diverged and was stopped, nothing from this step saved; '
-        f'{self.kept()}; lower optim.learning_rate, set optim.grad_clip_norm, or '
-        f"on_nonfinite='skip'", workdir_lib.EXIT_DIVERGED)
+        f'{self.kept()}; {self.advice()}', workdir_lib.EXIT_DIVERGED)
+
+  def advice(self) -> str:
+    """What to change after a divergence (skipping non-finite steps only where it is not already on)."""
+    return ('lower optim.learning_rate or set optim.grad_clip_norm' if self.policy == 'skip' else
+            "lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'")
 
   def kept(self) -> str:
-    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite)."""
+    """What a stopped run leaves: the newest checkpoint on disk (each one passed check_finite), and
+    a finished run continued here is unchanged (its record is written only when the stretch ends)."""
     last = self.checkpoints.latest_step()
-    return (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
-            else 'no checkpoint had been written')
+    out = (f'the last good checkpoint (step {last}) and best/ are kept' if last is not None
+           else 'no checkpoint had been written')
+    if self.provisional:
+      out += (f"; the finished run (results.json, step {self.previous.get('final_step')}) and its "
+              f'record are unchanged')
+    return out
 
   def log(self, done: int, window: dict) -> None:
     n = window['applied']
@@ -843,14 +865,15 @@ class _Run:
     step, where = window['bad_step'], self.kept()
     if self.policy == 'skip':
       raise workdir_lib.RunError(
-          f'step {step}: {window["consecutive"]} non-finite gradients in a row; the run diverged and '
-          f'was stopped, nothing from it saved; {where}; lower optim.learning_rate or set '
-          f'optim.grad_clip_norm', workdir_lib.EXIT_DIVERGED)
+          f'step {step}: {window["consecutive"]} non-finite steps (loss or gradient norm) in a row; the '
+          f'run diverged and was stopped, nothing from it saved; {where}; {self.advice()}',
+          workdir_lib.EXIT_DIVERGED)
+    loss, norm = window['bad_loss'], window['bad_grad_norm']
+    bad = ' and '.join(n for n, v in (('loss', loss), ('gradient norm', norm)) if not np.isfinite(v))
     raise workdir_lib.RunError(
-        f"step {step}: non-finite loss {window['bad_loss']} / gradient norm "
-        f"{window['bad_grad_norm']}; the run diverged and was stopped, nothing from this step saved; "
-        f"{where}; lower optim.learning_rate, set optim.grad_clip_norm, or on_nonfinite='skip'",
-        workdir_lib.EXIT_DIVERGED)
+        f'step {step}: non-finite {bad or "loss or gradient norm"} (loss {loss:.4g}, gradient norm '
+        f'{norm:.4g}); the run diverged and was stopped, nothing from this step saved; {where}; '
+        f'{self.advice()}', workdir_lib.EXIT_DIVERGED)
 
   def eval_progress(self, what: str):
     def on_batch(i):
@@ -865,10 +888,17 @@ class _Run:
             'compiled_memory_bytes': self.compiled_memory}
 
   def save(self, manager, step: int) -> None:
+    """A checkpoint, then (the first time, unless continuing a finished run) the run's record."""
     self.watchdog.disarm()  # a slow disk is not a hang, and a write is never cut short
-    self.commit()
+    meta = self.timed_meta()
+    if not self.committed:
+      meta['uncommitted'] = {'from_step': self.stretch_from, 'events': [
+          [split, int(at), {k: v.item() if hasattr(v, 'item') else v for k, v in values.items()}]
+          for split, at, values in self.pending_events]}
     with self.stop.deferred():
-      manager.save(step, self.state, self.timed_meta())
+      manager.save(step, self.state, meta)
+      if not self.provisional:
+        self.commit()
 
   # ---- the end ------------------------------------------------------------------------------------------
   def test(self) -> dict:
@@ -879,8 +909,9 @@ class _Run:
     the best step's name. ``self.tested``: which checkpoint was tested ('best' or 'final', its step).
     """
     state, self.tested_meta = self.state, None
-    self.tested = {'which': 'final', 'step': int(self.state.step)}
-    if self.best.all_steps() or self.best.damaged():
+    rule = selection.rule_of(self.config)   # eval.test_checkpoint
+    self.tested = {'which': 'final', 'step': int(self.state.step), 'rule': rule}
+    if selection.tests_best(rule) and (self.best.all_steps() or self.best.damaged()):
       restored = self.best.restore_latest(ckpt_lib.abstract_like(self.state))
       if restored is None:
         raise workdir_lib.RunError(
@@ -888,7 +919,7 @@ class _Run:
             f'); the test was not run and results.json is unchanged; put best/ back from a copy, or '
             f'train again in a new --workdir')
       state, self.tested_meta = restored
-      self.tested = {'which': 'best', 'step': int(self.best.latest_step())}
+      self.tested = {'which': 'best', 'step': int(self.best.latest_step()), 'rule': rule}
       if self.tested['step'] != self.meta['best_step']:
         workdir_lib.say(f"testing best/{self.tested['step']} (validation accuracy "
                         f"{self.tested_meta.get('best_val_accuracy')}): the newest best/ that "
@@ -919,6 +950,17 @@ class _Run:
 
   def finish(self, test: dict) -> RunResults:
     """Writes the test event and results.json; closes the writer and the checkpoint managers."""
+    with workdir_lib.all_or_nothing(self.workdir, enabled=self.provisional and self.is_lead):
+      results = self.write_results(test)
+    self.writer.close()
+    self.checkpoints.close()
+    self.best.close()
+    out = RunResults(results)
+    out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
+                  else 'trained')
+    return out
+
+  def write_results(self, test: dict) -> dict:
     config, meta = self.config, self.meta
     self.commit()
     tested = self.tested_meta or meta
@@ -931,7 +973,7 @@ class _Run:
         'test_accuracy': test['accuracy'],
         'test_loss': test['loss'],
         'test_examples': test['examples'],
-        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step': ...}
+        'tested_checkpoint': self.tested,   # {'which': 'best' | 'final', 'step', 'rule': eval.test_checkpoint}
         'best_val_accuracy': tested['best_val_accuracy'],
         'best_step': tested['best_step'],
         'selected_on': (f"validation accuracy every {config.eval_every} steps over "
@@ -953,6 +995,7 @@ class _Run:
         'backend': jax.default_backend(),
         'code_version': workdir_lib.code_version(),
         'code_versions': self.meta['code_versions'],   # one entry per code that trained (code_segments)
+        'data_order': self.meta['data_order'],   # one entry per data order (input_pipeline.DATA_ORDER)
         'config_fingerprint': self.record.fingerprint,
         'config_changes': self.record.changes,
         'config': config.to_dict(),
@@ -962,13 +1005,19 @@ class _Run:
       results['test_bits_per_byte'] = test['loss'] / float(np.log(2.0))
       results.update(lm_eval.describe(self.config))   # the test's context scheme (eval_context, stride)
     self.writer.write_results(results)
-    self.writer.close()
-    self.checkpoints.close()
-    self.best.close()
-    out = RunResults(results)
-    out.status = ('reevaluated' if self.start_step == self.num_steps and self.previous is not None
-                  else 'trained')
-    return out
+    return results
+
+
+# The rule for a good checkpoint (``_Run.check_finite``): finite parameters and a validation loss that
+# is finite and at most DIVERGED_FACTOR x max(1, the lowest validation loss of the run so far). A run
+# whose loss has blown up by orders of magnitude (1e14 where it was 2) is diverged even while finite;
+# the floor of 1 nat keeps a well-fitted run (lowest 0.01) from being stopped by ordinary overfitting.
+DIVERGED_FACTOR = 1000.0
+
+
+def good_loss(loss: float, lowest: Optional[float]) -> bool:
+  return bool(np.isfinite(loss)) and (lowest is None or
+                                      loss <= DIVERGED_FACTOR * max(1.0, float(lowest)))
 
 
 @jax.jit

@@ -41,6 +41,33 @@ class WorkdirError(ValueError):
 # ----------------------------------------------------------------------------------------------
 # Field rules.
 
+
+def _check_paper_options(config: Any) -> None:
+  """The options that set a paper's pixels, head, biases, clipping, schedule and tested checkpoint
+  (configs/common.py); a config written before one existed lacks it and gets its old behaviour."""
+  from kernelformer import encoder  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import selection  # pylint: disable=g-import-not-at-top
+  from lra_tasks import image  # pylint: disable=g-import-not-at-top
+  if 'pixel_padding' in config.data:
+    _check_choice(config, 'data.pixel_padding', image.PIXEL_PADDINGS)
+  if 'qkv_bias' in config.model:
+    _check_bool(config, 'model.qkv_bias')
+  if 'retrieval_head' in config.model:
+    _check_choice(config, 'model.retrieval_head', encoder.RETRIEVAL_HEADS)
+  if 'grad_clip_value' in config.optim:
+    _check_float(config, 'optim.grad_clip_value', low=0.0, low_open=False)
+  if 'eval' in config and 'test_checkpoint' in config.eval:
+    try:
+      selection.parse(_get(config, 'eval.test_checkpoint'))
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  if str(_get(config, 'optim.schedule')).startswith('onecycle-'):
+    warmup, steps = _get(config, 'optim.warmup_steps'), _get(config, 'num_train_steps')
+    if _is_int(warmup) and _is_int(steps) and not 2 <= warmup < steps:
+      raise ConfigError(f'config.optim.warmup_steps={warmup} is invalid with optim.schedule='
+                        f"{_get(config, 'optim.schedule')!r}: must be >= 2 and < num_train_steps={steps} "
+                        '(the one-cycle rate peaks at step warmup_steps - 1)')
+
 _INT, _FLOAT, _BOOL, _STR = 'an integer', 'a number', 'true or false', 'a string'
 
 
@@ -288,6 +315,7 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
   _check_float(config, o + 'eps', low=0.0, low_open=True)
   _check_float(config, o + 'grad_clip_norm', low=0.0, low_open=False)
   accum = _check_int(config, o + 'grad_accum_steps', 1)
+  _check_paper_options(config)
 
   batch = _check_int(config, 'batch_size', 1)
   eval_batch = _check_int(config, 'eval_batch_size', 0)

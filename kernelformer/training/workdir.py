@@ -21,6 +21,7 @@ import datetime
 import errno
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -247,6 +248,20 @@ def write_error(path: str, error: OSError, workdir: Optional[str] = None) -> Run
                   f'run the same command to resume')
 
 
+UNWRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unwritable_data(error: OSError, data_dir: str) -> Optional[str]:
+  """The one line for data that cannot be written where it belongs (a read-only or unwritable data
+  directory), or None for another OS error."""
+  if error.errno not in UNWRITABLE:
+    return None
+  where = error.filename or data_dir
+  return (f'cannot write the data into {where} ({error.strerror or error}); make {data_dir} writable, '
+          f'or put the data elsewhere: --config.data.data_dir=DIR or $KERNELFORMER_DATA (prepare-data: '
+          f'--data_dir DIR)')
+
+
 def _remove_quietly(path: str) -> None:
   try:
     os.remove(path)
@@ -267,6 +282,48 @@ def atomic_write_json(path: str, obj: Any) -> None:
   except OSError as e:
     _remove_quietly(tmp)
     raise write_error(path, e, os.path.dirname(path)) from None
+
+
+RECORD_FILES = ('run.json', 'config.json', 'metrics.jsonl', 'results.json')
+
+
+@contextlib.contextmanager
+def all_or_nothing(workdir: str, names=RECORD_FILES, enabled: bool = True):
+  """The files ``names`` of ``workdir`` change together or not at all: each is copied aside first
+  (a copy that fails changes nothing), and put back as it was if the block raises."""
+  if not enabled:
+    yield
+    return
+  saved = []   # (path, its copy or None where the file did not exist)
+  try:
+    for name in names:
+      path = os.path.join(workdir, name)
+      if os.path.lexists(path):
+        copy = f'{path}.before-{os.getpid()}'
+        saved.append((path, copy))
+        shutil.copy2(path, copy)
+      else:
+        saved.append((path, None))
+  except OSError as e:
+    for _, copy in saved:
+      if copy is not None:
+        _remove_quietly(copy)
+    raise write_error(e.filename or workdir, e, workdir) from None
+  try:
+    yield
+  except BaseException:
+    for path, copy in saved:
+      try:
+        if copy is None:
+          _remove_quietly(path)
+        else:
+          os.replace(copy, path)   # a rename: needs no free space
+      except OSError:
+        pass
+    raise
+  for _, copy in saved:
+    if copy is not None:
+      _remove_quietly(copy)
 
 
 def _pid_alive(pid: int) -> bool:

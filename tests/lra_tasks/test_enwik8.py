@@ -62,6 +62,15 @@ def test_missing_and_short_data_name_path_and_command(tmp_path):
     task.source(_data(tmp_path), 'train')
 
 
+def test_a_split_shorter_than_one_window_is_an_error(tmp_path):
+  """num_bytes=200 at max_length 32 leaves 10 validation and 10 test bytes: not one window of 33."""
+  with pytest.raises(lra_tasks.DataError) as e:
+    lra_tasks.get('enwik8').info(_data(tmp_path, num_bytes=200, max_length=32))
+  msg = str(e.value)
+  assert 'val split of 10 bytes' in msg and 'at least 660' in msg and '\n' not in msg, msg
+  lra_tasks.get('enwik8').info(_data(tmp_path, num_bytes=660, max_length=32))   # the least that fits
+
+
 def test_prepare_from_zip_writes_manifest_and_check_catches_corruption(tmp_path):
   blob = enwik8.write_fixture(str(tmp_path / 'src'), 3000)
   zpath = tmp_path / 'enwik8.zip'

@@ -68,6 +68,19 @@ def test_impossible_settings_one_line(kw, task):
   assert '\n' not in str(e.value) and task in str(e.value)
 
 
+@pytest.mark.parametrize('task', ['mqar', 'mqar_legacy'])
+@pytest.mark.parametrize('kw,blamed,not_blamed', [
+    (dict(num_pairs=0), 'num_pairs=0 must be >= 1', 'vocab_size'),
+    (dict(num_pairs=20, max_length=16, vocab_size=20), 'max_length=16', 'vocab_size'),
+    (dict(vocab_size=8, num_pairs=4, max_length=64), 'vocab_size=8', 'max_length'),
+])
+def test_impossible_settings_name_the_field_at_fault(task, kw, blamed, not_blamed):
+  """num_pairs=0 is not a vocabulary problem; too many pairs for the length names the length first."""
+  with pytest.raises(lra_tasks.DataError) as e:
+    lra_tasks.get(task).info(_data(**kw))
+  assert blamed in str(e.value) and not_blamed not in str(e.value), str(e.value)
+
+
 def test_trainer_counts_only_query_positions(tmp_path):
   from configs import mqar as mqar_config
   from kernelformer.training import trainer
@@ -229,3 +242,84 @@ def test_resuming_a_pre_zoology_mqar_run_is_a_config_change():
   legacy = fingerprint.config_fields(mqar_config.get_config('legacy_quick'))
   assert fingerprint.differences({k: v for k, v in legacy.items()
                                   if k not in ('model.short_conv', 'model.state_mixer')}, legacy) == []
+
+
+# The batched generators (what the sources use) against the per-example ones (the reference laws).
+
+def _two_sample_pvalue(a, b):
+  """Chi-square test that two samples of small non-negative integers have the same law."""
+  from scipy import stats
+  a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+  size = int(max(a.max(), b.max())) + 1
+  table = np.stack([np.bincount(a, minlength=size), np.bincount(b, minlength=size)])
+  table = table[:, table.sum(0) > 0]
+  return stats.chi2_contingency(table).pvalue
+
+
+def _zoology_stats(ex, n):
+  seq, qp = ex['inputs'], ex['inputs_query_positions']
+  keys, values = seq[0:2 * n:2], seq[1:2 * n:2]
+  gaps = [(int(np.nonzero(seq[2 * n:] == k)[0][0])) // 2 for k in keys]   # gap of the i-th pair's key
+  return {'key0': keys[0], 'key_last': keys[-1], 'value0': values[0], 'value_last': values[-1],
+          'gap0': gaps[0], 'gap1': gaps[1], 'gap_last': gaps[-1], 'first_query': (qp[0] - 2 * n) // 2,
+          'last_query': (qp[-1] - 2 * n) // 2}
+
+
+@pytest.mark.parametrize('power_a', [0.01, 0.5])
+def test_batched_zoology_mqar_has_the_per_example_law(power_a):
+  """Keys, values and the gaps of the first, second and last pair (successive sampling: the first
+  pair's key is likelier queried early), and the first and last query slots: each statistic's
+  histogram over 3000 batched examples against 3000 of ``zoology_mqar_example`` (chi-square
+  homogeneity, fixed seeds); a uniform-gap generator is rejected by the same test."""
+  n, v, length, num = 4, 32, 64, 3000
+  kw = dict(vocab_size=v, num_pairs=n, length=length, power_a=power_a)
+  batch = mqar.zoology_mqar_batch(5, 'train', np.arange(num), **kw)
+  batched = [_zoology_stats({k: x[i] for k, x in batch.items()}, n) for i in range(num)]
+  single = [_zoology_stats(mqar.zoology_mqar_example(6, 'train', i, **kw), n) for i in range(num)]
+  for name in batched[0]:
+    p = _two_sample_pvalue([s[name] for s in batched], [s[name] for s in single])
+    assert p > 1e-3, (name, p)
+  if power_a < 0.1:
+    uniform = mqar.zoology_mqar_batch(5, 'train', np.arange(num), **{**kw, 'power_a': 1.0})
+    gaps = [_zoology_stats({k: x[i] for k, x in uniform.items()}, n)['gap0'] for i in range(num)]
+    assert _two_sample_pvalue(gaps, [s['gap0'] for s in single]) < 1e-6
+
+
+def test_batched_legacy_mqar_and_selective_copy_have_the_per_example_laws():
+  num = 3000
+  kw = dict(vocab_size=12, num_pairs=4, length=24)     # 5 keys for 4 pairs: the permutation path
+  lb = mqar.mqar_legacy_batch(5, 'train', np.arange(num), **kw)
+  ls = [mqar.mqar_legacy_example(6, 'train', i, **kw) for i in range(num)]
+  def legacy(seq, tgt):
+    q = np.nonzero(tgt)[0]
+    return {'key0': seq[0], 'value0': seq[1], 'q0': (q[0] - 8) // 2, 'q_last': (q[-1] - 8) // 2,
+            'asked_first': int(np.nonzero(seq[0:8:2] == seq[q[0]])[0][0])}
+  a = [legacy(s, t) for s, t in zip(lb['inputs'], lb['targets'])]
+  b = [legacy(e['inputs'], e['targets']) for e in ls]
+  for name in a[0]:
+    assert _two_sample_pvalue([x[name] for x in a], [x[name] for x in b]) > 1e-3, name
+  kw = dict(vocab_size=8, num_tokens=3, length=16)
+  sb = mqar.selective_copy_batch(5, 'train', np.arange(num), **kw)['inputs']
+  ss = np.stack([mqar.selective_copy_example(6, 'train', i, **kw)['inputs'] for i in range(num)])
+  def copy_stats(seq):
+    where = np.nonzero(seq[:12] != mqar.FILLER)[0]
+    return {'first': where[0], 'last': where[-1], 'token0': seq[where[0]], 'token_last': seq[where[-1]]}
+  a, b = [copy_stats(s) for s in sb], [copy_stats(s) for s in ss]
+  for name in a[0]:
+    assert _two_sample_pvalue([x[name] for x in a], [x[name] for x in b]) > 1e-3, name
+
+
+@pytest.mark.parametrize('task', ['mqar', 'mqar_legacy', 'selective_copy'])
+def test_a_batch_is_its_examples(task):
+  """``read_batch`` of any indices, in any order, equals the examples ``src[i]``: an example is a
+  function of (seed, split, i) alone, not of the batch it is read in."""
+  data = _zdata(task=task) if task == 'mqar' else _data(task=task, num_pairs=3, max_length=16)
+  src = lra_tasks.get(task).source(data, 'train')
+  idx = np.array([7, 3, 3, 0, len(src) - 1])
+  batch = src.read_batch(idx)
+  for row, i in enumerate(idx):
+    for k, v in src[int(i)].items():
+      assert batch[k].dtype == v.dtype == np.int32
+      np.testing.assert_array_equal(batch[k][row], v)
+  with pytest.raises(IndexError):
+    src.read_batch(np.array([len(src)]))

@@ -118,3 +118,27 @@ def test_bad_flags_are_one_line(argv, words, capsys, tmp_path):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and words in err[0]
   assert not (tmp_path / 'loop.md').exists()
+
+
+def test_with_pipeline_reports_its_ratio_and_the_pipeline_alone(tmp_path):
+  rc = benchmark.run(['loop', '--settings', 'tiny', '--steps', '4', '--rounds', '2', '--with_pipeline',
+                      '--out_dir', str(tmp_path)])
+  assert rc == 0
+  table = (tmp_path / 'loop.md').read_text()
+  (row,) = [line for line in table.splitlines() if line.startswith('| tiny')]
+  cells = [c.strip() for c in row.strip('|').split('|')]
+  pipeline_rate = float(cells[10])
+  ratio, spread = cells[11].split(' ', 1)
+  low, high = (float(x) for x in spread.strip('()').split('-'))
+  assert pipeline_rate > 0 and low <= float(ratio) <= high
+  rate, per_batch = cells[12].split(' (')
+  assert float(rate.replace(',', '')) > 0                          # examples/s of the pipeline alone
+  assert per_batch.endswith('ms a batch)')
+  assert 'tiny, each round trainer with pipeline / bare' in table
+
+
+def test_mqar_setting_is_zoology_at_batch_512_on_its_generated_data():
+  c = loop.get_config('mqar')
+  assert (c.data.task, c.data.max_length, c.data.num_pairs, c.data.vocab_size, c.batch_size) == (
+      'mqar', 64, 4, 8192, 512)
+  assert loop.SETTINGS['mqar'].task_data and not loop.SETTINGS['quick'].task_data

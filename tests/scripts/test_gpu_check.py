@@ -73,7 +73,7 @@ def test_dry_run_passes_and_reports_every_section(dry_run):
   assert len(result['targets']) == 5
   md = (out / 'gpu-cpu.md').read_text()
   for heading in ('# GPU check: cpu', '**Dry run**', '## Correctness', '## Attention',
-                  '## LRA-Text-shaped training step', '## Issue-10 targets'):
+                  '## LRA-Text-shaped training step', '## Pallas targets'):
     assert heading in md
 
 

@@ -244,6 +244,13 @@ def test_slurm_sweep_cancel_preempt_resubmit_equals_local(tmp_path):
   with open(os.path.join(slurm_dir, preempted, 'train.log')) as f:
     log = f.read()
   assert re.search(r'resumed from .* at step \d+', log), log[-2000:]
+  # ... from the checkpoint its trainer saved on the SIGTERM that TrainPoint.checkpoint sent: the line
+  # the trainer prints when it stops after saving (exit 143), and the requeued job resumed at that
+  # step. A child killed instead (SIGKILL) prints no such line and resumes from an older periodic
+  # checkpoint, whose results are the same (resuming is exact), so only this tells the two apart.
+  saved = re.findall(r'SIGTERM: checkpoint saved at step (\d+)', log)
+  assert len(saved) == 1, log[-2000:]
+  assert re.findall(r'resumed from .* at step (\d+)', log)[0] == saved[0], log[-2000:]
 
   # Re-running the command submits only the cancelled point, which resumes from its checkpoint.
   r = _cli(*args, '--sweep_dir', slurm_dir, '--launcher', 'slurm')

@@ -296,3 +296,48 @@ def test_workdir_fingerprint_ignores_aliases_like_the_report(tmp_path):
   assert a == b and fp.differences(a, b) == []
   # A record written with the alias (before kinds were canonicalised) is not "another config".
   assert fp.differences({'model.attention.kind': 'performer', 'seed': 0}, b) == []
+
+
+def test_paper_numbers_name_the_preset_of_their_publication_commit():
+  from kernelformer.reproduce import presets  # pylint: disable=g-import-not-at-top
+  # LRA's README table at 211e07d: ListOps was lra_paper's file, Pathfinder lra_pre_ee6649e's.
+  assert paper_numbers.lookup('lra', 'softmax', 'listops').accuracy == 36.37
+  assert paper_numbers.lookup('lra', 'softmax', 'listops').preset == 'lra_paper'
+  assert paper_numbers.lookup('lra', 'softmax', 'pathfinder').accuracy == 71.40
+  assert paper_numbers.lookup('lra', 'softmax', 'pathfinder').preset == 'lra_pre_ee6649e'
+  assert paper_numbers.lookup('lra', 'softmax', 'image').preset == ''
+  assert paper_numbers.lookup('kernel_learning', 'softmax', 'listops').preset == 'lra_paper'
+  assert paper_numbers.lookup('kernel_learning', 'gmm-rks', 'text').preset == 'kernel_learning'
+  assert paper_numbers.lookup('skyformer', 'skyformer', 'image').preset == 'skyformer'
+  for n in paper_numbers.load():
+    if n.preset:
+      assert n.preset in presets.task_module(n.task).PRESETS, n
+
+
+def test_an_unreadable_results_json_is_named_and_not_finished(tmp_path):
+  """A half-written results.json (a run killed while writing it, a full disk) is never skipped in
+  silence nor counted as finished: the report names it and counts its run as not finished."""
+  alone = tmp_path / 'alone'
+  _results_dir(alone, 'run', steps=10, seed=0)
+  (alone / 'run' / 'results.json').write_text('{"task": "listops", "test_accur')
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'report.py'), str(alone)],
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 1, proc.stderr
+  assert str(alone / 'run' / 'results.json') in proc.stderr and 'no finished run' in proc.stderr
+  assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+  beside = tmp_path / 'beside'
+  _results_dir(beside, 'good', steps=10, seed=0)
+  _results_dir(beside, 'torn', steps=10, seed=1)
+  torn = json.loads((beside / 'torn' / 'results.json').read_text())
+  (beside / 'torn' / 'config.json').write_text(json.dumps(torn['config']))   # written at its start
+  (beside / 'torn' / 'results.json').write_text('{"task": "listops", "test_accur')
+  rep = report_lib.build(str(beside))
+  assert rep.unreadable and str(beside / 'torn' / 'results.json') in rep.unreadable[0]
+  cell, = [c for c in rep.cells.values() if c.runs]
+  assert len(cell.runs) == 2 and cell.finished == 1
+  assert 'unreadable results.json' in [r for r in cell.runs if r.results is None][0].error
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'report.py'), str(beside)],
+                        capture_output=True, text=True, timeout=300, env={**os.environ,
+                                                                          'MPLBACKEND': 'Agg'})
+  assert proc.returncode == 0 and str(beside / 'torn' / 'results.json') in proc.stderr, proc.stderr

@@ -275,3 +275,25 @@ def test_a_preempted_point_stops_the_sweep_and_is_not_a_failure(tmp_path):
   assert e.value.exit_code == 143
   assert calls == ['softmax', 'posrf-orf']
   assert not (tmp_path / 'sw' / 'failures.jsonl').exists()
+
+
+def test_an_unreadable_results_json_is_not_finished_and_is_named(tmp_path):
+  sweep = sweeps.expand(sweeps.sweep_from_flags(
+      [f'{LISTOPS}:tiny'], ['model.attention.kind=softmax,posrf-orf', 'seed=0'], ['num_train_steps=5']))
+  sweep_dir = str(tmp_path / 'sw')
+  train, _ = _fake_trainer()
+  sweeps.run_sweep(sweep, sweep_dir, train_fn=train, log=lambda s: None)
+  torn = tmp_path / 'sw' / 'listops-tiny' / 'kind=softmax__seed=0' / 'results.json'
+  torn.write_text(torn.read_text()[:40])
+  assert {r.kind: r.status() for r in sweeps.plan(sweep, sweep_dir)} == \
+      {'softmax': 'new', 'posrf-orf': 'done'}
+  train2, calls = _fake_trainer()
+  logged = []
+  counts = sweeps.run_sweep(sweep, sweep_dir, train_fn=train2, log=logged.append)
+  assert counts == {'done': 1, 'ran': 1, 'failed': 0} and [c[0] for c in calls] == ['softmax']
+  assert any(str(torn) in l and 'cannot be read' in l for l in logged), logged
+
+
+def test_a_sweep_with_an_empty_grid_is_an_error():
+  with pytest.raises(sweeps.SweepError, match='no points'):
+    sweeps.expand(sweeps.Sweep(name='empty', points=()))

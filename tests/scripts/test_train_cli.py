@@ -75,3 +75,12 @@ def test_indivisible_batch_one_line(tmp_path):
   assert proc.returncode == 1
   assert 'Traceback' not in proc.stderr
   assert 'not divisible by the 2 devices' in last_line(proc)
+
+
+def test_config_that_is_a_directory_says_so(tmp_path):
+  from kernelformer.commands import _common
+  (tmp_path / 'mine.py').write_text('')
+  with pytest.raises(_common.UserError) as e:
+    _common.resolve_config_path(str(tmp_path))
+  assert 'is a directory, not a config file' in str(e.value) and 'mine.py' in str(e.value)
+  assert 'not found' not in str(e.value)

@@ -99,3 +99,122 @@ def test_eval_batches_max_batches_caps_the_count():
   batches = list(input_pipeline.eval_batches(_source(10), 4, max_batches=2))
   assert len(batches) == 2
   np.testing.assert_array_equal(_stream(batches), np.arange(8))
+
+
+class _Batched:
+  """The same examples as ``_source`` behind ``read_batch`` (as ``lra_tasks.common.ArraySource``)."""
+
+  def __init__(self, n=N):
+    from lra_tasks import common
+    self._src = common.ArraySource(inputs=np.stack([np.arange(n) + 1, np.zeros(n, int)], 1).astype(np.int32),
+                                   targets=np.arange(n, dtype=np.int32))
+    self.calls = 0
+
+  def __len__(self):
+    return len(self._src)
+
+  def __getitem__(self, i):
+    raise AssertionError('a batched source is read by read_batch, not per example')
+
+  def read_batch(self, indices):
+    self.calls += 1
+    return self._src.read_batch(indices)
+
+
+def test_batched_source_gives_the_per_example_batches():
+  """A source with ``read_batch`` is read in one call per batch and gives exactly the batches that
+  stacking its examples one by one gives (a plugin's list of dicts), for training and evaluation."""
+  batched = _Batched(10)
+  tb, ref = input_pipeline.TrainBatches(batched, 4, 7), input_pipeline.TrainBatches(_source(10), 4, 7)
+  for s in range(8):
+    a, b = tb.batch(s), ref.batch(s)
+    assert a.keys() == b.keys()
+    for k in a:
+      assert a[k].dtype == b[k].dtype
+      np.testing.assert_array_equal(a[k], b[k], err_msg=f'step {s} {k}')
+  assert batched.calls == 8
+  for a, b in zip(input_pipeline.eval_batches(batched, 4), input_pipeline.eval_batches(_source(10), 4),
+                  strict=True):
+    for k in b:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_epoch_order_is_one_numpy_permutation_per_epoch():
+  """The order is ``epoch_order`` exactly (what DATA_ORDER names): one ``default_rng([seed, epoch])``
+  permutation per epoch, read in batch-sized runs of the stream."""
+  stream = _stream(_steps(5, 0, 10, batch=4, n=10))
+  want = np.concatenate([np.random.default_rng([5, e]).permutation(10) for e in range(4)])
+  np.testing.assert_array_equal(stream, want)
+
+
+def test_background_reading_raises_in_the_consumer_and_stops():
+  class Broken:
+    def __len__(self):
+      return N
+
+    def __getitem__(self, i):
+      if i == _bad:
+        raise KeyError('unreadable example')
+      return _source()[i]
+  tb = input_pipeline.TrainBatches(Broken(), 4, seed=0)
+  _bad = int(tb.indices(2)[1])
+  it = tb.iterate(0, 6)
+  assert len([next(it), next(it)]) == 2
+  with pytest.raises(KeyError, match='unreadable'):
+    next(it)
+  with pytest.raises(StopIteration):
+    next(it)
+
+
+def test_device_iterate_places_batches_sharded_ahead(monkeypatch):
+  """Off the CPU-only case the batches arrive as jax arrays, batch-sharded over the mesh as the
+  compiled step takes them, with the host batches' values."""
+  import jax
+  from kernelformer.training import sharding
+  mesh = sharding.make_mesh(jax.devices()[:4])
+  tb = input_pipeline.TrainBatches(_source(), 8, seed=2)
+  monkeypatch.setattr(input_pipeline, 'stages_on_host', lambda mesh: False)
+  placed = list(tb.device_iterate(0, 3, mesh))
+  assert len(placed) == 3
+  for s, b in enumerate(placed):
+    for k, v in b.items():
+      assert isinstance(v, jax.Array) and v.sharding.is_equivalent_to(sharding.batch_sharded(mesh), v.ndim)
+      np.testing.assert_array_equal(np.asarray(v), tb.batch(s)[k])
+
+
+def test_data_order_segments_record_a_resume_across_orders(caplog):
+  order = input_pipeline.DATA_ORDER
+  fresh = input_pipeline.data_order_segments(None, 0, resumed=False)
+  assert fresh == [{'from_step': 0, 'data_order': order}]
+  assert input_pipeline.data_order_segments(fresh, 40, resumed=True) == fresh   # same order: silent
+  assert not caplog.records
+  old = input_pipeline.data_order_segments(None, 40, resumed=True)   # a checkpoint before the field
+  assert old == [{'from_step': 0, 'data_order': 1}, {'from_step': 40, 'data_order': order}]
+  assert any('data order' in r.getMessage() for r in caplog.records)
+
+
+def test_a_resume_across_data_orders_is_recorded_in_results(tmp_path, monkeypatch, caplog):
+  """A run checkpointed under another data order (here: 1) and resumed under today's goes on, says so
+  in one warning line, and results.json ``data_order`` lists both stretches; an uninterrupted run
+  lists one."""
+  import json
+  from kernelformer.training import trainer
+  from tests.training import helpers
+  c = helpers.tiny_config(tmp_path / 'data', checkpoint_every=4)
+
+  class Crash(Exception):
+    pass
+
+  def crash_at_6(step, state):
+    if step == 6:
+      raise Crash()
+
+  monkeypatch.setattr(input_pipeline, 'DATA_ORDER', 1)
+  with pytest.raises(Crash):
+    trainer.train_and_evaluate(c, str(tmp_path / 'run'), hooks=[crash_at_6])
+  monkeypatch.setattr(input_pipeline, 'DATA_ORDER', 2)
+  with caplog.at_level('WARNING'):
+    trainer.train_and_evaluate(c, str(tmp_path / 'run'))
+  results = json.loads((tmp_path / 'run' / 'results.json').read_text())
+  assert results['data_order'] == [{'from_step': 0, 'data_order': 1}, {'from_step': 4, 'data_order': 2}]
+  assert any('resumed at step 4 under data order 2' in r.getMessage() for r in caplog.records)

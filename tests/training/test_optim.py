@@ -41,9 +41,10 @@ def test_every_config_schedule_name_builds_and_unknown_names_fail():
     optim_lib.make_schedule(_optim('cosine_decay'), TOTAL)
 
 
-@pytest.mark.parametrize('schedule', optim_lib.SCHEDULES)
+@pytest.mark.parametrize('schedule', [s for s in optim_lib.SCHEDULES if not s.startswith('onecycle-')])
 def test_warmup_is_linear_from_zero(schedule):
-  """Every schedule starts at 0 and rises linearly over ``warmup_steps`` to its peak."""
+  """Every schedule but the one-cycle ones (lr / 25 at step 0, peak at warmup - 1: test_onecycle.py)
+  starts at 0 and rises linearly over ``warmup_steps`` to its peak."""
   peak = LR / np.sqrt(WARMUP) if schedule == 'rsqrt' else LR
   steps = np.arange(0, WARMUP + 1, 10)
   np.testing.assert_allclose(_lr(schedule, steps), peak * steps / WARMUP, rtol=1e-5, atol=1e-9)

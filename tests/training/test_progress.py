@@ -18,8 +18,10 @@ def test_bar_starts_after_compilation_and_shows_the_timed_rate():
   p.update(3, {'loss': 1.5, 'accuracy': 0.25}, seconds=0.25)
   assert p.rate() == 4.0                          # 2 timed steps in 0.5 s, as results.json counts
   p.close()
-  last = out.getvalue().replace('\r', '\n').strip().splitlines()[-1]
-  assert last.startswith('compile+step 1 ') and '3/10' in last
+  lines = [l for l in out.getvalue().replace('\r', '\n').strip().splitlines() if l.strip()]
+  first, last = lines[0], lines[-1]
+  assert first.startswith('compile+step 1 ') and '1/10' in first     # the compile phase, once
+  assert 'compile' not in last and '3/10' in last                    # not a label of later steps
   assert '4.0 steps/s, loss=1.500, acc=0.250]' in last, last
 
 

@@ -150,7 +150,7 @@ def test_nonfinite_skip_policy_skips_updates_then_stops(tmp_path):
   def record(step, state):
     params[step] = [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
-  with pytest.raises(workdir_lib.RunError, match='non-finite gradients in a row') as e:
+  with pytest.raises(workdir_lib.RunError, match='non-finite steps .loss or gradient norm. in a row') as e:
     trainer.train_and_evaluate(c, str(tmp_path / 'run'), hooks=[record])
   assert e.value.exit_code == workdir_lib.EXIT_DIVERGED
   skipped = [s for s in params if s > 1 and all(
@@ -302,3 +302,14 @@ def test_final_test_covers_whole_split_on_a_quick_image_run(tmp_path):
   val = [e for e in events(tmp_path / 'run') if e['split'] == 'val']
   assert f"over {val[0]['examples']} examples" in results['selected_on']
   assert 'max_eval_batches=1' in results['selected_on']
+
+
+def test_a_damaged_checkpoint_line_has_words_not_object_reprs():
+  e = ValueError('DATA_LOSS: Error opening "cast" driver: Error opening "zarr" driver: Error reading '
+                 '"b/.zarray" <bound method pybind11_detail_function_record_v1_system_libstdcpp_gxx_'
+                 'abi_1xxx.result of <tensorstore.Future object at 0x7f2a1c0b3e30>> in OCDBT database '
+                 + 'x' * 300)
+  reason = ckpt_lib.error_reason(e)
+  assert 'bound method' not in reason and '0x7f' not in reason and 'driver' not in reason, reason
+  assert reason.startswith('DATA_LOSS: Error reading "b/.zarray" in OCDBT database') and \
+      len(reason) <= 165, reason
