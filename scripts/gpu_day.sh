@@ -6,7 +6,7 @@
 #   bash scripts/gpu_day.sh listops OUT_DIR SECONDS KIND.. # part 2: ListOps at the Skyformer preset, each
 #                                                          #   KIND trained for SECONDS, then tested
 #   bash scripts/gpu_day.sh all OUT_DIR BUDGET_SCALE SECONDS KIND..   # both in one call (one machine start)
-#   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # issue 24 item 3: causal posrf-orf vs the
+#   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
 #                                                          #   64K cells do not fit the CPU machine;
