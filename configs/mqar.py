@@ -23,7 +23,7 @@ Presets (``--config configs/mqar.py:<preset>``):
                 The panel at this budget: configs/sweeps/zoology_fig2_full.py (not run here yet).
   cpu           the same task and model at CPU scale (docs/recall.md): batch 64, 10,000 training
                 examples, 500 test, the step count of configs/sweeps/zoology_fig2.py.
-  legacy_quick  this repository's MQAR before issue 22 (task ``mqar_legacy``: vocabulary 32, values with
+  legacy_quick  this repository's MQAR before it followed Zoology's generator (task ``mqar_legacy``: vocabulary 32, values with
                 replacement, each value repeated after its query; 2 layers of 64 dims, 2 heads, 800
                 steps at lr 3e-3, softmax; test accuracy 0.9995, docs/causal.md). Kept for the runs
                 measured on it (configs/sweeps/recall.py).

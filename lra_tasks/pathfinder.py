@@ -7,8 +7,8 @@ stays padding) with ``data.pixel_padding = 'none'``, or the raw pixel 0..255 (vo
 ``'lra'``, where the mask ``inputs != 0`` -- LRA's ``inputs > 0`` (image/input_pipeline.py 186, 205
 @ ad0ff01; models/transformer/transformer.py 148 @ b4f9fed) -- drops every black pixel, i.e. the whole
 background: attention sees only the lit pixels, as in LRA's and Skyformer's runs
-(``lra_tasks.image.pixel_offset``). "Pathfinder" is 32x32 (1024 tokens) at the hard difficulty; "Path-X" is 128x128
-(16384 tokens), also hard. ``data.resolution`` (32, 64, 128, 256) and ``data.difficulty`` pick the set:
+(``lra_tasks.image.pixel_offset``). "Pathfinder" is 32x32 (1024 tokens) at the hard difficulty;
+"Path-X" is 128x128 (16384 tokens), also hard. ``data.resolution`` (32, 64, 128, 256) and ``data.difficulty`` pick the set:
 
     easy -> curv_baseline    intermediate -> curv_contour_length_9    hard -> curv_contour_length_14
 
@@ -226,6 +226,11 @@ def _cached_examples(directory: str, res: int, stamp: tuple) -> tuple[np.ndarray
   del stamp  # cache key only: changed metadata files are read again
   tokens, labels, _ = load_examples(directory, res)
   return tokens, labels
+
+
+def forget_decoded() -> None:
+  """Drops the decoded examples this process holds (so the next read decodes again, as a new process)."""
+  _cached_examples.cache_clear()
 
 
 def _stamp(directory: str) -> tuple:

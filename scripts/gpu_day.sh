@@ -15,7 +15,7 @@
 #                                                          #   CPU dry run at tiny sizes (the test suite's);
 #                                                          #   KF_REPRODUCE_INSTABILITY=1 adds Skyformer table
 #                                                          #   3's ListOps column beside the ListOps pair
-#   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # issue 24 item 3: causal posrf-orf vs the
+#   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
 #                                                          #   64K cells do not fit the CPU machine;

@@ -32,6 +32,7 @@ from kernelformer import plugins
 from kernelformer import registry
 from kernelformer.attention import distill as distill_lib
 from kernelformer.encoder import Classifier
+from kernelformer.layers import DTYPES
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
@@ -42,8 +43,6 @@ from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
 from kernelformer.training import validate
-
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 @flax.struct.dataclass
