@@ -31,20 +31,18 @@ block of tokens -- state in the ``cache`` collection; start from ``init_cache``)
 Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind, with the key
 projection scaled x1, x10 and x30): the step draws W with the mechanism's own ``_projection`` under the
 same module path (``mechanism``), so it gets the same ``make_rng('features')`` key and the same
-learned-sampler parameters. Both use the same running stabiliser: the full forward shifts the key
-features of chunk n by the running max of the key exponents over chunks 0..n (``features/components.py``
-``causal_chunk``) and rescales the carried prefix state when that max grows (``attention/linear.py``
-``key_shift``); the step carries that running max in the cache (``key_shift [B, H, M']``) next to the
-state, continues it over the new tokens (``components`` ``shift_init``) and rescales the state the same
-way (``linear.causal_linear_attention``). Every shift cancels in the normalized output. A step of one
-token is the forward with chunk size 1 (a step cannot see the later keys of a chunk); a block of T tokens
-(``decode=True`` with ``inputs [B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) uses the
-chunk size of the full forward, so blocks that start on chunk boundaries reproduce its shifts exactly.
-Under RPE (feature cache, one token per call) the cached key features are rescaled when the running
-max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound ``components.unit_key_shift``,
-the full forward's too. Limit, of the full forward: within a chunk its shift includes the chunk's later
-keys, so at large key norms (x10 here) a row whose visible keys all lie far below a later key of its
-chunk underflows, where the step (and chunk size 1) does not.
+learned-sampler parameters. Both use the same running stabiliser: every row's key and query features
+are shifted by the running max of the key exponents over the keys up to that row
+(``features/components.py`` ``causal_chunk``), and the chunked forward moves each product of a query
+block and an earlier key block onto the key block's last shift (``attention/linear.py`` ``key_shift``);
+the step carries that running max in the cache (``key_shift [B, H, M']``) next to the state, continues
+it over the new tokens (``components`` ``shift_init``) and rescales the state when it grows
+(``linear.causal_linear_attention``). Every shift cancels in the normalized output, and no key after a
+row enters its shift, so a step of one token, a block of T tokens (``decode=True`` with ``inputs
+[B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) and the full forward at any chunk size
+agree at every key norm. Under RPE (feature cache, one token per call) the cached key features are
+rescaled when the running max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound
+the record's ``unit_key_shift``, the full forward's too.
 
 Kinds refused with one line (``causal_problem``): those whose module raises for ``causal=True``
 (Nystromformer, Linformer, Skyformer: landmarks/projections mix all positions) and OPRF / SADERF, whose
@@ -68,16 +66,13 @@ from kernelformer.attention import gaussian as gaussian_lib
 from kernelformer.attention import linear as linear_lib
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.attention import softmax as softmax_lib
-from kernelformer.features import components as components_lib
-from kernelformer.layers import RelativePositionBias, _attention_options, pre_ln_residuals, qkv_projections
+from kernelformer.features import catalog
+from kernelformer.layers import (DTYPES, RelativePositionBias, attention_options, pre_ln_residuals,
+                                 qkv_projections)
 
 Array = Any
 
 QUERY_POSITIONS_KEY = 'inputs_query_positions'   # the trainer passes every batch key named inputs*
-
-# Components whose features use statistics of every position (Spectraformer eqs. 35-36).
-SEQUENCE_STATISTIC_COMPONENTS = ('oprf', 'saderf')
-
 
 class CausalKindError(ValueError):
   """An attention kind that has no causal (decoder) form."""
@@ -90,9 +85,10 @@ def causal_problem(kind: str) -> Optional[str]:
   name = spec.name
   if issubclass(spec.module, rf_lib.RandomFeatureAttention):
     comp = spec.fixed.get('component')
-    if comp in components_lib.NON_CAUSAL:
-      return f'attention kind {name!r} has no causal form: {components_lib.NON_CAUSAL[comp]}'
-    if comp in SEQUENCE_STATISTIC_COMPONENTS:
+    record = catalog.get(comp)
+    if record.non_causal:
+      return f'attention kind {name!r} has no causal form: {record.non_causal}'
+    if record.sequence_statistics:
       return (f'attention kind {name!r} has no causal form: its {comp} parameters are means over '
               'the whole sequence (Spectraformer eqs. 35-36), so earlier positions would see later '
               'tokens; use posrf-*, trigrf-*, hyperbolic-*, a learned kernel, linear-elu, nprf-rpe '
@@ -125,7 +121,7 @@ def causal_kinds() -> list[str]:
 
 def _mechanism_kwargs(options: Mapping[str, Any]) -> tuple[registry.AttentionSpec, dict]:
   """The spec and constructor arguments ``registry.build`` would use for ``options``."""
-  module = registry.build(_attention_options(options))
+  module = registry.build(attention_options(options))
   spec = registry.get(options['kind'])
   kwargs = {f.name: getattr(module, f.name) for f in dataclasses.fields(module)
             if f.name not in ('parent', 'name')}
@@ -136,7 +132,7 @@ class _FeatureStep(rf_lib.RandomFeatureAttention):
   """``phi(q), phi(k)`` of a block of new tokens with the W of the full forward (module docstring).
 
   Same fields, parameters and ``_projection`` as ``RandomFeatureAttention``; only the call differs.
-  Maps with a key shift (``components.CAUSAL_SHIFTED``) continue the running key max ``shift_init``
+  Maps with a key shift (records with ``causal_shift``) continue the running key max ``shift_init``
   ``[B, H, M']`` (``-inf`` before the first token) over the block's chunks of ``chunk`` rows (1 for
   token-by-token decoding) and also return the block's per-chunk shifts ``[B, N, H, M']``; under
   ``unit_keys`` (l2-normalized keys) the shift is W's bound, as in the full forward. Other maps have
@@ -146,23 +142,24 @@ class _FeatureStep(rf_lib.RandomFeatureAttention):
   @nn.compact
   def __call__(self, q: Array, k: Array, *, shift_init: Array, chunk: int,  # pylint: disable=arguments-differ
                unit_keys: bool = False, step: Optional[Array] = None, start: Optional[Array] = None):
+    record = catalog.get(self.component)
     head_dim, num_heads = q.shape[-1], q.shape[-2]
     qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     # As RandomFeatureAttention.__call__: l2 normalization (NPRF) or the d^-1/4 input scale.
     if self.normalize_qk:
       qf, kf = rf_lib.l2_normalize(qf), rf_lib.l2_normalize(kf)
-    elif components_lib.TARGET_KERNEL[self.component] != 'none':
+    elif record.target_kernel != 'none':
       s = rf_lib.input_scale(head_dim)
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
-    fn = components_lib.COMPONENTS[self.component]
+    fn = record.fn
     proj_axis = None if (self.share_heads or proj is None) else 0
 
-    if self.component in components_lib.CAUSAL_SHIFTED:
+    if record.causal_shift:
       def shifted(qh, kh, p, s0):
         init = s0[:, None, :]
         if unit_keys:
-          init = jnp.maximum(init, components_lib.unit_key_shift(self.component, p, jnp.float32))
+          init = jnp.maximum(init, record.unit_key_shift(p, jnp.float32))
         return fn(qh, kh, p, mask=None, causal_chunk=chunk, shift_init=init)
 
       return jax.vmap(shifted, in_axes=(2, 2, proj_axis, 1), out_axes=(2, 2, 2))(qf, kf, proj,
@@ -171,7 +168,7 @@ class _FeatureStep(rf_lib.RandomFeatureAttention):
     # (these maps have nothing to shift: elu, relu, grelu, rks, and registered maps without a shift).
     no_keys = jnp.zeros(kf.shape[:2], bool)
     extra = {}
-    if self.component in components_lib.POSITIONAL:
+    if record.positional:
       # cosFormer: the new tokens sit at positions start + 1 .. start + T (1-based, as the full forward's
       # unmasked ``token_positions``) with the horizon M = cos_length (the decoder's max_length).
       pos = (start + 1 + jnp.arange(q.shape[1])).astype(jnp.float32)
@@ -204,7 +201,8 @@ class CausalSelfAttention(nn.Module):
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
     q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype)
     spec, kwargs = _mechanism_kwargs(self.attention)
-    if kwargs.get('component') in components_lib.POSITIONAL and not kwargs.get('cos_length'):
+    if ('component' in kwargs and catalog.get(kwargs['component']).positional
+        and not kwargs.get('cos_length')):
       # cosFormer's horizon M: the longest sequence this decoder sees, the same in the full forward and
       # in every decode step (an M that grew with the decoded length would change past weights).
       kwargs['cos_length'] = self.max_length
@@ -250,12 +248,11 @@ class CausalSelfAttention(nn.Module):
       raise ValueError(f'decode=True takes one token per call under a position bias, got {t}')
     # Running key max per feature column; the cache holds zeros before the first token, which stand
     # for -inf ("no key yet") so the first key sets the shift.
-    m = components_lib.feature_count(kwargs['component'], kwargs['num_features'], q.shape[-1],
-                                     map_dim=kwargs.get('map_dim', 0) or 0)
+    record = catalog.get(kwargs['component'])
+    m = record.feature_count(kwargs['num_features'], q.shape[-1], map_dim=kwargs.get('map_dim', 0) or 0)
     shift = self.variable('cache', 'key_shift', jnp.zeros, (b, h, m), jnp.float32)
     shift_in = jnp.where(idx == 0, -jnp.inf, shift.value)
-    unit_keys = (rpe and kwargs['normalize_qk']
-                 and components_lib.has_unit_key_shift(kwargs['component']))
+    unit_keys = rpe and kwargs['normalize_qk'] and record.unit_key_shift is not None
     chunk = 1 if rpe else kwargs['chunk_size']
     phi_q, phi_k, key_shift = _FeatureStep(**kwargs, name='mechanism')(
         q, k, shift_init=shift_in, chunk=chunk, unit_keys=unit_keys, step=None, start=idx)  # [B, T, H, M']
@@ -574,7 +571,6 @@ def generate(model: Decoder, params, prompt, num_tokens: int, *, features_key) -
 
 def build_decoder(model_config, info) -> Decoder:
   """The Decoder for ``config.model`` and a language-model ``TaskInfo`` (the trainer's entry point)."""
-  from kernelformer.training.trainer import DTYPES  # pylint: disable=g-import-not-at-top
   m = model_config
   attention = m.attention.to_dict() if hasattr(m.attention, 'to_dict') else dict(m.attention)
   check_causal(attention['kind'])

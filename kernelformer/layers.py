@@ -17,8 +17,13 @@ from kernelformer import registry
 Array = Any
 
 
-def _attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
-  # Unset (None) options fall back to the mechanism's own default, so one config serves every kind.
+# ``config.model.dtype`` -> the activations' dtype (encoder and decoder).
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
+  """The attention mapping without unset (None) options, which fall back to the mechanism's own
+  default, so one config serves every kind."""
   return {k: v for k, v in dict(attention).items() if v is not None}
 
 
@@ -54,7 +59,7 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
     q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype, self.use_bias)
-    mechanism = registry.build(_attention_options(self.attention))
+    mechanism = registry.build(attention_options(self.attention))
     extra = {} if position_bias is None else {'position_bias': position_bias}
     out = mechanism(q, k, v, mask=mask, causal=self.causal, step=step,
                     deterministic=deterministic, **extra)

@@ -1,8 +1,9 @@
-"""Loading a user's kernels: ``config.model.attention.plugin`` names Python modules to import first.
+"""A user's kernels: the registration API, and ``config.model.attention.plugin``'s modules imported first.
 
-A plugin is an ordinary module that registers components, samplers or mechanisms at import
-(``kernelformer.registry.register_component`` / ``register_sampler`` / ``register_mechanism``; see
-docs/extending.md). ``plugin`` is a comma-separated list; each entry is
+A plugin is an ordinary module that registers feature maps, samplers or mechanisms at import with this
+module's ``register_feature_map`` (a ``FeatureMap`` record), ``register_component`` (the same, as a
+decorator), ``register_sampler`` and ``register_mechanism``; see docs/extending.md. ``plugin`` is a
+comma-separated list; each entry is
 
 * a path to a ``.py`` file (absolute, or relative to the current directory), imported under a name
   derived from its absolute path, or
@@ -23,7 +24,9 @@ Where plugins come from, all loaded before any kernel name is looked up:
   (``config_dir_on_path``).
 
 ``provenance`` lists the files a run's kernel came from with their sha256 digests (results.json's
-``plugins``). This module imports no JAX until a plugin is actually loaded.
+``plugins``). This module imports no JAX until a plugin is loaded or registers something: the
+``kernelformer`` command loads it before JAX (``kernelformer/cli.py``), so the registration functions
+import the library where they run.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 ENV_VAR = 'KERNELFORMER_PLUGIN'
 
@@ -191,7 +194,114 @@ def _entry_file(entry: str) -> Optional[str]:
 def provenance(attention: Any) -> list[dict]:
   """``[{'file', 'sha256'}]``: the plugin files named by ``attention.plugin`` and every file of user
   code that registered a part of ``attention.kind`` (a config file's ``import``, ``--plugin``)."""
-  from kernelformer import registry  # pylint: disable=g-import-not-at-top
   files = [f for f in map(_entry_file, _entries(attention.get('plugin'))) if f]
-  files += [f for f in registry.sources(attention.get('kind')) if f not in files]
+  files += [f for f in sources(attention.get('kind')) if f not in files]
   return [{'file': f, 'sha256': _sha256(f) if os.path.isfile(f) else ''} for f in files]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Registering kernels from outside the package (docs/extending.md). A user's module calls these at
+# import; ``load`` (``--config.model.attention.plugin=FILE.py|module``, ``--plugin``) or an import in the
+# user's config file runs it.
+# ----------------------------------------------------------------------------------------------------
+
+# Where registered user code lives: ('component' | 'sampler' | 'mechanism', name) -> absolute file path.
+# ``sources(kind)`` combines them, so results.json names the files a run's kernel came from.
+_SOURCES: dict[tuple[str, str], str] = {}
+
+
+def _source_file(obj: Any) -> str:
+  import inspect  # pylint: disable=g-import-not-at-top
+  try:
+    path = inspect.getsourcefile(obj)
+  except TypeError:
+    path = None
+  if not path:
+    path = getattr(sys.modules.get(getattr(obj, '__module__', ''), None), '__file__', None)
+  return os.path.abspath(path) if path else ''
+
+
+def sources(name: str) -> list[str]:
+  """Files of user code (plugins, config files) that registered a part of kernel ``name``: its
+  component, its sampler or the whole mechanism; empty for a built-in."""
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  spec = registry.get(name)
+  keys = [('mechanism', spec.name.lower()), ('component', spec.fixed.get('component', '')),
+          ('sampler', spec.fixed.get('weights', ''))]
+  out = []
+  for key in keys:
+    path = _SOURCES.get(key)
+    if path and path not in out:
+      out.append(path)
+  return out
+
+
+def register_feature_map(record):
+  """Registers a feature map (a ``kernelformer.features.feature_map.FeatureMap``) and its kinds.
+
+  The record joins the catalog; a map with a projection (``parts > 0``) and no ``kind`` of its own is
+  paired with every weight sampler as ``<name>-<sampler>`` (and learnable FastFood), a map without one
+  is the single kind ``<name>`` (or ``record.kind``). Returns the record.
+  """
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
+  from kernelformer.features import catalog  # pylint: disable=g-import-not-at-top
+  registry.list_kernels()          # the built-in kinds first, so a taken name fails here, not later
+  catalog.register(record)
+  _SOURCES[('component', record.name)] = _source_file(record.fn)
+  for spec in random_features.grid_specs(component=record.name):
+    registry.register(spec)
+  return record
+
+
+def register_component(name: str, fn: Callable | None = None, *, target_kernel: str, parts: int,
+                       positive: bool = False, paper: str = '', approximates: str = ''):
+  """``register_feature_map`` for a function: a decorator building its ``FeatureMap`` record.
+
+  ``fn(q, k, proj, *, mask=None, stabilize=True) -> (phi_q, phi_k)``: the contract of
+  ``kernelformer.features.components`` (``proj`` a ``Projection``: ``projection.project(x, proj)`` is
+  x W^T). ``parts``: features per row of W (Spectraformer eq. 11's l; 0: no W, one kernel named
+  ``name``); ``target_kernel``: 'softmax', 'gaussian' or 'none'. Without ``fn`` it is a decorator; the
+  decorated function is returned unchanged.
+  """
+  def decorate(f):
+    from kernelformer.features.feature_map import FeatureMap  # pylint: disable=g-import-not-at-top
+    register_feature_map(FeatureMap(name, f, target_kernel, parts=parts, positive=positive, paper=paper,
+                                    approximates=approximates))
+    return f
+  return decorate if fn is None else decorate(fn)
+
+
+def register_sampler(name: str, fn: Callable | None = None, *, paper: str = ''):
+  """Registers a weight sampler ``fn(key, num_features, dim) -> Projection`` and its kernels.
+
+  Every projection-based component (built-in and registered) gets ``<component>-<name>``. Without
+  ``fn`` it is a decorator; the function is returned unchanged.
+  """
+  def decorate(f):
+    from kernelformer import registry  # pylint: disable=g-import-not-at-top
+    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
+    from kernelformer.features import weights  # pylint: disable=g-import-not-at-top
+    registry.list_kernels()
+    weights.register_sampler(name, f)
+    _SOURCES[('sampler', name)] = _source_file(f)
+    for spec in random_features.grid_specs(sampler=name, paper=paper):
+      registry.register(spec)
+    return f
+  return decorate if fn is None else decorate(fn)
+
+
+def register_mechanism(name: str, module: type | None = None, **spec_fields):
+  """Registers a whole mechanism: a Flax module class with the registry's call signature.
+
+  ``spec_fields`` are the other ``AttentionSpec`` fields (``fixed``, ``paper``, ``approximates``,
+  ``complexity``, ``learnable``, ``aliases``, ``supports_position_bias``, ...). The module's dataclass
+  fields are its options; they are config fields only if the mechanism is registered before the config
+  is built (import the plugin at the top of the config file). Without ``module`` it is a class decorator.
+  """
+  def decorate(cls):
+    from kernelformer import registry  # pylint: disable=g-import-not-at-top
+    registry.register(registry.AttentionSpec(name=name, module=cls, **spec_fields))
+    _SOURCES[('mechanism', name.lower())] = _source_file(cls)
+    return cls
+  return decorate if module is None else decorate(module)

@@ -17,6 +17,10 @@ same call signature, so the encoder never special-cases one::
   layer); only mechanisms whose spec says ``supports_position_bias`` accept a non-None value.
 * returns ``[batch, length, heads, head_dim]`` in the dtype of ``v``.
 
+Every module of ``kernelformer.attention`` exports its mechanisms as ``SPECS`` (``attention/spec.py``'s
+``AttentionSpec``); this module collects them on first use and never is imported by them. A user's
+mechanism joins through ``kernelformer.plugins.register_mechanism``.
+
 A mechanism's options live in the attention ConfigDict (``config.model.attention``); ``build``
 passes each module the fields it declares and ignores the rest, so one config can switch kinds with
 a single ``--config.model.attention.kind=...`` override.
@@ -25,42 +29,26 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import pkgutil
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 
+from kernelformer import attention as attention_pkg
+from kernelformer.attention.spec import AttentionSpec
 
-@dataclasses.dataclass(frozen=True)
-class AttentionSpec:
-  """What the registry knows about one mechanism."""
-
-  name: str
-  # Flax module class; its dataclass fields are the options it reads from the attention config.
-  module: type[nn.Module]
-  # Fixed keyword arguments that distinguish this name from others sharing the module class
-  # (e.g. component='positive', weights='orthogonal').
-  fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  paper: str = ''            # paper and equation, for docs/kernels.md
-  approximates: str = ''     # the kernel it computes or estimates
-  complexity: str = ''       # time / space, as in table 1 of the kernel-learning paper
-  learnable: str = '-'       # learnable parameters beyond q/k/v projections
-  aliases: tuple[str, ...] = ()
-  # Relative-position bias (Luo et al. 2021): True if the module accepts ``position_bias``; True in
-  # ``requires_position_bias`` if the mechanism is defined with one (nprf-rpe), so the encoder creates it.
-  supports_position_bias: bool = False
-  requires_position_bias: bool = False
-  # Non-empty where the mechanism depends on the sequence's absolute length or positions *by definition*
-  # (the reason, one line; docs/kernels.md lists these). Every other mechanism gives the same output on
-  # the real tokens whether a sequence is padded to L or to 4L (tests/attention/test_padding_invariance.py).
-  length_dependent: str = ''
+__all__ = ['AttentionSpec', 'register', 'get', 'build', 'list_kernels', 'specs']
 
 
 _REGISTRY: dict[str, AttentionSpec] = {}
 _ALIASES: dict[str, str] = {}
 
 
-def register(spec: AttentionSpec) -> AttentionSpec:
-  """Adds ``spec`` under its name and aliases; re-registering a name is an error."""
+_LOADED = False
+
+
+def _add(spec: AttentionSpec) -> AttentionSpec:
   for n in (spec.name, *spec.aliases):
     key = n.lower()
     if key in _REGISTRY or key in _ALIASES:
@@ -72,8 +60,21 @@ def register(spec: AttentionSpec) -> AttentionSpec:
 
 
 def _ensure_loaded() -> None:
-  # Mechanism modules register themselves on import; importing the package loads them all.
-  import kernelformer.attention  # noqa: F401  pylint: disable=g-import-not-at-top
+  """Collects the ``SPECS`` of every module of ``kernelformer.attention`` (once, in module order)."""
+  global _LOADED
+  if _LOADED:
+    return
+  _LOADED = True
+  for info in sorted(pkgutil.iter_modules(attention_pkg.__path__), key=lambda m: m.name):
+    module = importlib.import_module(f'{attention_pkg.__name__}.{info.name}')
+    for spec in getattr(module, 'SPECS', ()):
+      _add(spec)
+
+
+def register(spec: AttentionSpec) -> AttentionSpec:
+  """Adds ``spec`` under its name and aliases; re-registering a name is an error."""
+  _ensure_loaded()
+  return _add(spec)
 
 
 def list_kernels(include_aliases: bool = False) -> list[str]:
@@ -198,102 +199,8 @@ def option_names(name: str) -> list[str]:
 ModuleFactory = Callable[..., nn.Module]
 
 
-# ----------------------------------------------------------------------------------------------------
-# Registering kernels from outside the package (docs/extending.md). A user's module calls these at
-# import; ``kernelformer.plugins.load`` (``--config.model.attention.plugin=FILE.py|module``) or an
-# import in the user's config file runs it.
-# ----------------------------------------------------------------------------------------------------
-
-
-# Where registered user code lives: ('component' | 'sampler' | 'mechanism', name) -> absolute file path.
-# ``sources(kind)`` combines them, so results.json names the files a run's kernel came from.
-_SOURCES: dict[tuple[str, str], str] = {}
-
-
-def _source_file(obj: Any) -> str:
-  import inspect  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
-  import sys  # pylint: disable=g-import-not-at-top
-  try:
-    path = inspect.getsourcefile(obj)
-  except TypeError:
-    path = None
-  if not path:
-    path = getattr(sys.modules.get(getattr(obj, '__module__', ''), None), '__file__', None)
-  return os.path.abspath(path) if path else ''
-
-
-def sources(name: str) -> list[str]:
-  """Files of user code (plugins, config files) that registered a part of kernel ``name``: its
-  component, its sampler or the whole mechanism; empty for a built-in."""
-  spec = get(name)
-  keys = [('mechanism', spec.name.lower()), ('component', spec.fixed.get('component', '')),
-          ('sampler', spec.fixed.get('weights', ''))]
-  out = []
-  for key in keys:
-    path = _SOURCES.get(key)
-    if path and path not in out:
-      out.append(path)
-  return out
-
-
 class KernelPluginError(UnknownKernelError):
   """A plugin (``config.model.attention.plugin``) that cannot be found; the message says where we looked."""
-
-
-def register_component(name: str, fn: Callable | None = None, *, target_kernel: str, parts: int,
-                       positive: bool = False, paper: str = '', approximates: str = ''):
-  """Registers a feature-map component and every kernel ``<name>-<sampler>`` it makes.
-
-  ``fn(q, k, proj, *, mask=None, stabilize=True) -> (phi_q, phi_k)``: the contract of
-  ``kernelformer.features.components`` (``proj`` a ``Projection``: ``projection.project(x, proj)`` is
-  x W^T). ``parts``: features per row of W (Spectraformer eq. 11's l; 0: no W, one kernel named
-  ``name``); ``target_kernel``: 'softmax', 'gaussian' or 'none'. Without ``fn`` it is a decorator.
-  The new kernels pair ``name`` with every fixed sampler (and every registered one); the decorated
-  function is returned unchanged.
-  """
-  def decorate(f):
-    _ensure_loaded()
-    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
-    from kernelformer.features import components  # pylint: disable=g-import-not-at-top
-    components.register_component(name, f, target_kernel=target_kernel, parts=parts, positive=positive)
-    _SOURCES[('component', name)] = _source_file(f)
-    random_features.register_grid_entries(component=name, paper=paper, approximates=approximates)
-    return f
-  return decorate if fn is None else decorate(fn)
-
-
-def register_sampler(name: str, fn: Callable | None = None, *, paper: str = ''):
-  """Registers a weight sampler ``fn(key, num_features, dim) -> Projection`` and its kernels.
-
-  Every projection-based component (built-in and registered) gets ``<component>-<name>``. Without
-  ``fn`` it is a decorator; the function is returned unchanged.
-  """
-  def decorate(f):
-    _ensure_loaded()
-    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
-    from kernelformer.features import weights  # pylint: disable=g-import-not-at-top
-    weights.register_sampler(name, f)
-    _SOURCES[('sampler', name)] = _source_file(f)
-    random_features.register_grid_entries(sampler=name, paper=paper)
-    return f
-  return decorate if fn is None else decorate(fn)
-
-
-def register_mechanism(name: str, module: type[nn.Module] | None = None, **spec_fields):
-  """Registers a whole mechanism: a Flax module class with the registry's call signature.
-
-  ``spec_fields`` are the other ``AttentionSpec`` fields (``fixed``, ``paper``, ``approximates``,
-  ``complexity``, ``learnable``, ``aliases``, ``supports_position_bias``, ...). The module's dataclass
-  fields are its options; they are config fields only if the mechanism is registered before the config
-  is built (import the plugin at the top of the config file). Without ``module`` it is a class decorator.
-  """
-  def decorate(cls):
-    _ensure_loaded()
-    register(AttentionSpec(name=name, module=cls, **spec_fields))
-    _SOURCES[('mechanism', name.lower())] = _source_file(cls)
-    return cls
-  return decorate if module is None else decorate(module)
 
 
 def canonical_name(name: str) -> str:

@@ -228,6 +228,11 @@ def _cached_examples(directory: str, res: int, stamp: tuple) -> tuple[np.ndarray
   return tokens, labels
 
 
+def forget_decoded() -> None:
+  """Drops the decoded examples this process holds (so the next read decodes again, as a new process)."""
+  _cached_examples.cache_clear()
+
+
 def _stamp(directory: str) -> tuple:
   return tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in metadata_files(directory))
 

@@ -45,10 +45,10 @@ from kernelformer import plugins, registry
 plugins.load(sys.argv[1]); plugins.load(sys.argv[1])   # idempotent: a second load registers nothing
 names = set(registry.list_kernels())
 assert {'myprf-orf', 'myprf-antithetic', 'posrf-antithetic', 'trigrf-antithetic'} <= names
-from kernelformer.features import components, weights
+from kernelformer.features import catalog, weights
 # Every grid component (built-in, grelu, the plugin's) with every sampler (fixed, the plugin's); the
 # grid's components are those with an i.i.d. kernel (not e.g. posrf_lra, one paper's fixed setting).
-grid = [c for c in components.COMPONENTS if components.uses_projection(c) and f'{c}-iid' in names]
+grid = [r.name for r in catalog.records() if r.uses_projection and f'{r.name}-iid' in names]
 assert {'trigrf', 'rks', 'posrf', 'hyperbolic', 'oprf', 'saderf', 'grelu', 'myprf'} <= set(grid), grid
 for c in grid:
   for s in weights.SAMPLERS:
@@ -86,11 +86,11 @@ def doc_commands() -> str:
 
 COMPONENT_ONLY = '''
 import jax.numpy as jnp
-from kernelformer import registry
+from kernelformer import plugins
 from kernelformer.features.projection import project
 
 
-@registry.register_component('absrf', target_kernel='none', parts=1)
+@plugins.register_component('absrf', target_kernel='none', parts=1)
 def absrf(q, k, proj, *, mask=None, stabilize=True):
   fk = jnp.abs(project(k, proj))
   if mask is not None:
@@ -100,11 +100,11 @@ def absrf(q, k, proj, *, mask=None, stabilize=True):
 
 SAMPLER_ONLY = '''
 import jax
-from kernelformer import registry
+from kernelformer import plugins
 from kernelformer.features.projection import Projection
 
 
-@registry.register_sampler('halfnormal')
+@plugins.register_sampler('halfnormal')
 def halfnormal(key, num_features, dim):
   return Projection(matrix=jax.random.normal(key, (num_features, dim)))
 '''
@@ -114,9 +114,9 @@ import sys
 from kernelformer import plugins, registry
 plugins.load(sys.argv[1]); plugins.load(sys.argv[2])   # the component first, then the sampler
 assert registry.get('absrf-halfnormal').fixed == {'component': 'absrf', 'weights': 'halfnormal'}
-assert registry.sources('absrf-halfnormal') == [sys.argv[1], sys.argv[2]], registry.sources('absrf-halfnormal')
-assert registry.sources('absrf-orf') == [sys.argv[1]] and registry.sources('grelu-halfnormal') == [sys.argv[2]]
-assert registry.sources('posrf-orf') == []
+assert plugins.sources('absrf-halfnormal') == [sys.argv[1], sys.argv[2]], plugins.sources('absrf-halfnormal')
+assert plugins.sources('absrf-orf') == [sys.argv[1]] and plugins.sources('grelu-halfnormal') == [sys.argv[2]]
+assert plugins.sources('posrf-orf') == []
 print('ok')
 '''
 
@@ -210,3 +210,75 @@ def test_missing_plugin_is_one_line(tmp_path):
   proc = kf(tmp_path, 'kernels', '--plugin', 'no_such_kernels.py')
   assert proc.returncode != 0 and 'Traceback' not in proc.stderr
   assert 'no_such_kernels.py not found' in proc.stderr.strip().splitlines()[-1]
+
+
+MAP_PLUGIN = '''
+"""A feature map of one's own: one function and one record, in one file."""
+import jax
+import jax.numpy as jnp
+
+from kernelformer import plugins
+from kernelformer.features.feature_map import FeatureMap
+
+
+def softplus_map(q, k, proj=None, *, mask=None, stabilize=True):
+  phi_k = jax.nn.softplus(k)
+  if mask is not None:
+    phi_k = jnp.where(mask[..., None], phi_k, 0.0)
+  return jax.nn.softplus(q), phi_k
+
+
+SOFTPLUS = plugins.register_feature_map(FeatureMap(
+    'softplus_map', softplus_map, target_kernel='none', parts=0, positive=True, row_wise=True,
+    kind='softplus-map', paper='softplus(x) features, a plugin map'))
+'''
+
+MAP_CHECK = r'''
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from kernelformer import plugins, registry
+plugins.load(sys.argv[1])
+from kernelformer.features import catalog
+assert catalog.get('softplus_map').row_wise and registry.get('softplus-map').fixed == {
+    'component': 'softplus_map', 'weights': 'none'}
+ks = jax.random.split(jax.random.PRNGKey(3), 3)
+q, k, v = (jax.random.normal(kk, (2, 10, 2, 4)) for kk in ks)
+mask = jnp.arange(10)[None, :] < jnp.array([[10], [6]])
+sp = lambda x: np.log1p(np.exp(np.asarray(x, np.float64)))
+for causal in (False, True):
+  m = registry.build({'kind': 'softplus-map', 'chunk_size': 4})
+  out = np.asarray(m.apply(m.init(ks[0], q, k, v, mask=mask), q, k, v, mask=mask, causal=causal))
+  s = np.einsum('blhd,bshd->bhls', sp(q), sp(k)) * np.asarray(mask)[:, None, None, :]
+  if causal:
+    s = s * np.tril(np.ones((10, 10)))
+  want = np.einsum('bhls,bshd->blhd', s / s.sum(-1, keepdims=True), np.asarray(v, np.float64))
+  real = np.asarray(mask)[:, :, None, None]
+  err = np.max(np.abs(np.where(real, out - want, 0.0)))
+  assert err < 1e-5, (causal, err)
+print('ok')
+'''
+
+
+def test_a_plugin_feature_map_is_one_record_and_trains_with_the_plugin_flag(tmp_path):
+  """A user's file adds a map as one function + one record; the library computes its attention
+  (float64 reference, bidirectional and causal, masked), lists it, and ``train --plugin`` trains it."""
+  plugin = tmp_path / 'mymap.py'
+  plugin.write_text(MAP_PLUGIN)
+  proc = subprocess.run([sys.executable, '-c', MAP_CHECK, str(plugin)], capture_output=True, text=True,
+                        env=env(), cwd=str(tmp_path), timeout=300)
+  assert proc.returncode == 0 and proc.stdout.startswith('ok'), proc.stderr[-3000:]
+  proc = kf(tmp_path, 'kernels', '--plugin', str(plugin), 'softplus-map')
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "feature map: softplus_map (positive; M' = d; causal: yes)" in proc.stdout, proc.stdout
+  e = {**env(), 'KERNELFORMER_DATA': str(tmp_path / 'data')}
+  proc = subprocess.run([sys.executable, '-m', 'kernelformer', 'train', '--plugin', 'mymap.py',
+                         '--config', 'listops:tiny', '--workdir', 'runs/softplus',
+                         '--config.model.attention.kind=softplus-map', '--config.num_train_steps=4',
+                         '--config.eval_every=4', '--config.checkpoint_every=4'],
+                        capture_output=True, text=True, env=e, cwd=str(tmp_path), timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+  with open(tmp_path / 'runs' / 'softplus' / 'results.json', encoding='utf-8') as f:
+    r = json.load(f)
+  assert r['attention'] == 'softplus-map' and 0.0 <= r['test_accuracy'] <= 1.0
+  digest = hashlib.sha256(plugin.read_bytes()).hexdigest()
+  assert r['plugins'] == [{'file': str(plugin), 'sha256': digest}]

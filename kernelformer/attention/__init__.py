@@ -1,4 +1,5 @@
-"""Attention mechanisms. Importing this package imports every submodule, and each registers itself.
+"""Attention mechanisms. Importing this package imports every submodule; each exports its ``SPECS``,
+which ``kernelformer.registry`` collects.
 
 Auto-discovery (rather than a hand-kept import list) means adding a mechanism is adding one file.
 """

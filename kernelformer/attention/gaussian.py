@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
+from kernelformer.attention.spec import AttentionSpec
 
 Array = jax.Array
 
@@ -82,9 +82,9 @@ class GaussianAttention(nn.Module):
     return gaussian_attention(q, k, v, mask=mask, causal=causal)
 
 
-registry.register(registry.AttentionSpec(
+SPECS = (AttentionSpec(
     name='gaussian', module=GaussianAttention,
     paper='Chen et al. 2021 (Skyformer), eq. 3',
     approximates='Gaussian kernel exp(-||q-k||^2 / (2 sqrt(p))), unnormalized C V (exact)',
     complexity='O(L^2 p) time, O(L^2) memory',
-    aliases=('kernelized', 'kernelized-attention')))
+    aliases=('kernelized', 'kernelized-attention')),)

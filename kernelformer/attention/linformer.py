@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
+from kernelformer.attention.spec import AttentionSpec
 
 Array = jax.Array
 
@@ -73,7 +73,7 @@ class LinformerAttention(nn.Module):
     return linformer_attention(q, k, v, e[:, :length], f[:, :length], mask=mask)
 
 
-registry.register(registry.AttentionSpec(
+SPECS = (AttentionSpec(
     name='linformer', module=LinformerAttention,
     paper='Wang et al. 2020 (Linformer), §4 (E, F length projections)',
     approximates='softmax attention through learned low-rank length projections (not a kernel estimate)',
@@ -81,4 +81,4 @@ registry.register(registry.AttentionSpec(
     learnable='E, F [linformer_k, max_length] (shared across heads)',
     length_dependent=('E, F have one column per absolute position: outputs depend on where the real '
                       'tokens sit, and lengths above max_length are errors (end padding is zeroed before '
-                      'the projection, so padding to any length <= max_length changes nothing)')))
+                      'the projection, so padding to any length <= max_length changes nothing)')),)

@@ -44,7 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
+from kernelformer.attention.spec import AttentionSpec
 
 Array = jax.Array
 
@@ -150,9 +150,9 @@ class NystromAttention(nn.Module):
                              num_iterations=self.num_iterations)
 
 
-registry.register(registry.AttentionSpec(
+SPECS = (AttentionSpec(
     name='nystromformer', module=NystromAttention,
     paper='Xiong et al. 2021 (Nyströmformer), segment means + iterative pseudo-inverse',
     approximates='softmax exp(q.k/sqrt(d)) attention (Nyström, not a kernel estimate)',
     complexity='O(L m d + m^3) time, O(L m) memory (m = num_landmarks)',
-    aliases=('nystrom',)))
+    aliases=('nystrom',)),)

@@ -22,7 +22,7 @@ module's path, so different layers draw independently. The draw index is ``step 
 ``redraw_every`` steps and changes between windows (the paper resamples every 100 iterations, §2.2).
 ``key`` is split into one key per head unless ``share_heads``.
 
-Names (registered at import, lowercase; ``registry.get`` is case-insensitive):
+Names (``SPECS``, collected by ``kernelformer.registry``; lowercase, ``registry.get`` is case-insensitive):
 
 * ``<component>-<sampler>`` for components trigrf, posrf, oprf, saderf, rks, hyperbolic and samplers
   iid, orf, sorf, qmc, mm, sgq, fastfood (random, fixed FastFood), with Spectraformer's names as
@@ -37,6 +37,7 @@ Names (registered at import, lowercase; ``registry.get`` is case-insensitive):
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Optional
 
@@ -44,19 +45,24 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
 from kernelformer.attention import distill as distill_lib
 from kernelformer.attention import linear
+from kernelformer.attention import rpe
+from kernelformer.attention.spec import AttentionSpec
+from kernelformer.features import catalog
 from kernelformer.features import components as components_lib
 from kernelformer.features import learned as learned_lib
 from kernelformer.features import maps as maps_lib
+from kernelformer.features import projection as projection_lib
 from kernelformer.features import weights as weights_lib
+from kernelformer.features.feature_map import FeatureMap
 
 Array = jax.Array
 
-# The grid of fixed samplers (``features/weights.py`` SAMPLERS keys) and of projection-based components.
+# The grid of fixed samplers (``features/weights.py`` SAMPLERS keys) and of the built-in projection-based
+# components paired with every sampler (records with ``grid``).
 FIXED_SAMPLERS = ('iid', 'orf', 'sorf', 'qmc', 'mm', 'sgq', 'fastfood')
-RF_COMPONENTS = ('trigrf', 'posrf', 'oprf', 'saderf', 'rks', 'hyperbolic')
+RF_COMPONENTS = tuple(r.name for r in components_lib.FEATURE_MAPS if r.grid)
 
 
 def draw_index(step: Optional[Array], redraw_every: int) -> Array:
@@ -82,22 +88,30 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']``: the component applied one head at a time.
 
   ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu). With
-  ``causal_chunk`` (components in ``components.CAUSAL_SHIFTED`` only) also ``key_shift [B, N, H, M']``,
-  the per-chunk running key maxima for ``linear.linear_attention(..., key_shift=)``. ``unit_keys``
-  (l2-normalized keys, ``components.has_unit_key_shift(component)``): every key is shifted by the bound
-  ``components.unit_key_shift`` that W alone sets (one chunk spanning the sequence, no key statistic);
-  the returned ``key_shift [B, 1, H, M']`` is that bound. ``positions`` goes to
-  the components of ``components.POSITIONAL`` (``maps.token_positions``), the same for every head.
+  ``causal_chunk`` (maps whose record has ``causal_shift`` only) also ``key_shift [B, L, H, M']``,
+  the per-row running key maxima for ``linear.linear_attention(..., key_shift=)``. ``unit_keys``
+  (l2-normalized keys, a record with ``unit_key_shift``): every key is shifted by the bound that W
+  alone sets (no key statistic); the returned ``key_shift`` is that bound on every row. ``positions``
+  goes to the ``positional`` maps (``maps.token_positions``), the same for every head.
   """
-  fn = components_lib.COMPONENTS[component]
+  record = catalog.get(component)
+  fn = record.fn
   extra = {} if causal_chunk is None else {'causal_chunk': causal_chunk}
-  if component in components_lib.POSITIONAL:
+  if record.positional:
     extra['positions'] = positions
+  if record.whole_tensor:
+    # One call with every head in the leading axes ([B, H, L, d]): its statistic spans all of them.
+    if not heads_share_proj or causal_chunk is not None or unit_keys:
+      raise ValueError(f'component {component!r} takes statistics over every head: it needs '
+                       'share_heads=True and has no causal form')
+    key_mask = None if mask is None else jnp.asarray(mask, bool)[:, None, :]
+    out = fn(jnp.swapaxes(q, 1, 2), jnp.swapaxes(k, 1, 2), proj, mask=key_mask, stabilize=True, **extra)
+    return tuple(jnp.swapaxes(o, 1, 2) for o in out)
 
   def one_head(qh, kh, p):
     if unit_keys:
       return fn(qh, kh, p, mask=mask, stabilize=True, causal_chunk=max(1, kh.shape[-2]),
-                shift_init=components_lib.unit_key_shift(component, p, jnp.float32))
+                shift_init=record.unit_key_shift(p, jnp.float32))
     return fn(qh, kh, p, mask=mask, stabilize=True, **extra)
 
   proj_axis = None if (heads_share_proj or proj is None) else 0
@@ -105,30 +119,35 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=outs)(q, k, proj)
 
 
-# Components whose features carry a data-dependent shift (a key maximum, per chunk when causal) that
-# cancels between numerator and normalizer: their D is exp(-shift) times the unshifted one, so a fixed
-# guard of 1e-6 acts at an arbitrary point of the true D. With the per-chunk running maximum a query whose
-# visible keys all lie far below its chunk's largest key has a small but valid D; the 1e-6 guard then
-# replaced it (B=8, H=8, L=1K, d=64, M=256: output off by 0.25 from the float64 estimator). Their guard
-# only has to keep a row with no visible key (D = 0) finite.
-SHIFTED_COMPONENTS = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf'})
+# Maps whose features carry a data-dependent shift (a key maximum, per chunk when causal) that cancels
+# between numerator and normalizer (records with ``shifted_normalizer``): their D is exp(-shift) times
+# the unshifted one, so a fixed guard of 1e-6 acts at an arbitrary point of the true D. With the
+# per-chunk running maximum a query whose visible keys all lie far below its chunk's largest key has a
+# small but valid D; the 1e-6 guard then replaced it (B=8, H=8, L=1K, d=64, M=256: output off by 0.25
+# from the float64 estimator). Their guard only has to keep a row with no visible key (D = 0) finite.
 SHIFTED_EPS = 1e-30
 
 
 def normalizer_eps(component: str, feature_eps: Optional[float] = None) -> float:
-  """The normalizer guard: ``feature_eps`` if given, else 1e-30 for shifted exp components, else 1e-6."""
+  """The normalizer guard: ``feature_eps`` if given, else 1e-30 for shifted exp maps, else 1e-6."""
   if feature_eps is not None:
     return float(feature_eps)
-  return SHIFTED_EPS if component in SHIFTED_COMPONENTS else linear.DEFAULT_EPS
+  shifted = catalog.has(component) and catalog.get(component).shifted_normalizer
+  return SHIFTED_EPS if shifted else linear.DEFAULT_EPS
+
+
+# True forces the stored-features path (all of phi(Q), phi(K) formed, then the core) for every map: the
+# tests and the cost benchmark compare it with the lean paths (``log_space``, ``row_wise`` records).
+STORED_FEATURES_ONLY = False
 
 
 class RandomFeatureAttention(nn.Module):
   """Linear attention with random (or learned, or deterministic) features; see the module docstring.
 
   Attributes:
-    component: component function, a ``components.COMPONENTS`` key.
+    component: the feature map, a ``catalog`` name (its record says what it is).
     weights: weight matrix: a ``weights.SAMPLERS`` key, a ``learned.LEARNED`` key, or 'none' (elu/relu).
-    num_features: M, rows of W (feature dimension M' = M or 2M, see ``components.feature_count``).
+    num_features: M, rows of W (feature dimension M' = M or 2M, see ``FeatureMap.feature_count``).
       For GMM samplers M is the total over the mixture components (split evenly).
     redraw_every: steps between redraws of W; 0 = never.
     num_mixture_components: C of the GMM samplers (the paper uses 2, appendix B.2).
@@ -161,13 +180,16 @@ class RandomFeatureAttention(nn.Module):
 
   def _projection(self, head_dim: int, num_heads: int, step: Optional[Array]):
     """W for this call: ``Projection`` with a leading head axis (or none if ``share_heads``)."""
-    if not components_lib.uses_projection(self.component):
+    record = catalog.get(self.component)
+    if not record.uses_projection:
       return None
     if self.weights == 'map':
       # The learned maps of features/maps.py (hedgehog, t2r, rebased, taylor's projection): parameters,
       # one set per head, passed to the component in place of a projection.
-      return maps_lib.map_parameters(self, self.component, head_dim, num_heads,
-                                     num_features=self.num_features, map_dim=self.map_dim)
+      if record.parameters is None:
+        return None
+      return record.parameters(self, head_dim, num_heads, num_features=self.num_features,
+                               map_dim=self.map_dim)
     base = self.make_rng('features')
     if self.weights in learned_lib.LEARNED:
       key = jax.random.fold_in(base, draw_index(step, self.redraw_every))
@@ -225,18 +247,15 @@ class RandomFeatureAttention(nn.Module):
                causal: bool = False, step: Optional[Array] = None, deterministic: bool = True,
                position_bias: Optional[Array] = None) -> Array:
     del deterministic  # no dropout in feature-map attention
-    if self.component not in components_lib.COMPONENTS:
-      raise ValueError(f'unknown component {self.component!r}; valid: '
-                       f'{", ".join(sorted(components_lib.COMPONENTS))}')
-    if causal and self.component in components_lib.NON_CAUSAL:
-      raise ValueError(f'component {self.component!r} has no causal form: '
-                       f'{components_lib.NON_CAUSAL[self.component]}')
+    record = catalog.get(self.component)     # unknown names: one line listing the valid ones
+    if causal and record.non_causal:
+      raise ValueError(f'component {self.component!r} has no causal form: {record.non_causal}')
     head_dim, num_heads = q.shape[-1], q.shape[-2]
     # Features in float32 whatever the input dtype (exp in bf16 loses everything).
     qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     if self.normalize_qk:
       qf, kf = l2_normalize(qf), l2_normalize(kf)
-    elif components_lib.TARGET_KERNEL[self.component] != 'none':
+    elif record.target_kernel != 'none':
       s = input_scale(head_dim)
       qf, kf = qf * s, kf * s
     proj = self._projection(head_dim, num_heads, step)
@@ -252,11 +271,12 @@ class RandomFeatureAttention(nn.Module):
     # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
     # Causal exp-maps: the same, features formed inside one scan over chunks that also carries the
     # running key max and the [M', Dv] state (``linear.causal_exp_feature_attention``).
-    # Row-wise maps (ROW_WISE: Taylor, Hedgehog, T2R, DPFP, ReBased, the elementwise maps, elu, relu,
+    # Row-wise maps (``row_wise`` records: Taylor, Hedgehog, T2R, DPFP, ReBased, the elementwise maps,
+    # elu, relu,
     # rks, grelu): the same two paths without a stabilizer (``linear.feature_attention``,
     # ``linear.causal_feature_attention``), so Taylor's 1 + d + d^2 features exist one chunk at a time.
-    form = components_lib.LOG_SPACE_FORMS.get(self.component)
-    row_wise = form is None and self.component in ROW_WISE
+    form = None if STORED_FEATURES_ONLY else record.log_space
+    row_wise = form is None and record.row_wise and not STORED_FEATURES_ONLY
     lean = (form is not None or row_wise) and position_bias is None
     if lean and row_wise:
       out = _row_wise_attention(self.component, qf, kf, v, proj, mask, causal=causal,
@@ -275,15 +295,14 @@ class RandomFeatureAttention(nn.Module):
       out = jax.vmap(one_head, in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
       if not self.is_mutable_collection('intermediates'):
         return out
-    # Causal exp-maps: key shifts are running maxima per chunk (no later key enters an earlier row).
-    chunked = (causal and position_bias is None
-               and self.component in components_lib.CAUSAL_SHIFTED)
+    # Causal exp-maps: key shifts are running maxima per row (no later key enters an earlier row).
+    chunked = causal and position_bias is None and record.causal_shift
     # Causal RPE on l2-normalized keys (nprf-rpe): one key shift from W alone, set by no key
-    # (``components.unit_key_shift``); the decoder's step uses the same one.
+    # (the record's ``unit_key_shift``); the decoder's step uses the same one.
     unit_keys = (causal and position_bias is not None and self.normalize_qk
-                 and components_lib.has_unit_key_shift(self.component))
+                 and record.unit_key_shift is not None)
     positions = (maps_lib.token_positions(mask, q.shape[1], k.shape[1], self.cos_length)
-                 if self.component in components_lib.POSITIONAL else None)
+                 if record.positional else None)
     phi_q, phi_k, *key_shift = per_head_features(
         self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
         causal_chunk=self.chunk_size if chunked else None, unit_keys=unit_keys, positions=positions)
@@ -297,8 +316,6 @@ class RandomFeatureAttention(nn.Module):
     if lean:
       return out
     if position_bias is not None:
-      # Imported here: rpe.py imports this module to register nprf-rpe, and only this branch needs it.
-      from kernelformer.attention import rpe  # pylint: disable=g-import-not-at-top
       return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal,
                                       eps=normalizer_eps(self.component, self.feature_eps))
     return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
@@ -314,7 +331,7 @@ class RandomFeatureAttention(nn.Module):
     """
     sq, sk = jax.lax.stop_gradient(qf), jax.lax.stop_gradient(kf)
     positions = (maps_lib.token_positions(mask, qf.shape[1], kf.shape[1], self.cos_length)
-                 if self.component in components_lib.POSITIONAL else None)
+                 if catalog.get(self.component).positional else None)
     phi_q, phi_k = per_head_features(self.component, sq, sk, proj, mask,
                                      heads_share_proj=self.share_heads, positions=positions)
     loss = distill_lib.attention_distillation_loss(qf, kf, phi_q, phi_k, mask=mask, causal=causal)
@@ -331,12 +348,12 @@ class RandomFeatureAttention(nn.Module):
       raise ValueError(f"attention impl must be 'auto', 'pallas' or 'xla', got {self.impl!r}")
     if self.impl == 'xla':
       return False
-    feature = PALLAS_FEATURES.get(self.component)
-    fused_ok = feature is not None and position_bias is None
+    feature = catalog.get(self.component).pallas_feature
+    fused_ok = bool(feature) and position_bias is None
     if self.impl == 'pallas':
       if not fused_ok:
         raise ValueError(
-            f'impl=pallas supports components {", ".join(sorted(PALLAS_FEATURES))} without a '
+            f'impl=pallas supports components {", ".join(pallas_components())} without a '
             f'position bias; got component {self.component!r}'
             f'{" with a position bias" if position_bias is not None else ""}. Use impl=xla.')
       return True
@@ -349,34 +366,22 @@ class RandomFeatureAttention(nn.Module):
 
   def _pallas_attention(self, qf, kf, v, proj, mask, causal):
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top
-    from kernelformer.features import projection as projection_lib  # pylint: disable=g-import-not-at-top
     w, weights = None, None
     if proj is not None:
       dense = projection_lib.dense_matrix
       w = dense(proj) if self.share_heads else jax.vmap(dense)(proj)
       weights = proj.feature_weights
     block_k = self.chunk_size if causal else None
-    return pallas.feature_attention(qf, kf, v, w, feature=PALLAS_FEATURES[self.component],
+    return pallas.feature_attention(qf, kf, v, w, feature=catalog.get(self.component).pallas_feature,
                                     feature_weights=weights, mask=mask, causal=causal,
                                     block_k=block_k, eps=normalizer_eps(self.component, self.feature_eps))
 
-
-# Components whose features of a row depend on that row alone (and the map's parameters): no key
-# statistic, no stabilizer shift. Their attention takes ``linear.feature_attention`` (bidirectional) and
-# ``linear.causal_feature_attention`` (causal), which form the features one chunk at a time (issue 27).
-# Not here: the exp-maps (their own lean path, ``LOG_SPACE_FORMS``), trigrf (a key-norm shift), oprf and
-# saderf (parameters from all queries and keys), posrf_lra (one max over all keys), cosformer (positions),
-# registered ones.
-# cosFormer (``components.POSITIONAL``) needs each row's position and the sequence's horizon: stored path.
-ROW_WISE = frozenset({'elu', 'relu', 'rks', 'grelu', 'grelu_det', 'polysketch',
-                      *(comp for comp, *_ in maps_lib.KINDS.values())}
-                     - components_lib.POSITIONAL) & frozenset(components_lib.COMPONENTS)
 
 @functools.lru_cache(maxsize=None)
 def _heads_component(component: str):
   """``component`` for q, k ``[B, H, C, d]`` with parameters carrying a leading head axis: vmapped over
   heads around the feature computation only (one stable function per name, for the lean paths' cache)."""
-  fn = components_lib.COMPONENTS[component]
+  fn = catalog.get(component).fn
 
   def heads(q, k, proj, *, mask=None, stabilize=True):
     one = lambda qh, kh, p, m: fn(qh, kh, p, mask=m, stabilize=stabilize)
@@ -393,7 +398,7 @@ def _row_wise_attention(component: str, q: Array, k: Array, v: Array, proj, mask
   took 0.56-0.64x the time of the vmapped call, interleaved on this CPU). Per-head parameters are
   vmapped inside the feature computation only (``_heads_component``).
   """
-  fn = _heads_component(component) if per_head else components_lib.COMPONENTS[component]
+  fn = _heads_component(component) if per_head else catalog.get(component).fn
   qt, kt, vt = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
   key_mask = None if mask is None else jnp.asarray(mask, bool)[:, None, :]
   if causal:
@@ -404,34 +409,22 @@ def _row_wise_attention(component: str, q: Array, k: Array, v: Array, proj, mask
   return jnp.swapaxes(out, 1, 2)
 
 
-# Components with a fused Pallas kernel (the kernel's feature name).
-PALLAS_FEATURES = {'posrf': 'exp', 'trigrf': 'trig', 'elu': 'elu', 'relu': 'relu'}
+def pallas_components() -> list[str]:
+  """The maps with a fused Pallas kernel (records with a ``pallas_feature``)."""
+  return sorted(r.name for r in catalog.records() if r.pallas_feature)
 
 
 # ----------------------------------------------------------------------------------------------
-# Registration.
+# The kinds (``SPECS``, collected by ``kernelformer.registry``). Paper and kernel text of a component come
+# from its record (``catalog``); the names and the sampler papers are this module's.
 # ----------------------------------------------------------------------------------------------
 
 _KL = 'Chowdhury et al. 2022, On Learning the Transformer Kernel'
 _SPECTRA = 'Nguyen, Joshi & Salim, Spectraformer'
 
-_COMPONENT_INFO = {
-    # component: (paper + equation, kernel estimated at the d^-1/4 input scale)
-    'trigrf': (f'Rahimi & Recht 2007 with Performer Lemma 1; {_SPECTRA} eqs. 8, 10',
-               'softmax exp(q.k/sqrt(d))'),
-    'posrf': (f'Choromanski et al. 2021 (FAVOR+); {_SPECTRA} eq. 32', 'softmax exp(q.k/sqrt(d))'),
-    'oprf': (f'Likhosherstov et al. 2022 (FAVOR++); {_SPECTRA} eqs. 34-35',
-             'softmax exp(q.k/sqrt(d))'),
-    'saderf': (f'Likhosherstov et al. 2023 (FAVOR#); {_SPECTRA} eq. 36',
-               'softmax exp(q.k/sqrt(d))'),
-    'rks': (f'Rahimi & Recht 2007 (RKS); {_KL} eq. 3',
-            'Gaussian exp(-|q-k|^2/(2 sqrt(d)))'),
-    'hyperbolic': ('Choromanski et al. 2021 (hyperbolic PRF); '
-                   f'{_SPECTRA} eq. 11 with l=2', 'softmax exp(q.k/sqrt(d))'),
-}
-
 _SAMPLER_INFO = {
-    # sampler: (paper, Spectraformer alias suffix or None)
+    # sampler: (paper, Spectraformer alias suffix or None); a registered sampler adds its paper
+    # (``grid_specs(sampler=...)``).
     'iid': ('i.i.d. Gaussian W (Spectraformer "Base", eq. 16)', 'base'),
     'orf': ('orthogonal random features (Yu et al. 2016)', None),
     'sorf': ('structured orthogonal random features (Yu et al. 2016)', None),
@@ -448,6 +441,7 @@ _CPLX_GMM_RKS = 'O(M C (d_q^2 + L d_q)) time, O(L(d_q + C(d_q^2/L + M d_q/L + M)
 _CPLX_GMM_PRF = 'O(L C M d_q) time, O(L(d_q + C M d_q/L + C M)) space'
 _CPLX_GEN = 'O(M (d_q^2 + L d_q)) time, O(L(d_q + d_q^2/L + M d_q/L + M)) space'
 _CPLX_ELU = 'O(L d_q^2) time, O(L(d_q + d_q^2/L)) space'               # LinearElu row
+_FASTFOODL = 'FastFood diagonals S, G, B (fastfood_variant sgb; s: S only; fixed: none)'
 
 # Names the literature gives to particular combinations (lowercase; the registry is case-insensitive).
 _LITERATURE_ALIASES = {
@@ -457,43 +451,39 @@ _LITERATURE_ALIASES = {
 }
 
 
-def _register(name: str, component: str, weights: str, *, paper: str, approximates: str,
-              complexity: str, learnable: str = '-', aliases: tuple[str, ...] = (),
-              extra_fixed: Optional[dict] = None) -> None:
+def _spec(name: str, component: str, weights: str, *, paper: str, approximates: str,
+          complexity: str, learnable: str = '-', aliases: tuple[str, ...] = (),
+          extra_fixed: Optional[dict] = None) -> AttentionSpec:
   fixed = {'component': component, 'weights': weights, **(extra_fixed or {})}
-  registry.register(registry.AttentionSpec(
+  return AttentionSpec(
       name=name, module=RandomFeatureAttention, fixed=fixed, paper=paper,
       approximates=approximates, complexity=complexity, learnable=learnable, aliases=aliases,
-      supports_position_bias=True))
+      supports_position_bias=True)
 
 
-_GRELU_INFO = ('Choromanski et al. 2021, generalized attention (official fast_attention.py '
-               'make_fast_generalized_attention, kernel_fn=relu, kernel_epsilon=1e-3)',
-               'its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no d^-1/4 scale')
-
-
-def _register_all() -> None:
+def _builtin_specs() -> list[AttentionSpec]:
+  specs = []
   for comp in RF_COMPONENTS:
-    comp_paper, target = _COMPONENT_INFO[comp]
+    rec = catalog.get(comp)
     for samp in FIXED_SAMPLERS:
       samp_paper, spectra = _SAMPLER_INFO[samp]
       name = f'{comp}-{samp}'
       aliases = _LITERATURE_ALIASES.get(name, ())
       if spectra:
         aliases += (f'{comp}-{spectra}',)
-      _register(name, comp, samp, paper=f'{comp_paper}; W: {samp_paper}', approximates=target,
-                complexity=_CPLX_FASTFOOD if samp == 'fastfood' else _CPLX_RF, aliases=aliases)
+      specs.append(_spec(name, comp, samp, paper=f'{rec.paper}; W: {samp_paper}',
+                         approximates=rec.kernel_text,
+                         complexity=_CPLX_FASTFOOD if samp == 'fastfood' else _CPLX_RF, aliases=aliases))
 
   # Learnable FastFood (FastFoodL), any component; the kernel-learning paper's two are canonical.
   ff_names = {'rks': ('fastfood-rks', f'{_KL} eq. 6'), 'posrf': ('fastfood-prf', f'{_KL} eqs. 9, 12')}
   for comp in RF_COMPONENTS:
-    comp_paper, target = _COMPONENT_INFO[comp]
+    rec = catalog.get(comp)
     name, paper = ff_names.get(comp, (f'{comp}-fastfoodl', f'{_SPECTRA} eq. 17 (FastFoodL), Table 2'))
     aliases = (f'{comp}-fastfoodl',) if comp in ff_names else ()
-    _register(name, comp, 'fastfoodl', paper=f'{paper}; component: {comp_paper}',
-              approximates=f'learned kernel (init: {target})', complexity=_CPLX_FASTFOOD,
-              learnable='FastFood diagonals S, G, B (fastfood_variant sgb; s: S only; fixed: none)',
-              aliases=aliases)
+    specs.append(_spec(name, comp, 'fastfoodl', paper=f'{paper}; component: {rec.paper}',
+                       approximates=f'learned kernel (init: {rec.kernel_text})', complexity=_CPLX_FASTFOOD,
+                       learnable=_FASTFOODL, aliases=aliases))
 
   learned_kernels = [
       ('gmm-rks', 'rks', 'gmm', f'{_KL} eqs. 4-5', _CPLX_GMM_RKS, 'full',
@@ -506,115 +496,140 @@ def _register_all() -> None:
        'generator: 4 x (dense, batch norm, LeakyReLU), dense + tanh, output batch norm'),
   ]
   for name, comp, samp, paper, cplx, cov, learnable in learned_kernels:
-    target = _COMPONENT_INFO[comp][1]
-    _register(name, comp, samp, paper=paper, approximates=f'learned kernel (init: {target})',
-              complexity=cplx, learnable=learnable,
-              extra_fixed=None if cov is None else {'covariance': cov})
+    specs.append(_spec(name, comp, samp, paper=paper,
+                       approximates=f'learned kernel (init: {catalog.get(comp).kernel_text})',
+                       complexity=cplx, learnable=learnable,
+                       extra_fixed=None if cov is None else {'covariance': cov}))
 
-  _register('linear-elu', 'elu', 'none',
-            paper='Katharopoulos et al. 2020 (Linear Transformer), elu(x)+1',
-            approximates='its own kernel (elu(q)+1).(elu(k)+1)', complexity=_CPLX_ELU,
-            aliases=('linear', 'elu', 'linearelu'))
-  _register('relu', 'relu', 'none', paper='deterministic relu(x) feature map',
-            approximates='its own kernel relu(q).relu(k)', complexity=_CPLX_ELU,
-            aliases=('linear-relu',))
+  elu, relu = catalog.get('elu'), catalog.get('relu')
+  specs.append(_spec('linear-elu', 'elu', 'none', paper=elu.paper, approximates=elu.kernel_text,
+                     complexity=_CPLX_ELU, aliases=('linear', 'elu', 'linearelu')))
+  specs.append(_spec('relu', 'relu', 'none', paper=relu.paper, approximates=relu.kernel_text,
+                     complexity=_CPLX_ELU, aliases=('linear-relu',)))
 
   # Generalized ReLU features relu(W x) + 1e-3 (the official Performer generalized attention,
   # components.grelu): 'performer-relu' is its ORF form (features_type='ortho'), the other samplers
   # follow the grid's <component>-<sampler> names, 'performer-relu-det' is its W-free default
   # (features_type='deterministic'), the Performer that LRA's Text/Retrieval/Image/Pathfinder configs run.
-  grelu_paper, grelu_kernel = _GRELU_INFO
+  grelu = catalog.get('grelu')
   for samp in FIXED_SAMPLERS:
     name = 'performer-relu' if samp == 'orf' else f'grelu-{samp}'
-    _register(name, 'grelu', samp, paper=f'{grelu_paper}; W: {_SAMPLER_INFO[samp][0]}',
-              approximates=grelu_kernel, complexity=_CPLX_RF,
-              aliases=('grelu-orf',) if samp == 'orf' else ())
-  _register('performer-relu-det', 'grelu_det', 'none',
-            paper=f'{grelu_paper}, features_type=deterministic (LRA repository default Performer)',
-            approximates='its own kernel (relu(q)+eps).(relu(k)+eps), no d^-1/4 scale',
-            complexity=_CPLX_ELU, aliases=('lra-performer',))
+    specs.append(_spec(name, 'grelu', samp, paper=f'{grelu.paper}; W: {_SAMPLER_INFO[samp][0]}',
+                       approximates=grelu.kernel_text, complexity=_CPLX_RF,
+                       aliases=('grelu-orf',) if samp == 'orf' else ()))
+  det = catalog.get('grelu_det')
+  specs.append(_spec('performer-relu-det', 'grelu_det', 'none', paper=det.paper,
+                     approximates=det.kernel_text, complexity=_CPLX_ELU, aliases=('lra-performer',)))
 
   # LRA's ListOps Performer: listops/configs/performer_base.py @ 093bfc6 sets attention_fn_cls="softmax"
   # (make_fast_softmax_attention) with nb_features=2 and ortho_scaling=0.0, every other argument its
   # default (ortho_features=True, redraw_features=True, nonnegative_features=True, stabilizer 1e-6).
-  _register('performer-lra-listops', 'posrf_lra', 'orf',
-            paper=('LRA (Tay et al. 2021) ListOps Performer: google-research/long-range-arena '
-                   'listops/configs/performer_base.py @ 093bfc6 (make_fast_softmax_attention, '
-                   'nb_features=2, ortho_scaling=0.0); features: performer_attention.py '
-                   'nonnegative_softmax_kernel_feature_creator; W: ORF rows with Gaussian-row norms'),
-            approximates="softmax exp(q.k/sqrt(d)) by FAVOR+ with M = 2, LRA's shifts and a +1e-6 floor",
-            complexity=_CPLX_RF, aliases=('lra-listops-performer', 'lra-performer-listops'),
-            extra_fixed={'num_features': 2, 'redraw_every': 1, 'share_heads': True})
+  specs.append(_spec(
+      'performer-lra-listops', 'posrf_lra', 'orf',
+      paper=('LRA (Tay et al. 2021) ListOps Performer: google-research/long-range-arena '
+             'listops/configs/performer_base.py @ 093bfc6 (make_fast_softmax_attention, '
+             'nb_features=2, ortho_scaling=0.0); features: performer_attention.py '
+             'nonnegative_softmax_kernel_feature_creator; W: ORF rows with Gaussian-row norms'),
+      approximates="softmax exp(q.k/sqrt(d)) by FAVOR+ with M = 2, LRA's shifts and a +1e-6 floor",
+      complexity=_CPLX_RF, aliases=('lra-listops-performer', 'lra-performer-listops'),
+      extra_fixed={'num_features': 2, 'redraw_every': 1, 'share_heads': True}))
 
-  # The deterministic and learned maps of today's linear-attention work (features/maps.py, issue 27).
-  for kind, (comp, paper, kernel, learnable) in maps_lib.KINDS.items():
-    learned = components_lib.uses_projection(comp)
-    _register(kind, comp, 'map' if learned else 'none', paper=paper, approximates=kernel,
-              complexity=_CPLX_ELU, learnable=learnable)
-  for kind, (comp, sampler, paper, kernel) in maps_lib.RANDOM_KINDS.items():
-    _register(kind, comp, sampler, paper=f'{paper}; W: {_SAMPLER_INFO[sampler][0]}', approximates=kernel,
-              complexity=_CPLX_RF)
+  # Luo et al.'s NPRF-Transformer with RPE: ``component='posrf'``, the positive random features of eq. 5;
+  # ``weights='iid'``: eq. 5 draws every w_i independently from N(0, I_d) (ORF and Sphere-PRF are only
+  # ablations, §4.5, with equal results); ``normalize_qk=True``: §3.3 normalizes queries and keys by their
+  # l2 norms, so ``phi(q).phi(k)`` estimates ``exp(q.k / (|q| |k|))`` and its variance (eq. 14) stays
+  # bounded. The paper applies no temperature to the normalized vectors (q.k lies in [-1, 1]); the
+  # sharpness that normalization removes comes back through the unbounded RPE ``b_{j-i}`` - hence
+  # ``requires_position_bias``. The feature dimension stays the ``num_features`` option: Luo et al. use
+  # 16-64 (64 for language modelling, 32 for images, 16/24 for translation), and the FFT cost grows with
+  # M * Dv.
+  specs.append(AttentionSpec(
+      name='nprf-rpe', module=RandomFeatureAttention,
+      fixed={'component': 'posrf', 'weights': 'iid', 'normalize_qk': True},
+      paper='Luo et al. 2021, eqs. 5, 10 and §3.3 (Algorithm 1)',
+      approximates='softmax with RPE, exp(q.k/(|q||k|) + b_{j-i}), on l2-normalized q, k',
+      complexity='O(L log L M d) time, O(L M d) memory (FFT over M (d + 1) channels)',
+      learnable='b_{j-i} (owned by the encoder, shared across layers)',
+      aliases=('nprf', 'luo-rpe'),
+      supports_position_bias=True, requires_position_bias=True))
+
+  # The deterministic, learned and sketched maps of features/maps.py: one kind each (``record.kind``).
+  for rec in catalog.records():
+    if rec.kind:
+      specs.append(_own_kind_spec(rec))
+  return specs
 
 
-_register_all()
+def _own_kind_spec(rec: FeatureMap, name: str = '') -> AttentionSpec:
+  """The one kind of a map registered on its own: ``rec.kind`` with its sampler, its learned
+  parameters ('map') or no W ('none')."""
+  if rec.sampler:
+    return _spec(name or rec.kind, rec.name, rec.sampler,
+                 paper=f'{rec.paper}; W: {_SAMPLER_INFO[rec.sampler][0]}',
+                 approximates=rec.kernel_text, complexity=_CPLX_RF, extra_fixed=dict(rec.kind_options))
+  return _spec(name or rec.kind, rec.name, 'map' if rec.uses_projection else 'none', paper=rec.paper,
+               approximates=rec.kernel_text, complexity=_CPLX_ELU, learnable=rec.learnable or '-',
+               extra_fixed=dict(rec.kind_options))
+
+
+SPECS = tuple(_builtin_specs())
 
 
 # ----------------------------------------------------------------------------------------------
-# Components and samplers registered from outside the package (kernelformer.registry.register_component
-# and register_sampler; docs/extending.md). Each joins the grid, whichever comes first: a new component
-# is paired with every fixed sampler, every registered sampler and learnable FastFood (fastfoodl); a new
+# Components and samplers registered from outside the package (``kernelformer.plugins``;
+# docs/extending.md). Each joins the grid, whichever comes first: a new projection-based component is
+# paired with every fixed sampler, every registered sampler and learnable FastFood (fastfoodl); a new
 # sampler with every projection-based component (the grid's, grelu, registered ones), as
 # ``<component>-<sampler>``.
 # ----------------------------------------------------------------------------------------------
 
-_EXTRA_COMPONENTS: list[str] = []
-_EXTRA_SAMPLERS: list[str] = []
+_BUILTIN_COMPONENTS = frozenset(catalog.names())
 
 
-def register_grid_entries(*, component: Optional[str] = None, sampler: Optional[str] = None,
-                          paper: str = '', approximates: str = '') -> list[str]:
-  """Registers the ``<component>-<sampler>`` kernels a newly added component or sampler completes.
+def _user_grid_components() -> list[str]:
+  return [r.name for r in catalog.records()
+          if r.name not in _BUILTIN_COMPONENTS and r.uses_projection and not r.kind]
 
-  ``component`` must already be in ``components.COMPONENTS`` (``components.register_component``),
-  ``sampler`` in ``weights.SAMPLERS`` (``weights.register_sampler``); give exactly one. A component that
-  takes no projection (``parts=0``) gets one kernel named after itself, like ``relu``. Returns the
-  registered names.
+
+def grid_specs(*, component: Optional[str] = None, sampler: Optional[str] = None,
+               paper: str = '', approximates: str = '') -> list[AttentionSpec]:
+  """The kinds a newly added component or sampler completes (for ``registry.register``).
+
+  ``component`` must already be in the catalog (``catalog.register``), ``sampler`` in
+  ``weights.SAMPLERS`` (``weights.register_sampler``); give exactly one. A component with a ``kind``
+  gets that one kind (like the maps of features/maps.py); one that takes no projection (``parts=0``)
+  gets one kind named after itself, like ``relu``; the others every ``<component>-<sampler>`` and
+  ``<component>-fastfoodl``. ``paper`` / ``approximates`` override the record's (a sampler's paper).
   """
   if (component is None) == (sampler is None):
     raise ValueError('give exactly one of component= and sampler=')
-  names = []
   if component is not None:
-    target = components_lib.TARGET_KERNEL[component]
-    _COMPONENT_INFO[component] = (paper or f'{component} (user component)',
-                                  approximates or {'softmax': 'softmax exp(q.k/sqrt(d))',
-                                                   'gaussian': 'Gaussian exp(-|q-k|^2/(2 sqrt(d)))',
-                                                   'none': 'its own kernel'}[target])
-    comp_paper, target_text = _COMPONENT_INFO[component]
-    if not components_lib.uses_projection(component):
-      _register(component, component, 'none', paper=comp_paper, approximates=target_text,
-                complexity=_CPLX_ELU)
-      return [component]
-    _EXTRA_COMPONENTS.append(component)
-    for samp in (*FIXED_SAMPLERS, *_EXTRA_SAMPLERS):
-      name = f'{component}-{samp}'
-      _register(name, component, samp, paper=f'{comp_paper}; W: {_SAMPLER_INFO[samp][0]}',
-                approximates=target_text, complexity=_CPLX_RF)
-      names.append(name)
+    rec = catalog.get(component)
+    comp_paper = paper or rec.paper or f'{component} (user component)'
+    target_text = approximates or rec.kernel_text
+    if rec.kind or not rec.uses_projection:
+      rec = dataclasses.replace(rec, paper=comp_paper, approximates=target_text)
+      return [_own_kind_spec(rec, name=rec.kind or component)]
+    specs = []
+    for samp in _SAMPLER_INFO:
+      specs.append(_spec(f'{component}-{samp}', component, samp,
+                         paper=f'{comp_paper}; W: {_SAMPLER_INFO[samp][0]}',
+                         approximates=target_text, complexity=_CPLX_RF))
     # Learnable FastFood (FastFoodL), as every built-in projection component has it.
-    name = f'{component}-fastfoodl'
-    _register(name, component, 'fastfoodl',
-              paper=f'{_SPECTRA} eq. 17 (FastFoodL), Table 2; component: {comp_paper}',
-              approximates=f'learned kernel (init: {target_text})', complexity=_CPLX_FASTFOOD,
-              learnable='FastFood diagonals S, G, B (fastfood_variant sgb; s: S only; fixed: none)')
-    names.append(name)
-    return names
+    specs.append(_spec(f'{component}-fastfoodl', component, 'fastfoodl',
+                       paper=f'{_SPECTRA} eq. 17 (FastFoodL), Table 2; component: {comp_paper}',
+                       approximates=f'learned kernel (init: {target_text})', complexity=_CPLX_FASTFOOD,
+                       learnable=_FASTFOODL))
+    return specs
+  if sampler in _SAMPLER_INFO:
+    raise ValueError(f'weight sampler {sampler!r} is registered twice')
   _SAMPLER_INFO[sampler] = (paper or f'{sampler} (user sampler)', None)
-  _EXTRA_SAMPLERS.append(sampler)
+  specs = []
   # Every projection-based component: the grid's, the generalized ReLU's and the registered ones.
-  for comp in (*RF_COMPONENTS, 'grelu', *_EXTRA_COMPONENTS):
-    comp_paper, target_text = _GRELU_INFO if comp == 'grelu' else _COMPONENT_INFO[comp]
-    name = f'{comp}-{sampler}'
-    _register(name, comp, sampler, paper=f'{comp_paper}; W: {_SAMPLER_INFO[sampler][0]}',
-              approximates=approximates or target_text, complexity=_CPLX_RF)
-    names.append(name)
-  return names
+  for comp in (*RF_COMPONENTS, 'grelu', *_user_grid_components()):
+    rec = catalog.get(comp)
+    comp_paper = rec.paper or f'{comp} (user component)'
+    specs.append(_spec(f'{comp}-{sampler}', comp, sampler,
+                       paper=f'{comp_paper}; W: {_SAMPLER_INFO[sampler][0]}',
+                       approximates=approximates or rec.kernel_text, complexity=_CPLX_RF))
+  return specs

@@ -25,15 +25,14 @@ and a custom VJP that recomputes a chunk's spectra instead of storing them (its 
 Layout: ``position_bias [H, 2L - 1]``, index ``j - i + L - 1`` (the registry's convention).
 
 Also here: ``relative_bias_matrix`` (the dense ``[H, L, L]`` bias, used by softmax + RPE and by tests),
-the quadratic reference ``rpe_quadratic_reference``, and the registration of ``nprf-rpe`` (Luo et al.'s
-normalized PRF with RPE) at the end of the file.
+and the quadratic reference ``rpe_quadratic_reference``. The kind ``nprf-rpe`` (Luo et al.'s normalized
+PRF with RPE) is a ``RandomFeatureAttention`` and is defined in ``random_features.py``.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
 from kernelformer.attention.linear import (DEFAULT_EPS, einsum_f32, mask_keys, quadratic_reference,
                                            safe_normalizer)
 from kernelformer.features.hadamard import next_pow2
@@ -248,37 +247,3 @@ def rpe_quadratic_reference(phi_q: Array, phi_k: Array, v: Array, position_bias:
   length = phi_k.shape[1]
   weights = jnp.exp(relative_bias_matrix(position_bias.astype(jnp.float32), length))[None]
   return quadratic_reference(phi_q, phi_k, v, mask=mask, causal=causal, eps=eps, score_weights=weights)
-
-
-def _register_nprf_rpe() -> None:
-  """Registers ``nprf-rpe``: Luo et al.'s NPRF-Transformer with RPE, if random_features.py is present.
-
-  The mechanism is ``RandomFeatureAttention`` with
-  * ``component='posrf'``: the positive random features of eq. 5;
-  * ``weights='iid'``: eq. 5 draws every w_i independently from N(0, I_d) (ORF and Sphere-PRF are only
-    ablations, §4.5, with equal results);
-  * ``normalize_qk=True``: §3.3 normalizes queries and keys by their l2 norms, so ``phi(q).phi(k)``
-    estimates ``exp(q.k / (|q| |k|))`` and its variance (eq. 14) stays bounded. The paper applies no
-    temperature to the normalized vectors (q.k lies in [-1, 1]); the sharpness that normalization removes
-    comes back through the unbounded RPE ``b_{j-i}`` - hence ``requires_position_bias``.
-  The feature dimension stays the ``num_features`` option: Luo et al. use 16-64 (64 for language
-  modelling, 32 for images, 16/24 for translation), and the FFT cost grows with M * Dv.
-  """
-  try:
-    # Imported at call time so that rpe.py loads even without random_features.py (which imports rpe
-    # lazily inside its __call__, so there is no import cycle).
-    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return
-  registry.register(registry.AttentionSpec(
-      name='nprf-rpe', module=random_features.RandomFeatureAttention,
-      fixed={'component': 'posrf', 'weights': 'iid', 'normalize_qk': True},
-      paper='Luo et al. 2021, eqs. 5, 10 and §3.3 (Algorithm 1)',
-      approximates='softmax with RPE, exp(q.k/(|q||k|) + b_{j-i}), on l2-normalized q, k',
-      complexity='O(L log L M d) time, O(L M d) memory (FFT over M (d + 1) channels)',
-      learnable='b_{j-i} (owned by the encoder, shared across layers)',
-      aliases=('nprf', 'luo-rpe'),
-      supports_position_bias=True, requires_position_bias=True))
-
-
-_register_nprf_rpe()

@@ -55,7 +55,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
+from kernelformer.attention.spec import AttentionSpec
 from kernelformer.attention.gaussian import gaussian_kernel_matrix, input_scale
 
 Array = jax.Array
@@ -232,8 +232,8 @@ def landmark_key(rng: Array, step, redraw_every: int) -> Array:
   return jax.random.fold_in(rng, counter)
 
 
-registry.register(registry.AttentionSpec(
+SPECS = (AttentionSpec(
     name='skyformer', module=SkyformerAttention,
     paper='Chen et al. 2021 (Skyformer), eqs. 4-6 and §4.4',
     approximates='Gaussian-kernel attention C V (gaussian), Nyström on the PSD completion of [Q; K]',
-    complexity='O(L d p + d^3) time, O(L d) memory (d = num_landmarks)'))
+    complexity='O(L d p + d^3) time, O(L d) memory (d = num_landmarks)'),)

@@ -31,7 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from kernelformer import registry
+from kernelformer.attention.spec import AttentionSpec
 from kernelformer.attention.rpe import relative_bias_matrix
 
 
@@ -109,9 +109,9 @@ class SoftmaxAttention(nn.Module):
                              implementation=self.implementation, position_bias=position_bias)
 
 
-registry.register(registry.AttentionSpec(
+SPECS = (AttentionSpec(
     name='softmax', module=SoftmaxAttention,
     paper='Vaswani et al. 2017, eq. 1', approximates='softmax kernel exp(q.k/sqrt(d)) (exact)',
     complexity='O(L^2 d) time, O(L^2) memory (O(L) with flash/cuDNN)',
     aliases=('ot', 'transformer', 'original'),
-    supports_position_bias=True))
+    supports_position_bias=True),)

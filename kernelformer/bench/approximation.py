@@ -12,7 +12,7 @@ Four experiments, each a pure function of its sizes and a seed returning plain r
   ``exp(2 R^2) / sqrt(m)``.
 * ``spectraformer_grid``: the Spectraformer component x weight-matrix grid (their eq. 11): the relative
   Frobenius error ``||K_hat - K||_F / ||K||_F`` of every component function with every sampler at
-  M = 64, 128, 256, K the kernel each component targets (``components.TARGET_KERNEL``; unstabilized,
+  M = 64, 128, 256, K the kernel each component targets (its record's ``target_kernel``; unstabilized,
   i.e. unbiased, features).
 * ``skyformer_spectral``: Skyformer fig. 1 (§4.5): spectral norm ``||O_hat - O||_2`` of the attention
   output against the exact output vs the number of features / landmarks, for Skyformer (against exact
@@ -36,7 +36,7 @@ import numpy as np
 from kernelformer import registry
 from kernelformer.attention import gaussian, linear, softmax
 from kernelformer.attention.random_features import FIXED_SAMPLERS, RF_COMPONENTS
-from kernelformer.features import components, weights
+from kernelformer.features import catalog, components, weights
 
 Array = jax.Array
 Log = Callable[[str], None]
@@ -60,7 +60,7 @@ def _features(component: str, sampler: str, key: Array, num_features: int, q: Ar
               stabilize: bool = True) -> tuple[Array, Array]:
   """``phi(q), phi(k)`` of one draw of W (``[..., L, M']``)."""
   proj = weights.SAMPLERS[sampler](key, num_features, q.shape[-1])
-  return components.COMPONENTS[component](q, k, proj, stabilize=stabilize)
+  return catalog.get(component).fn(q, k, proj, stabilize=stabilize)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def spectraformer_grid(*, length: int = 256, dim: int = 16,
   rows = []
   for m in num_features:
     for comp in component_names:
-      target = components.TARGET_KERNEL[comp]
+      target = catalog.get(comp).target_kernel
       ref = exact[target]
       for samp in sampler_names:
         row = {'component': comp, 'sampler': samp, 'num_features': m, 'target': target,

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from kernelformer import registry
 from kernelformer.attention.random_features import RandomFeatureAttention
 from kernelformer.bench import measure, output
+from kernelformer.features import catalog
 
 Array = jax.Array
 
@@ -801,13 +802,12 @@ def parse_kind_variant(text: str) -> tuple[str, dict[str, Any]]:
 
 def _feature_width(kind: str, options: dict[str, Any], setup: Setup) -> Optional[int]:
   """M' of a feature-map kind (None for other mechanisms)."""
-  from kernelformer.features import components  # pylint: disable=g-import-not-at-top
   spec = registry.get(kind)
   if not issubclass(spec.module, RandomFeatureAttention):
     return None
   fixed = {**options, **spec.fixed}
-  return components.feature_count(fixed['component'], fixed.get('num_features', setup.num_features),
-                                  setup.head_dim, map_dim=fixed.get('map_dim', 0))
+  return catalog.get(fixed['component']).feature_count(fixed.get('num_features', setup.num_features),
+                                                      setup.head_dim, map_dim=fixed.get('map_dim', 0))
 
 
 def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
@@ -817,8 +817,8 @@ def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
 
   ``kinds``: registry names, each optionally with attention options (``taylor:map_dim=16``). For each
   (causal, length) every kind's fwd+bwd program (``build_programs``: ``jax.vjp`` of the module at B, H,
-  d of ``setup``, every key real) is compiled; row-wise maps (``random_features.ROW_WISE``) also as
-  the stored path (``ROW_WISE`` emptied while tracing: features of all L rows formed, then
+  d of ``setup``, every key real) is compiled; row-wise maps (records with ``row_wise``) also as
+  the stored path (``random_features.STORED_FEATURES_ONLY`` while tracing: features of all L rows formed, then
   ``linear.linear_attention``) with ``path='stored'``. Programs whose compiled memory (temp + arguments
   + outputs) exceeds ``setup.max_memory_gb`` are compiled, not run (their memory is reported). The
   others are timed *interleaved* in this one process: one warm-up call each, then ``setup.repeats``
@@ -849,12 +849,13 @@ def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
       for text, kind, options in variants:
         if text in skipped:
           continue
-        paths = ['lean', 'stored'] if registry.get(kind).fixed.get('component') in rf.ROW_WISE else ['-']
+        comp = registry.get(kind).fixed.get('component')
+        paths = ['lean', 'stored'] if comp and catalog.get(comp).row_wise else ['-']
         for path in paths:
           row = {'kind': text, 'path': path, 'causal': causal, 'length': length, 'batch': setup.batch,
                  'heads': setup.heads, 'head_dim': setup.head_dim,
                  'features': _feature_width(kind, options, setup), 'note': ''}
-          patch = (mock.patch.object(rf, 'ROW_WISE', frozenset()) if path == 'stored'
+          patch = (mock.patch.object(rf, 'STORED_FEATURES_ONLY', True) if path == 'stored'
                    else contextlib.nullcontext())
           try:
             with patch:

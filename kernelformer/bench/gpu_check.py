@@ -256,9 +256,10 @@ def model_flops(impl: str, *, batch, length, heads, head_dim, num_features, caus
 
 def _table_block(causal: bool, m: int, d: int, dtype) -> int:
   """The block (causal: chunk) feature_attention.tiling() chooses for the exp feature."""
-  from kernelformer.pallas.feature_attention import _pow2_at_least, tiling  # pylint: disable=g-import-not-at-top
-  dp = _pow2_at_least(d)
-  return tiling('exp', causal, _pow2_at_least(m), dp, dp, jnp.dtype(dtype)).block
+  from kernelformer.pallas.feature_attention import tiling  # pylint: disable=g-import-not-at-top
+  from kernelformer.pallas.resource_check import pow2_at_least  # pylint: disable=g-import-not-at-top
+  dp = pow2_at_least(d)
+  return tiling('exp', causal, pow2_at_least(m), dp, dp, jnp.dtype(dtype)).block
 
 
 def block_candidates(causal: bool, dry_run: bool) -> list[dict[str, Any]]:

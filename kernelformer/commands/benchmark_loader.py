@@ -71,7 +71,7 @@ def main(argv: list[str]) -> dict:
     data = ml_collections.ConfigDict({'data_dir': root, 'resolution': args.resolution,
                                       'difficulty': 'hard', 'max_length': 0, 'split_seed': 0})
 
-    pathfinder._cached_examples.cache_clear()   # a fresh process: nothing decoded yet
+    pathfinder.forget_decoded()   # a fresh process: nothing decoded yet
     start = time.perf_counter()
     raw = pathfinder.TASK.source(data, 'train')
     raw_setup = time.perf_counter() - start
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> dict:
     start = time.perf_counter()
     where = pathfinder.build_cache(data)
     build_s = time.perf_counter() - start
-    pathfinder._cached_examples.cache_clear()
+    pathfinder.forget_decoded()
     start = time.perf_counter()
     cached = pathfinder.TASK.source(data, 'train')
     cache_setup = time.perf_counter() - start

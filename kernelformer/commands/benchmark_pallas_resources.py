@@ -9,7 +9,7 @@ the repository's .venv-triton (made by .ci/run) or this interpreter. No GPU. Exi
 does not fit (registers > 255, any spill, shared memory over the block limit), 0 if all fit.
 ``--write_table`` records per case whether all its kernels fit sm_90a, with the launch configuration,
 in kernelformer/pallas/resources.json: ``impl='auto'`` takes the kernels only for cases listed as
-fitting there (``feature_attention.fits``). Method and limits: kernelformer/pallas/resources.py.
+fitting there (``feature_attention.fits``). Method and limits: kernelformer/pallas/resource_check.py.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 
 
 def main(argv: list[str]) -> int:
-  from kernelformer.pallas import resources  # pylint: disable=g-import-not-at-top
+  from kernelformer.pallas import resource_check as resources  # pylint: disable=g-import-not-at-top
   p = argparse.ArgumentParser(prog='kernelformer benchmark pallas-resources', description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('--quick', action='store_true', help='largest M and d only')
@@ -75,7 +75,7 @@ def main(argv: list[str]) -> int:
         f' ({timing["distinct"]} distinct compiles; export {timing["export_s"]:.0f} s, compile '
         f'{timing["compile_s"]:.0f} s, total {total:.0f} s)')
   for r in bad_rows:
-    why = '; '.join(f'sm_{a}: {r[a].get("error") or resources._cell(r[a])}'  # pylint: disable=protected-access
+    why = '; '.join(f'sm_{a}: {r[a].get("error") or resources.cell(r[a])}'
                     for a in archs if not r[a]['fits'])
     print(f'DOES NOT FIT: {r["case"].label()} {r["kernel"]} ({why})')
   if args.markdown:

@@ -45,6 +45,23 @@ def options(spec) -> list[tuple[str, str]]:
   return sorted(out)
 
 
+def feature_map_line(component: str) -> str:
+  """What the catalog's record says of a feature map, in one line."""
+  from kernelformer.features import catalog  # pylint: disable=g-import-not-at-top
+  r = catalog.get(component)
+  width = (f"M' = {r.parts} x M" if r.parts and r.feature_dim is None
+           else "M' = d" if not r.parts and r.feature_dim is None else "M' per the map")
+  causal = (f'no causal form ({r.non_causal})' if r.non_causal
+            else 'causal: no decoder (whole-sequence statistics)' if r.sequence_statistics
+            else 'causal: running key shift' if r.causal_shift else 'causal: yes')
+  traits = ['positive' if r.positive else 'may be 0 or negative', width, causal]
+  if r.positional:
+    traits.append('positional')
+  if r.pallas_feature:
+    traits.append(f'fused Pallas: {r.pallas_feature}')
+  return f'{r.name} ({"; ".join(traits)})'
+
+
 def describe(spec) -> str:
   lines = [spec.name + (f'  (aliases: {", ".join(spec.aliases)})' if spec.aliases else '')]
   if spec.paper:
@@ -55,6 +72,8 @@ def describe(spec) -> str:
     lines.append(f'  cost: {spec.complexity}')
   if spec.learnable and spec.learnable != '-':
     lines.append(f'  learnable: {spec.learnable}')
+  if 'component' in spec.fixed:
+    lines.append(f'  feature map: {feature_map_line(spec.fixed["component"])}')
   rpe = 'required' if spec.requires_position_bias else ('yes' if spec.supports_position_bias else 'no')
   module = f'{spec.module.__module__}.{spec.module.__qualname__}'
   fixed = ', '.join(f'{k}={v!r}' for k, v in spec.fixed.items())

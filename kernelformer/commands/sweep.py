@@ -175,7 +175,7 @@ def _main(argv):
       return
     # SIGTERM (a scheduler preempting the sweep) stops it like Ctrl-C: the running point checkpoints
     # (the trainer handles the signal while it trains), and no further point starts.
-    signal.signal(signal.SIGTERM, sweeps._raise_on_sigterm)  # pylint: disable=protected-access
+    signal.signal(signal.SIGTERM, sweeps.raise_on_sigterm)
     counts = sweeps.run_sweep(sweep, sweep_dir, parallel=_PARALLEL.value,
                               log=lambda s: print(s, flush=True))
   except (sweeps.SweepError, registry.KernelPluginError) as e:

@@ -2,14 +2,15 @@
 
 Spectraformer (eq. 11) writes every random-feature map as a weight matrix W (``projection.py``) combined
 with a component function: ``phi(x) = [c_r^(1/2) f_1(omega_r, x)]_r ++ ... ++ [c_r^(1/2) f_l(omega_r, x)]_r``
-with l = 1 or 2 parts laid out part by part. This module holds the component functions, one per name::
+with l = 1 or 2 parts laid out part by part. This module holds the component functions and exports one
+record per map (``FEATURE_MAPS``, ``feature_map.FeatureMap``; ``catalog.get(name)`` finds any)::
 
-  phi_q, phi_k = COMPONENTS[name](q, k, proj, mask=mask, stabilize=True)
+  phi_q, phi_k = catalog.get(name).fn(q, k, proj, mask=mask, stabilize=True)
 
 * ``q [..., L, d]``, ``k [..., S, d]``, ``mask`` broadcastable to ``[..., S]`` (True = real key) or None,
   ``proj`` a ``Projection`` (None for the maps without W: ``elu``, ``relu``, ``grelu_det``). Returns
   ``phi_q [..., L, M']`` and ``phi_k [..., S, M']`` in the input dtypes (computed in at least float32).
-* What each map estimates is in ``TARGET_KERNEL`` and computed exactly by ``exact_kernel``. The
+* What each map estimates is its record's ``target_kernel``, computed exactly by ``exact_kernel``. The
   d^-1/4 input scaling of softmax attention belongs to the attention module: a component estimates
   exp(q.k) (or exp(-|q-k|^2/2)) for exactly the q and k it receives.
 * Row weights c_r come from ``row_weights(proj)`` (1/M for Monte Carlo, signed quadrature weights
@@ -38,8 +39,8 @@ where the answer was, e.g. with one valid key, ``v_0`` exactly). This is the Pal
 convention (``pallas/feature_attention.py``). Causal attention sees only keys j <= i, so a global
 ``beta`` would let a later key set the shift of an earlier row (its visible terms underflow, and the
 past depends on the future in floating point): causal callers pass ``causal_chunk=C`` and get
-running per-chunk maxima plus ``key_shift`` for the core's state rescaling (``_exp_shifted``;
-``CAUSAL_SHIFTED``). Within a chunk the shift still includes that chunk's later keys, as in Pallas.
+per-row running maxima (over keys 0..i, never a later key) plus ``key_shift`` for the core's
+rescaling (``_exp_shifted``; records with ``causal_shift``).
 
 Padded keys are excluded from ``beta`` (a huge padded key would otherwise underflow every real key) and
 get zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
@@ -56,6 +57,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from kernelformer.features.feature_map import FeatureMap
 from kernelformer.features.projection import Projection, dense_matrix, project, row_weights
 
 Array = jax.Array
@@ -70,12 +72,12 @@ _SADERF_EPS = 1e-6
 # Shared helpers.
 # ----------------------------------------------------------------------------------------------
 
-def _compute_dtype(x: Array):
+def compute_dtype(x: Array):
   """float32 for bf16/fp16 inputs (exp in half precision loses everything), else the input dtype."""
   return jnp.promote_types(x.dtype, jnp.float32)
 
 
-def _key_mask(mask: Optional[Array], k: Array) -> Optional[Array]:
+def key_mask(mask: Optional[Array], k: Array) -> Optional[Array]:
   """The key mask broadcast to ``k.shape[:-1]`` (``[..., S]``), or None."""
   if mask is None:
     return None
@@ -127,16 +129,17 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
   after adding ``beta_r``. Masked keys get ``-inf`` before the max, so they never set the shift and come
   out as exactly 0 (forward and backward stay finite: ``exp(-inf) = 0`` has zero derivative).
 
-  ``causal_chunk=C`` (causal self-attention, L = S): ``beta`` is the running max per chunk of C rows,
-  ``beta_n`` over the keys of chunks 0..n only; key j and query i are shifted by the ``beta`` of their
-  own chunk. Returns ``(exp_q, exp_k, beta [..., N, F])``: the causal core
-  (``linear.linear_attention(..., key_shift=beta)``) rescales its carried state by
-  ``exp(beta_{n-1} - beta_n)`` between chunks, so no later key enters an earlier chunk's shift.
+  ``causal_chunk`` (causal self-attention, L = S; any chunk size C >= 1 of the core): ``beta_j`` is the
+  running max over the valid keys 0..j, and key j and query j are both shifted by ``beta_j``, so no key
+  after a row enters that row's shift. Returns ``(exp_q, exp_k, beta [..., S, F])``: the causal core
+  (``linear.linear_attention(..., key_shift=beta)``) moves each product onto a shift that every row
+  involved may see (``beta`` at the end of the key block), so the chunk size C does not enter the
+  features at all (it is accepted for the callers' sake).
 
   ``shift_init`` (with ``causal_chunk`` only; broadcastable to ``[..., 1, F]``, ``-inf`` = no key yet):
   the running key max of the keys before this block, so a block continues a sequence: incremental
-  decoding (one token per block, ``causal_chunk=1``: the shift of token t is the running max over keys
-  0..t) and stateful evaluation carry it with their recurrent state (``linear.causal_linear_attention``).
+  decoding (the shift of token t is the running max over keys 0..t) and stateful evaluation carry it
+  with their recurrent state (``linear.causal_linear_attention``).
   """
   if mask is not None:
     zk = jnp.where(mask[..., None], zk, -jnp.inf)
@@ -146,14 +149,11 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
     if zq.shape[-2] != zk.shape[-2]:
       raise ValueError(f'causal features need as many queries as keys; got {zq.shape[-2]} and '
                        f'{zk.shape[-2]}')
-    s = zk.shape[-2]
-    c = max(1, min(causal_chunk, s))
-    beta = _chunk_prefix_max(zk, c, shift_init)                          # [..., N, F]
-    rows = jnp.repeat(beta, c, axis=-2)[..., :s, :]                     # each row's chunk shift
-    zq = zq + rows
+    beta = _chunk_prefix_max(zk, 1, shift_init)                          # [..., S, F]: per row
+    zq = zq + beta
     a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
     a = jnp.where(jnp.isfinite(a), a, 0.0)
-    return jnp.exp(zq - a), jnp.exp(zk - rows), beta
+    return jnp.exp(zq - a), jnp.exp(zk - beta), beta
   if stabilize:
     beta = jax.lax.stop_gradient(jnp.max(zk, axis=-2, keepdims=True))     # [..., 1, F]
     # Every key masked: the max is -inf; any finite shift is correct (all key features are 0).
@@ -173,7 +173,7 @@ def _with_shift(phi_q: Array, phi_k: Array, shift: list) -> tuple[Array, ...]:
   return phi_q, phi_k, jnp.broadcast_to(beta, beta.shape[:-1] + phi_k.shape[-1:])
 
 
-def _zero_masked(phi_k: Array, mask: Optional[Array]) -> Array:
+def zero_masked(phi_k: Array, mask: Optional[Array]) -> Array:
   if mask is None:
     return phi_k
   return jnp.where(mask[..., None], phi_k, 0.0)
@@ -214,16 +214,16 @@ def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   Unlike the exp-maps the features are signed, so the normalizer may be small or negative.
   """
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   pq, pk = project(q, proj), project(k, proj)
   eq, ek, *shift = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize, causal_chunk,
                                shift_init)
   sq, sk = _side_scales(proj, 2, dt)
   phi_q = eq * jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
   phi_k = ek * jnp.concatenate([jnp.cos(pk), jnp.sin(pk)], axis=-1) * sk
-  return _with_shift(phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k), shift)
+  return _with_shift(phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k), shift)
 
 
 def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
@@ -237,14 +237,14 @@ def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   """
   del stabilize  # Bounded by sqrt|c_r|: no exponent to shift.
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   pq, pk = project(q, proj), project(k, proj)
   sq, sk = _side_scales(proj, 2, dt)
   phi_q = jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
   phi_k = jnp.concatenate([jnp.cos(pk), jnp.sin(pk)], axis=-1) * sk
-  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
 
 
 def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
@@ -259,14 +259,14 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   over r: all of it cancels, and no normalizer underflows.
   """
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   zq = project(q, proj) - 0.5 * _sq_norm(q)
   zk = project(k, proj) - 0.5 * _sq_norm(k)
   eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
   sq, sk = _side_scales(proj, 1, dt)
-  return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
+  return _with_shift((eq * sq).astype(out_q), zero_masked(ek * sk, mask).astype(out_k), shift)
 
 
 # ``make_fast_softmax_attention``'s ``numerical_stabilizer`` default (LRA performer_attention.py line 203),
@@ -297,12 +297,12 @@ def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = N
   features (LRA's ``FastAttentionviaLowRankDecomposition`` ignores the padding mask, so its padded
   positions are attended to), and ``stabilize=False`` drops both maxima (the exact features plus eps).
   The normalizer's guard is the linear-attention core's (``feature_eps``), not LRA's ``R + 2e-6`` where
-  ``|R| <= 1e-6`` (line 695): rows with so small a normalizer differ. The key maximum depends on every key, so the map has no causal form (``NON_CAUSAL``).
+  ``|R| <= 1e-6`` (line 695): rows with so small a normalizer differ. The key maximum depends on every key, so the map has no causal form (its record's ``non_causal``).
   """
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   pq, pk = project(q, proj), project(k, proj)
   if stabilize:
     shift_q = jnp.max(pq, axis=-1, keepdims=True)
@@ -314,7 +314,59 @@ def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = N
   sq, sk = _side_scales(proj, 1, dt)
   phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + LRA_FAVOR_EPSILON) * sq
   phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + LRA_FAVOR_EPSILON) * sk
-  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
+
+
+# ``softmax_kernel``'s ``eps`` default in Skyformer's Performer (src/models/performer.py line 50), added to
+# every feature after the exp.
+SKYFORMER_FAVOR_EPSILON = 1e-4
+
+
+def performer_skyformer(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
+                        stabilize: bool = True) -> tuple[Array, Array]:
+  """Skyformer's Performer features, as pkuzengqi/Skyformer computes them (exp(q.k/d) by FAVOR+).
+
+  pkuzengqi/Skyformer @ 1a677cb (files unchanged since cfe8c8c): ``PerformerAttention``
+  (src/models/attention_performer.py lines 9-25) builds ``FastAttention(dim_heads=d,
+  nb_features=rp_dim, kernel_fn=torch.exp)`` (rp_dim = 128 in every task of src/config.py) and calls it
+  on ``Q / d^(1/4)``, ``K / d^(1/4) * mask``, ``V * mask``; ``FastAttention`` (src/models/performer.py
+  lines 174-227) draws its ORF matrix once in ``__init__`` (``gaussian_orthogonal_random_matrix``,
+  scaling 0: Gaussian row norms; registered as a buffer, never redrawn by this model) and maps q and k
+  with ``softmax_kernel`` (lines 50-75), whose ``normalize_data=True`` scales by d^-1/4 *again*:
+
+  * ``x' = x / sqrt(d)`` (two d^-1/4 factors), ``data_dash = omega_r . x'``, ``diag = |x'|^2 / 2``,
+    ``ratio = M^-1/2``;
+  * queries: ``ratio * (exp(data_dash - diag - max_r data_dash) + 1e-4)``, the max over the features of
+    the same row (lines 67-70);
+  * keys: ``ratio * (exp(data_dash - diag - max data_dash) + 1e-4)`` with ONE max over the whole tensor
+    ``[B, H, S, M]`` -- every example, head, key and feature (``torch.max(data_dash)``, line 73).
+
+  So ``phi(q).phi(k)`` estimates ``exp(q.k / d)`` (softmax at temperature d, not sqrt(d)) up to the
+  shifts and the floor of ``1e-4 / sqrt(M)``; the key max couples the examples of a batch. This function
+  applies the ``1/sqrt(d)`` itself (the attention module applies no scale: ``target_kernel`` 'none').
+  Called with ``[B, H, S, d]`` inputs (the record's ``whole_tensor``), the key max spans all heads as
+  in Skyformer. The maxima are not under ``stop_gradient`` (as in Skyformer). Deliberate differences:
+  padded keys (``mask`` False) get zero features and are left out of the key max (Skyformer zeroes
+  their K, so each still adds ``ratio * (exp(-max) + 1e-4)`` per feature to every normalizer, and its
+  ``data_dash = 0`` enters the max); ``stabilize=False`` drops both maxima.
+  """
+  out_q, out_k = q.dtype, k.dtype
+  dt = compute_dtype(q)
+  s = q.shape[-1] ** -0.5
+  q, k = q.astype(dt) * s, k.astype(dt) * s
+  mask = key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  if stabilize:
+    shift_q = jnp.max(pq, axis=-1, keepdims=True)
+    pk_valid = pk if mask is None else jnp.where(mask[..., None], pk, -jnp.inf)
+    shift_k = jnp.max(pk_valid)
+    shift_k = jnp.where(jnp.isfinite(shift_k), shift_k, 0.0)     # every key padded: features are 0
+  else:
+    shift_q = shift_k = 0.0
+  sq, sk = _side_scales(proj, 1, dt)
+  phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + SKYFORMER_FAVOR_EPSILON) * sq
+  phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + SKYFORMER_FAVOR_EPSILON) * sk
+  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
 
 
 def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
@@ -329,16 +381,16 @@ def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = 
   maxima over both parts, then one shift per query row: both cancel).
   """
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   pq, pk = project(q, proj), project(k, proj)
   half_log2 = 0.5 * math.log(2.0)   # the 1/sqrt(2) on each side, kept in the exponent
   zq = jnp.concatenate([pq, -pq], axis=-1) - 0.5 * _sq_norm(q) - half_log2
   zk = jnp.concatenate([pk, -pk], axis=-1) - 0.5 * _sq_norm(k) - half_log2
   eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
   sq, sk = _side_scales(proj, 2, dt)
-  return _with_shift((eq * sq).astype(out_q), _zero_masked(ek * sk, mask).astype(out_k), shift)
+  return _with_shift((eq * sq).astype(out_q), zero_masked(ek * sk, mask).astype(out_k), shift)
 
 
 def _query_mask(mask: Optional[Array], q: Array, k: Array) -> Optional[Array]:
@@ -359,9 +411,9 @@ def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   A = 0: OPRF reduces to PosRF) and no cancellation for small u. A is a data-dependent constant of an
   estimator that is unbiased for every A < 1/4; it is returned under ``stop_gradient``.
   """
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   qmask = _query_mask(mask, q, k)
   d = q.shape[-1]
   mean_q = _masked_mean(q, qmask)
@@ -396,7 +448,7 @@ def _gerf_features(q: Array, k: Array, proj: Projection, a: Array, mask: Optiona
   zk = aw + bcoef * project(k, proj) - 0.5 * _sq_norm(k) + log_d
   eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
   sq, sk = _side_scales(proj, 1, dt)
-  return _with_shift(eq * sq, _zero_masked(ek * sk, mask), shift)
+  return _with_shift(eq * sq, zero_masked(ek * sk, mask), shift)
 
 
 def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
@@ -409,9 +461,9 @@ def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   Stabilized: per-feature key maxima and per-query-row maxima of the full exponent, as in ``posrf``.
   """
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   a = oprf_parameter(q, k, mask)
   phi_q, phi_k, *shift = _gerf_features(q, k, proj, a, mask, stabilize, causal_chunk, shift_init)
   return _with_shift(phi_q.astype(out_q), phi_k.astype(out_k), shift)
@@ -428,9 +480,9 @@ def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   estimate stays unbiased for any Psi: it is returned under ``stop_gradient``, and a tiny relative
   guard keeps it finite for a coordinate that is zero throughout.
   """
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   mq = _masked_mean(q * q, _query_mask(mask, q, k))
   mk = _masked_mean(k * k, mask)
   eps = _SADERF_EPS * 0.5 * jnp.mean(mq + mk, axis=-1, keepdims=True) + jnp.finfo(dt).tiny
@@ -448,9 +500,9 @@ def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   stabilized exactly like ``oprf`` (applied to the transformed inputs).
   """
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   psi = saderf_scaling(q, k, mask)[..., None, :]
   qt, kt = q * psi, k / psi
   a = oprf_parameter(qt, kt, mask)
@@ -463,31 +515,31 @@ def elu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional
   """``elu(x) + 1`` (Katharopoulos et al. 2020, the Linear Transformer): positive, no projection.
 
   A deterministic feature map (M' = d) that defines its own kernel ``(elu(q)+1).(elu(k)+1)``; it
-  estimates nothing, so ``TARGET_KERNEL['elu'] = 'none'``. ``proj`` and ``stabilize`` are ignored
+  estimates nothing, so its ``target_kernel`` is 'none'. ``proj`` and ``stabilize`` are ignored
   (bounded below by 0 and linear above: nothing overflows).
   """
   del proj, stabilize
-  dt = _compute_dtype(q)
-  mask = _key_mask(mask, k)
+  dt = compute_dtype(q)
+  mask = key_mask(mask, k)
   phi_q = jax.nn.elu(q.astype(dt)) + 1.0
   phi_k = jax.nn.elu(k.astype(dt)) + 1.0
-  return phi_q.astype(q.dtype), _zero_masked(phi_k, mask).astype(k.dtype)
+  return phi_q.astype(q.dtype), zero_masked(phi_k, mask).astype(k.dtype)
 
 
 def relu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional[Array] = None,
          stabilize: bool = True) -> tuple[Array, Array]:
   """``relu(x)``: the non-negative deterministic map of the kernel-learning literature (M' = d).
 
-  Like ``elu`` it defines its own kernel (``TARGET_KERNEL['relu'] = 'none'``); ``proj`` and
+  Like ``elu`` it defines its own kernel (``target_kernel`` 'none'); ``proj`` and
   ``stabilize`` are ignored. Features may be all zero for a row: the attention core's
   ``safe_normalizer`` keeps that row finite.
   """
   del proj, stabilize
-  dt = _compute_dtype(q)
-  mask = _key_mask(mask, k)
+  dt = compute_dtype(q)
+  mask = key_mask(mask, k)
   phi_q = jax.nn.relu(q.astype(dt))
   phi_k = jax.nn.relu(k.astype(dt))
-  return phi_q.astype(q.dtype), _zero_masked(phi_k, mask).astype(k.dtype)
+  return phi_q.astype(q.dtype), zero_masked(phi_k, mask).astype(k.dtype)
 
 
 # The additive constant of the official generalized attention (``kernel_epsilon=0.001``).
@@ -511,22 +563,22 @@ def grelu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Option
   component: ``phi(q).phi(k) = sum_r c_r (relu(w_r.q) + eps)(relu(w_r.k) + eps)``. For Monte Carlo
   weights c_r = 1/M, so the features are the official ones times 1/sqrt(M), a constant that cancels in
   normalized attention (eps included). The map defines its own kernel (for w ~ N(0, I), M -> inf:
-  the degree-1 arc-cosine kernel of Cho & Saul 2009 plus eps terms), so ``TARGET_KERNEL`` is 'none'.
+  the degree-1 arc-cosine kernel of Cho & Saul 2009 plus eps terms), so its ``target_kernel`` is 'none'.
   Bounded by a linear function of |x|: ``stabilize`` has nothing to do. Positive for positive c_r, so
   the normalizer is at least ``eps^2 sum_r c_r`` per valid key.
   """
   del stabilize
   out_q, out_k = q.dtype, k.dtype
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
-  mask = _key_mask(mask, k)
+  mask = key_mask(mask, k)
   if proj is None:
     return ((jax.nn.relu(q) + GRELU_EPSILON).astype(out_q),
-            _zero_masked(jax.nn.relu(k) + GRELU_EPSILON, mask).astype(out_k))
+            zero_masked(jax.nn.relu(k) + GRELU_EPSILON, mask).astype(out_k))
   sq, sk = _side_scales(proj, 1, dt)
   phi_q = (jax.nn.relu(project(q, proj)) + GRELU_EPSILON) * sq
   phi_k = (jax.nn.relu(project(k, proj)) + GRELU_EPSILON) * sk
-  return phi_q.astype(out_q), _zero_masked(phi_k, mask).astype(out_k)
+  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
 
 
 def grelu_det(q: Array, k: Array, proj: Optional[Projection] = None, *,
@@ -535,34 +587,6 @@ def grelu_det(q: Array, k: Array, proj: Optional[Projection] = None, *,
   del proj
   return grelu(q, k, None, mask=mask, stabilize=stabilize)
 
-
-COMPONENTS: dict[str, ComponentFn] = {
-    'trigrf': trigrf,
-    'rks': rks,
-    'posrf': posrf,
-    'hyperbolic': hyperbolic,
-    'oprf': oprf,
-    'saderf': saderf,
-    'elu': elu,
-    'relu': relu,
-    'grelu': grelu,
-    'grelu_det': grelu_det,
-    'posrf_lra': posrf_lra,
-}
-
-TARGET_KERNEL: dict[str, str] = {
-    'trigrf': 'softmax',
-    'rks': 'gaussian',
-    'posrf': 'softmax',
-    'hyperbolic': 'softmax',
-    'oprf': 'softmax',
-    'saderf': 'softmax',
-    'elu': 'none',
-    'relu': 'none',
-    'grelu': 'none',
-    'grelu_det': 'none',
-    'posrf_lra': 'softmax',
-}
 
 # ----------------------------------------------------------------------------------------------
 # Split (log-space) forms for the memory-lean attention path (``linear.exp_feature_attention``).
@@ -599,15 +623,6 @@ def _hyperbolic_logits(x: Array, proj: Projection) -> Array:
   return jnp.concatenate([px, -px], axis=-1) - 0.5 * _sq_norm(x) - 0.5 * math.log(2.0)
 
 
-# Components whose stabilized features ``linear.exp_feature_attention`` can form chunk by chunk: the
-# result equals ``linear_attention(*COMPONENTS[name](q, k, proj, mask=mask), v, mask=mask)`` to
-# float32 rounding (the maps' own stabilizer, ``_exp_shifted``, reproduced there).
-LOG_SPACE_FORMS: dict[str, LogSpaceForm] = {
-    'posrf': LogSpaceForm(_posrf_logits, parts=1),
-    'hyperbolic': LogSpaceForm(_hyperbolic_logits, parts=2),
-}
-
-
 def _posrf_unit_key_shift(proj: Projection, dtype) -> Array:
   """``|omega_r| - 1/2 >= omega_r.k - |k|^2/2`` for every unit k (Cauchy-Schwarz), ``[..., 1, M]``."""
   return (jnp.sqrt(_row_sq_norms(proj, dtype)) - 0.5)[..., None, :]
@@ -623,8 +638,8 @@ def _hyperbolic_unit_key_shift(proj: Projection, dtype) -> Array:
 _UNIT_KEY_MARGIN = 1e-3
 
 
-def unit_key_shift(name: str, proj: Projection, dtype=jnp.float32) -> Optional[Array]:
-  """A key shift for unit-norm keys (NPRF's l2-normalized k) from W alone, or None for other maps.
+def _unit_key_bound(shift: Callable[[Projection, object], Array]) -> Callable[..., Array]:
+  """A record's ``unit_key_shift``: a key shift for unit-norm keys (NPRF's l2-normalized k) from W alone.
 
   For ``|k| = 1`` the key exponents of ``posrf`` and ``hyperbolic`` are bounded by the row norms of W
   (``omega.k <= |omega|``), so ``beta_r = (1 + 1e-3) |omega_r| - 1/2 (- log(2)/2) + 1e-3`` is >= every
@@ -636,58 +651,10 @@ def unit_key_shift(name: str, proj: Projection, dtype=jnp.float32) -> Optional[A
   chunk n' and a query chunk n is not a Toeplitz weight), and a shift that no key sets needs none, so
   the full forward and the decoder's step use the very same shift.
   """
-  fn = {'posrf': _posrf_unit_key_shift, 'hyperbolic': _hyperbolic_unit_key_shift}.get(name)
-  if fn is None or proj is None:
-    return None
-  b = fn(proj, dtype)
-  return b + _UNIT_KEY_MARGIN * (jnp.abs(b) + 1.0)
-
-
-def has_unit_key_shift(name: str) -> bool:
-  """Whether ``unit_key_shift`` gives a bound for component ``name``."""
-  return name in ('posrf', 'hyperbolic')
-
-
-# Components taking ``causal_chunk=C``: with it they return ``(phi_q, phi_k, key_shift [..., N, M'])``,
-# features shifted by the running per-chunk key max (``_exp_shifted``) for ``linear.linear_attention(...,
-# causal=True, chunk_size=C, key_shift=key_shift)``. The other built-in maps have no key-dependent shift.
-CAUSAL_SHIFTED = frozenset({'trigrf', 'posrf', 'hyperbolic', 'oprf', 'saderf'})
-
-# Number of parts l in Spectraformer eq. 11 (features per projection row); 0: no projection (M' = d).
-_PARTS = {'trigrf': 2, 'rks': 2, 'posrf': 1, 'hyperbolic': 2, 'oprf': 1, 'saderf': 1,
-          'elu': 0, 'relu': 0, 'grelu': 1, 'grelu_det': 0, 'posrf_lra': 1}
-
-# Maps whose features are positive by construction (the normalizer is then positive too).
-POSITIVE = frozenset({'posrf', 'hyperbolic', 'oprf', 'saderf', 'elu', 'grelu', 'grelu_det', 'posrf_lra'})
-
-# Components with no causal form, and why (one line): a decoder refuses them, so does ``causal=True``.
-NON_CAUSAL = {
-    'posrf_lra': "LRA's key features are shifted by one maximum over all keys and the +1e-6 added after "
-                 'the shift does not cancel, so later keys change earlier rows',
-}
-
-
-def uses_projection(name: str) -> bool:
-  """Whether the component consumes a ``Projection`` (False for ``elu`` / ``relu``)."""
-  return _PARTS[_check(name)] > 0
-
-
-# Components whose features depend on each token's absolute position (``features/maps.py`` cosformer):
-# they take ``positions=(i_q, i_k, M)`` (1-based positions of queries and keys, and the horizon M), which
-# the attention module (``maps.token_positions``) and the decoder's step pass them.
-POSITIONAL: set[str] = set()
-
-# Components whose M' is not ``parts * M`` or d (``features/maps.py``): name -> fn(component, head_dim,
-# num_features=, map_dim=) -> M'.
-FEATURE_DIM: dict[str, Callable[..., int]] = {}
-
-
-def feature_count(name: str, num_features: int, head_dim: int, *, map_dim: int = 0) -> int:
-  """M', the feature dimension the component returns for M = ``num_features`` rows of W."""
-  parts = _PARTS[_check(name)]
-  if name in FEATURE_DIM:
-    return FEATURE_DIM[name](name, head_dim, num_features=num_features, map_dim=map_dim)
-  return parts * num_features if parts else head_dim
+  def bound(proj: Projection, dtype=jnp.float32) -> Array:
+    b = shift(proj, dtype)
+    return b + _UNIT_KEY_MARGIN * (jnp.abs(b) + 1.0)
+  return bound
 
 
 def exact_kernel(name_of_target: str, q: Array, k: Array) -> Array:
@@ -696,7 +663,7 @@ def exact_kernel(name_of_target: str, q: Array, k: Array) -> Array:
   ``'softmax'``: ``exp(q.k)``; ``'gaussian'``: ``exp(-|q - k|^2 / 2)`` (from the difference itself, not
   ``|q|^2 + |k|^2 - 2 q.k``, which cancels badly for close points). For tests and benchmarks.
   """
-  dt = _compute_dtype(q)
+  dt = compute_dtype(q)
   q, k = q.astype(dt), k.astype(dt)
   if name_of_target == 'softmax':
     return jnp.exp(jnp.einsum('...ld,...sd->...ls', q, k))
@@ -706,49 +673,60 @@ def exact_kernel(name_of_target: str, q: Array, k: Array) -> Array:
   raise ValueError(f'no exact kernel for target {name_of_target!r}; expected "softmax" or "gaussian"')
 
 
-def _check(name: str) -> str:
-  if name not in COMPONENTS:
-    raise ValueError(f'unknown component {name!r}; valid: {", ".join(sorted(COMPONENTS))}')
-  return name
-
-
 # ----------------------------------------------------------------------------------------------
-# Registration of components from outside the package (``kernelformer.registry.register_component``).
+# The records (``feature_map.FeatureMap``; ``catalog.py`` collects them).
 # ----------------------------------------------------------------------------------------------
 
-_NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyz0123456789_')
+_KL = 'Chowdhury et al. 2022, On Learning the Transformer Kernel'
+_SPECTRA = 'Nguyen, Joshi & Salim, Spectraformer'
+_GRELU_PAPER = ('Choromanski et al. 2021, generalized attention (official fast_attention.py '
+                'make_fast_generalized_attention, kernel_fn=relu, kernel_epsilon=1e-3)')
+_GRELU_KERNEL = 'its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no d^-1/4 scale'
 
+# The exp-maps share one stabilizer (``_exp_shifted``): a causal form with per-chunk running key maxima,
+# and a normalizer in the units of a data-dependent shift (guard 1e-30, ``random_features``).
+_EXP_MAP = dict(positive=True, causal_shift=True, shifted_normalizer=True, grid=True)
 
-def register_component(name: str, fn: ComponentFn, *, target_kernel: str, parts: int,
-                       positive: bool = False) -> str:
-  """Adds ``fn`` as component ``name`` to ``COMPONENTS`` (with its ``TARGET_KERNEL``, parts, positivity).
-
-  ``fn(q, k, proj, *, mask=None, stabilize=True) -> (phi_q, phi_k)`` follows the contract of the module
-  docstring; ``parts`` is l of Spectraformer eq. 11 (features per row of W: M' = parts * M), 0 for a map
-  that takes no W (M' = d); ``target_kernel`` is 'softmax', 'gaussian' (what ``exact_kernel`` forms) or
-  'none' (a map defining its own kernel, which also skips the d^-1/4 input scale). Returns the name.
-  """
-  if not isinstance(name, str) or not name or set(name) - _NAME_CHARS:
-    raise ValueError(f'component name {name!r}: use lowercase letters, digits and _ (no "-": '
-                     'kernels are named <component>-<sampler>)')
-  if name in COMPONENTS:
-    raise ValueError(f'component {name!r} is registered twice')
-  if not callable(fn):
-    raise TypeError(f'component {name!r}: {fn!r} is not callable')
-  if target_kernel not in ('softmax', 'gaussian', 'none'):
-    raise ValueError(f"component {name!r}: target_kernel must be 'softmax', 'gaussian' or 'none', "
-                     f'got {target_kernel!r}')
-  if not isinstance(parts, int) or parts < 0:
-    raise ValueError(f'component {name!r}: parts must be an int >= 0 (0: no projection), got {parts!r}')
-  global POSITIVE
-  COMPONENTS[name] = fn
-  TARGET_KERNEL[name] = target_kernel
-  _PARTS[name] = parts
-  if positive:
-    POSITIVE = POSITIVE | {name}
-  return name
-
-
-# The deterministic and learned maps of features/maps.py join COMPONENTS here, so every importer of this
-# module sees the same table (imported last: maps.py uses the helpers above).
-from kernelformer.features import maps as _maps  # noqa: E402,F401  pylint: disable=g-import-not-at-top,wrong-import-position
+FEATURE_MAPS = (
+    FeatureMap('trigrf', trigrf, 'softmax', parts=2, causal_shift=True, grid=True, pallas_feature='trig',
+               paper=f'Rahimi & Recht 2007 with Performer Lemma 1; {_SPECTRA} eqs. 8, 10'),
+    FeatureMap('posrf', posrf, 'softmax', parts=1, **_EXP_MAP, pallas_feature='exp',
+               log_space=LogSpaceForm(_posrf_logits, parts=1),
+               unit_key_shift=_unit_key_bound(_posrf_unit_key_shift),
+               paper=f'Choromanski et al. 2021 (FAVOR+); {_SPECTRA} eq. 32'),
+    FeatureMap('oprf', oprf, 'softmax', parts=1, **_EXP_MAP, sequence_statistics=True,
+               paper=f'Likhosherstov et al. 2022 (FAVOR++); {_SPECTRA} eqs. 34-35'),
+    FeatureMap('saderf', saderf, 'softmax', parts=1, **_EXP_MAP, sequence_statistics=True,
+               paper=f'Likhosherstov et al. 2023 (FAVOR#); {_SPECTRA} eq. 36'),
+    FeatureMap('rks', rks, 'gaussian', parts=2, row_wise=True, grid=True,
+               paper=f'Rahimi & Recht 2007 (RKS); {_KL} eq. 3'),
+    FeatureMap('hyperbolic', hyperbolic, 'softmax', parts=2, **_EXP_MAP,
+               log_space=LogSpaceForm(_hyperbolic_logits, parts=2),
+               unit_key_shift=_unit_key_bound(_hyperbolic_unit_key_shift),
+               paper=f'Choromanski et al. 2021 (hyperbolic PRF); {_SPECTRA} eq. 11 with l=2'),
+    FeatureMap('elu', elu, 'none', parts=0, positive=True, row_wise=True, pallas_feature='elu',
+               paper='Katharopoulos et al. 2020 (Linear Transformer), elu(x)+1',
+               approximates='its own kernel (elu(q)+1).(elu(k)+1)'),
+    FeatureMap('relu', relu, 'none', parts=0, row_wise=True, pallas_feature='relu',
+               paper='deterministic relu(x) feature map', approximates='its own kernel relu(q).relu(k)'),
+    FeatureMap('grelu', grelu, 'none', parts=1, positive=True, row_wise=True, paper=_GRELU_PAPER,
+               approximates=_GRELU_KERNEL),
+    FeatureMap('grelu_det', grelu_det, 'none', parts=0, positive=True, row_wise=True,
+               paper=f'{_GRELU_PAPER}, features_type=deterministic (LRA repository default Performer)',
+               approximates='its own kernel (relu(q)+eps).(relu(k)+eps), no d^-1/4 scale'),
+    FeatureMap('posrf_lra', posrf_lra, 'softmax', parts=1, positive=True,
+               paper=('LRA (Tay et al. 2021) FAVOR+: performer_attention.py '
+                      'nonnegative_softmax_kernel_feature_creator'),
+               non_causal="LRA's key features are shifted by one maximum over all keys and the +1e-6 "
+                          'added after the shift does not cancel, so later keys change earlier rows'),
+    FeatureMap('performer_skyformer', performer_skyformer, 'none', parts=1, positive=True,
+               shifted_normalizer=True, whole_tensor=True, kind='performer-skyformer', sampler='orf',
+               kind_options=(('num_features', 128), ('redraw_every', 0), ('share_heads', True)),
+               paper=("Skyformer's Performer (Chen et al. 2021 baseline): pkuzengqi/Skyformer @ 1a677cb "
+                      'src/models/attention_performer.py 9-25, src/models/performer.py 50-75, 174-227 '
+                      '(rp_dim 128, src/config.py); W drawn once'),
+               approximates=('softmax exp(q.k/d) (d^-1/4 applied twice) by FAVOR+, M = 128, one key max '
+                             'over the whole batch tensor and a +1e-4 floor'),
+               non_causal=('its key features are shifted by one maximum over every key of the batch and the '
+                           '+1e-4 added after the shift does not cancel, so later keys change earlier rows')),
+)

@@ -1,10 +1,11 @@
-"""The deterministic and learned feature maps of today's linear-attention work (issue 27).
+"""The deterministic and learned feature maps of today's linear-attention literature.
 
 Each map is a component in the sense of ``components.py`` (``phi_q, phi_k = fn(q, k, params, mask=...,
-stabilize=...)``, one head at a time, features in at least float32, padded keys zeroed) and a registered
-kind of its own (``attention/random_features.py``), so it works wherever a kernel does: bidirectional and
+stabilize=...)``, one head at a time, features in at least float32, padded keys zeroed) with its
+record (``FEATURE_MAPS``) and a registered kind of its own (``attention/random_features.py``), so it
+works wherever a kernel does: bidirectional and
 causal-chunked linear attention, the decoder's recurrent state, masks, bfloat16, the benchmarks. None of
-them estimates another kernel (``TARGET_KERNEL`` 'none'): the map *is* the kernel, and the attention
+them estimates another kernel (``target_kernel`` 'none'): the map *is* the kernel, and the attention
 module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)``:
 
 * ``taylor`` -- Based (Arora et al. 2024, "Simple linear attention language models balance the
@@ -32,7 +33,7 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   ``s(q_i, k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j) / M)``, split by cos(a - b) = cos a cos b +
   sin a sin b into ``phi(x_i) = [relu(x_i) cos(pi i / (2M)), relu(x_i) sin(pi i / (2M))]`` (M' = 2d), so
   it stays linear and works causally and step by step. Each token's absolute position i is an input
-  (``positions=(i_q, i_k, M)``, see ``cosformer``; components listed in ``components.POSITIONAL``
+  (``positions=(i_q, i_k, M)``, see ``cosformer``; maps whose record is ``positional``
   receive it from the attention module). Positions are 1-based as in the official code
   (OpenNLPLab/cosFormer cosformer.py @ 8e12da1, ``get_index``: ``pi/2 * arange(1, L+1)``).
 * ``polysketch``, ``polysketch-learned`` -- Kacham, Mirrokni & Zhong 2023 ("PolySketchFormer: Fast
@@ -50,6 +51,8 @@ module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)
   W1, W2 ``[r, d]`` per head (r = ``map_dim`` or d), then the self-tensor. The self-tensor is stored as
   its upper triangle with off-diagonal entries times sqrt(2), M' = r(r+1)/2, so ``phi.phi' = (s.s')^2``
   exactly (fla keeps the triangle without the sqrt(2), which gives ``((s.s')^2 + sum_i s_i^2 s_i'^2)/2``).
+* ``performer-zoology`` -- Zoology's Performer feature map as Zoology computes it (``performer_zoology``):
+  FAVOR+'s form with projection rows of norm sqrt(d/M), drawn once; its own kernel.
 * elementwise maps (Zoology, flash-linear-attention's feature maps): ``identity`` x, ``square`` x^2,
   ``squared-relu`` relu(x)^2, ``gelu`` gelu(x) (exact, erf), ``swish`` x sigmoid(x), ``sigmoid``
   sigmoid(x); M' = d. (``linear-elu`` is PosELU, elu(x)+1, and ``relu`` exists already.)
@@ -60,16 +63,18 @@ bounded in x (no exp), so ``stabilize`` has nothing to do.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelformer.features import components as C
-from kernelformer.features.projection import Projection, project
+from kernelformer.features.components import compute_dtype, key_mask, zero_masked
+from kernelformer.features.feature_map import FeatureMap
+from kernelformer.features.projection import Projection, dense_matrix, project
 
 Array = jax.Array
 
@@ -83,10 +88,10 @@ LAYER_NORM_EPS = 1e-5
 
 def _apply(f: Callable[[Array], Array], q: Array, k: Array, mask: Optional[Array]) -> tuple[Array, Array]:
   """``f`` on q and on k in at least float32; padded keys get zero features; input dtypes out."""
-  dt = C._compute_dtype(q)  # pylint: disable=protected-access
-  mask = C._key_mask(mask, k)  # pylint: disable=protected-access
+  dt = compute_dtype(q)
+  mask = key_mask(mask, k)
   phi_q = f(q.astype(dt))
-  phi_k = C._zero_masked(f(k.astype(dt)), mask)  # pylint: disable=protected-access
+  phi_k = zero_masked(f(k.astype(dt)), mask)
   return phi_q.astype(q.dtype), phi_k.astype(k.dtype)
 
 
@@ -145,7 +150,7 @@ def cosformer_features(x: Array, angle: Array) -> Array:
 
 
 def token_positions(mask: Optional[Array], length_q: int, length_k: int, cos_length: int = 0):
-  """``(i_q, i_k, M)`` for the components of ``components.POSITIONAL`` (cosFormer's re-weighting).
+  """``(i_q, i_k, M)`` for the maps whose record is ``positional`` (cosFormer's re-weighting).
 
   Positions count real tokens only, from 1 (the official code's 1-based index, OpenNLPLab/cosFormer
   cosformer.py @ 8e12da1 l. 46): ``i_k = cumsum(mask)`` over the keys, so padding before, between or
@@ -187,14 +192,14 @@ def cosformer(q, k, proj=None, *, mask=None, stabilize=True, positions=None):
   if positions is None:
     positions = token_positions(mask, q.shape[-2], k.shape[-2])
   i_q, i_k, horizon = positions
-  dt = C._compute_dtype(q)  # pylint: disable=protected-access
+  dt = compute_dtype(q)
   horizon = jnp.asarray(horizon, dt)[..., None]                # over the token axis
   scale = (math.pi / 2) / horizon
   ang_q = jnp.broadcast_to(jnp.asarray(i_q, dt) * scale, q.shape[:-1])
   ang_k = jnp.broadcast_to(jnp.asarray(i_k, dt) * scale, k.shape[:-1])
-  mask = C._key_mask(mask, k)  # pylint: disable=protected-access
+  mask = key_mask(mask, k)
   phi_q = cosformer_features(q.astype(dt), ang_q)
-  phi_k = C._zero_masked(cosformer_features(k.astype(dt), ang_k), mask)  # pylint: disable=protected-access
+  phi_k = zero_masked(cosformer_features(k.astype(dt), ang_k), mask)
   return phi_q.astype(q.dtype), phi_k.astype(k.dtype)
 
 
@@ -242,6 +247,34 @@ def polysketch_learned_features(x: Array, gamma: Array, beta: Array, w1: Array, 
   xp = gamma * _unit_layer_norm(x) * math.sqrt(d) + beta
   s = jnp.einsum('...d,rd->...r', xp, w1) * jnp.einsum('...d,rd->...r', xp, w2) * d ** -0.5
   return self_tensor(s)
+
+
+def performer_zoology_features(x: Array, w: Array) -> Array:
+  """``exp(-|x'|^2/2) exp(W' x') / sqrt(M)``, ``x' = x / d^(1/4)``, W' = W's rows set to norm sqrt(d/M)."""
+  d, m = x.shape[-1], w.shape[0]
+  unit = w * jax.lax.rsqrt(jnp.sum(w * w, axis=-1, keepdims=True))
+  xs = x * d ** -0.25
+  z = jnp.einsum('...d,md->...m', xs, unit * math.sqrt(d / m))
+  return jnp.exp(z - 0.5 * jnp.sum(xs * xs, axis=-1, keepdims=True)) * m ** -0.5
+
+
+def performer_zoology(q, k, proj, *, mask=None, stabilize=True):
+  """Zoology's Performer feature map, as HazyResearch/zoology computes it.
+
+  ``PerformerFeatureMap`` (zoology/mixers/feature_maps/performer.py @ d88d6f5, unchanged since
+  b603008; lines 74-141): W is drawn once in ``__init__`` (a buffer of ``expanded_dim`` = 256 rows,
+  lines 80-93) by ``orthogonal_gaussian``: blocks of d orthonormal rows (QR of a Gaussian, lines
+  125-135), then ``matrix /= np.sqrt(num_squares + remainder / d)`` (line 138), i.e. every row has norm
+  ``sqrt(d/M)`` (0.5 at d = 64, M = 256); the scaling to Gaussian norms, ``np.diag(np.sqrt(d) ...)``,
+  is commented out (line 139). ``forward`` maps ``x / d^(1/4)`` (line 101) to
+  ``h(x) / sqrt(M) * exp(x W^T)`` with ``h(x) = exp(-|x|^2/2)`` (lines 103-117). With rows that short
+  the map is not FAVOR+'s estimate of exp(q.k/sqrt(d)) (that needs omega ~ N(0, I)): it defines its own
+  kernel. Here W comes from the ORF sampler (orthogonal blocks of d rows) and its rows are rescaled to
+  norm sqrt(d/M), which is Zoology's matrix in distribution. Bounded above by ``exp(d/(2M))/sqrt(M)``
+  (``omega.x - |x|^2/2 <= |omega|^2/2``), so, as in Zoology, nothing is shifted (``stabilize`` unused).
+  """
+  del stabilize
+  return _apply(lambda x: performer_zoology_features(x, dense_matrix(proj).astype(x.dtype)), q, k, mask)
 
 
 def polysketch(q, k, proj, *, mask=None, stabilize=True):
@@ -294,7 +327,10 @@ def rebased(q, k, proj, *, mask=None, stabilize=True):
 
 
 # ------------------------------------------------------------------------------------------------
-# Learned parameters (created by the attention module, one set per head, passed as ``proj``).
+# Learned parameters (created by the attention module, one set per head, passed as ``proj``). Names
+# (for the optimizer's decay mask and checkpoints): ``map_w`` (hedgehog, t2r; taylor with ``map_dim``;
+# polysketch-learned's W1), ``map_w2`` (polysketch-learned's W2), ``map_b`` (t2r), ``map_gamma`` /
+# ``map_beta`` (rebased, polysketch-learned).
 
 
 def _identity_init(key, shape, dtype=jnp.float32):
@@ -303,129 +339,119 @@ def _identity_init(key, shape, dtype=jnp.float32):
   return jnp.broadcast_to(eye, shape)
 
 
-def map_parameters(module, component: str, head_dim: int, num_heads: int, *, num_features: int,
-                   map_dim: int) -> Optional[tuple[Array, ...]]:
-  """The learned parameters of ``component`` as ``module.param``s with a leading head axis, or None.
-
-  Names (for the optimizer's decay mask and checkpoints): ``map_w`` (hedgehog, t2r; taylor with
-  ``map_dim``; polysketch-learned's W1), ``map_w2`` (polysketch-learned's W2), ``map_b`` (t2r),
-  ``map_gamma`` / ``map_beta`` (rebased, polysketch-learned).
-  """
-  h, d = num_heads, head_dim
-  lecun = jax.nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal', in_axis=-1,
-                                               out_axis=-2, batch_axis=(0,))
-  if component == 'taylor':
-    if not map_dim:
-      return None
-    return (module.param('map_w', lecun, (h, map_dim, d)),)
-  if component == 'hedgehog':
-    return (module.param('map_w', _identity_init, (h, d, d)),)
-  if component == 't2r':
-    return (module.param('map_w', lecun, (h, num_features, d)),
-            module.param('map_b', jax.nn.initializers.zeros, (h, num_features)))
-  if component == 'rebased':
-    return (module.param('map_gamma', jax.nn.initializers.ones, (h, d)),
-            module.param('map_beta', jax.nn.initializers.zeros, (h, d)))
-  if component == 'polysketch_learned':
-    r = map_dim or d
-    return (module.param('map_gamma', jax.nn.initializers.ones, (h, d)),
-            module.param('map_beta', jax.nn.initializers.zeros, (h, d)),
-            module.param('map_w', lecun, (h, r, d)),
-            module.param('map_w2', lecun, (h, r, d)))
-  return None
+def _lecun():
+  return jax.nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal', in_axis=-1,
+                                              out_axis=-2, batch_axis=(0,))
 
 
-def _dpfp_name(nu: int) -> str:
-  return 'dpfp' if nu == 1 else f'dpfp{nu}'
+def taylor_parameters(module, head_dim, num_heads, *, num_features, map_dim):
+  del num_features
+  if not map_dim:
+    return None
+  return (module.param('map_w', _lecun(), (num_heads, map_dim, head_dim)),)
 
 
-def feature_dim(component: str, head_dim: int, *, num_features: int = 0, map_dim: int = 0) -> int:
-  """M' of each map here."""
-  d = head_dim
-  if component == 'taylor':
-    r = map_dim or d
-    return 1 + r + r * r
-  if component == 'hedgehog':
-    return 2 * d
-  if component == 't2r':
-    return num_features
-  for nu in DPFP_NUS:
-    if component == _dpfp_name(nu):
-      return 2 * d * nu
-  if component == 'rebased':
-    return d * d
-  if component == 'cosformer':
-    return 2 * d
-  if component in ('polysketch', 'polysketch_learned'):
-    r = num_features // 2 if component == 'polysketch' else (map_dim or d)
-    return r * (r + 1) // 2
-  if component in ELEMENTWISE:
-    return d
-  raise ValueError(f'{component!r} is not a map of kernelformer/features/maps.py')
+def hedgehog_parameters(module, head_dim, num_heads, *, num_features, map_dim):
+  del num_features, map_dim
+  return (module.param('map_w', _identity_init, (num_heads, head_dim, head_dim)),)
 
 
-# Registry kind name -> (component, paper/equation, kernel it defines, learned parameters).
-KINDS: dict[str, tuple[str, str, str, str]] = {
-    'taylor': ('taylor', 'Arora et al. 2024 (Based), sec. 3.1, 2nd-order Taylor map of exp',
-               '1 + q.k/sqrt(d) + (q.k)^2/(2d) (after the optional learned projection to map_dim)',
-               'map_w [H, map_dim, d] when map_dim > 0'),
-    'hedgehog': ('hedgehog', 'Zhang et al. 2024 (Hedgehog), [softmax(Wx), softmax(-Wx)]',
-                 'its own kernel phi(q).phi(k), M\' = 2d', 'map_w [H, d, d] (identity init)'),
-    't2r': ('t2r', 'Kasai et al. 2021 (T2R), eq. 4, relu(Wx + b)', 'its own kernel, M\' = num_features',
-            'map_w [H, M, d], map_b [H, M]'),
-    **{('dpfp' if nu == 1 else f'dpfp-nu{nu}'): (_dpfp_name(nu), f'Schlag et al. 2021 (DPFP), eqs. 31-32, '
-                                                 f'nu = {nu}', f'its own kernel, M\' = {2 * nu} d', '-')
-       for nu in DPFP_NUS},
-    'rebased': ('rebased', 'Aksenov et al. 2024 (ReBased), eq. 6, (gamma norm(x) + beta)^2',
-                '(q\'.k\')^2 with x\' = gamma norm(x) + beta', 'map_gamma, map_beta [H, d]'),
-    'cosformer': ('cosformer', 'Qin et al. 2022 (cosFormer), cos-based re-weighting, relu features with the '
-                  'cos re-weighting split into cos and sin halves',
-                  'relu(q_i).relu(k_j) cos(pi/2 (i-j)/M), M = real tokens (cos_length; decoder: max_length)',
-                  '-'),
-    'polysketch-learned': ('polysketch_learned', 'Kacham et al. 2023 (PolySketchFormer), learnable sketch '
-                           'as flash-linear-attention LearnablePolySketchNonNegativeFeatureMap @ bc3b101',
-                           '(s(q).s(k))^2, s(x) = (W1 x\') * (W2 x\')/sqrt(d), x\' = gamma LN(x) + beta; '
-                           'M\' = r(r+1)/2, r = map_dim or d',
-                           'map_gamma, map_beta [H, d], map_w, map_w2 [H, r, d]'),
-    **{name.replace('_', '-'): (name, f'elementwise feature map {text}', 'its own kernel, M\' = d', '-')
-       for name, (_, text) in ELEMENTWISE.items()},
-}
-# Maps with a random W drawn by a sampler (kind -> component, sampler, paper, kernel estimated).
-RANDOM_KINDS: dict[str, tuple[str, str, str, str]] = {
-    'polysketch': ('polysketch', 'iid', 'Kacham et al. 2023 (PolySketchFormer), random degree-2 Gaussian '
-                   'sketches [G1; G2] self-tensored (non-negative), degree p = 4',
-                   '(q^.k^)^4 with x^ = LN(x)/sqrt(d) (estimate (s(q).s(k))^2 >= 0, M\' = r(r+1)/2, '
-                   'r = num_features/2)'),
-}
-# Maps that always have parameters (taylor: with map_dim), and those whose width follows ``map_dim``.
-LEARNED_MAPS = frozenset({'hedgehog', 't2r', 'rebased', 'polysketch_learned'})
-MAP_DIM_MAPS = frozenset({'taylor', 'polysketch_learned'})
+def t2r_parameters(module, head_dim, num_heads, *, num_features, map_dim):
+  del map_dim
+  return (module.param('map_w', _lecun(), (num_heads, num_features, head_dim)),
+          module.param('map_b', jax.nn.initializers.zeros, (num_heads, num_features)))
 
 
-def _register_components() -> None:
-  entries: dict[str, Any] = {'taylor': taylor, 'hedgehog': hedgehog, 't2r': t2r, 'rebased': rebased,
-                             'cosformer': cosformer, 'polysketch': polysketch,
-                             'polysketch_learned': polysketch_learned}
-  for nu in DPFP_NUS:
-    entries[_dpfp_name(nu)] = functools.partial(dpfp, nu=nu)
-  entries.update({name: _elementwise(f) for name, (f, _) in ELEMENTWISE.items()})
-  for name, fn in entries.items():
-    if name in C.COMPONENTS:
-      continue
-    C.COMPONENTS[name] = fn
-    C.TARGET_KERNEL[name] = 'none'
-    # parts: 1 where the map takes parameters through ``proj`` (so the module builds them), else 0.
-    has_proj = name in LEARNED_MAPS or name in ('taylor', 'polysketch')
-    C._PARTS[name] = 1 if has_proj else 0  # pylint: disable=protected-access
-  # None joins components.POSITIVE: relu-based maps can give a row all-zero features, identity/gelu/
-  # swish/taylor/rebased have signed features (taylor's kernel 1 + s + s^2/2 is positive, its features
-  # are not), and hedgehog's softmax and sigmoid, positive in exact arithmetic, underflow to 0 at large
-  # norms (there is no shift to stabilize them, unlike the exp-based random features).
-  C.FEATURE_DIM.update({name: feature_dim for name in entries})
-  C.POSITIONAL.add('cosformer')
+def rebased_parameters(module, head_dim, num_heads, *, num_features, map_dim):
+  del num_features, map_dim
+  return (module.param('map_gamma', jax.nn.initializers.ones, (num_heads, head_dim)),
+          module.param('map_beta', jax.nn.initializers.zeros, (num_heads, head_dim)))
 
 
-_register_components()
+def polysketch_learned_parameters(module, head_dim, num_heads, *, num_features, map_dim):
+  del num_features
+  h, d, r = num_heads, head_dim, map_dim or head_dim
+  return (module.param('map_gamma', jax.nn.initializers.ones, (h, d)),
+          module.param('map_beta', jax.nn.initializers.zeros, (h, d)),
+          module.param('map_w', _lecun(), (h, r, d)),
+          module.param('map_w2', _lecun(), (h, r, d)))
+
+
+# ------------------------------------------------------------------------------------------------
+# The records (``feature_map.FeatureMap``; ``catalog.py`` collects them). None is ``positive``: relu-based
+# maps can give a row all-zero features, identity/gelu/swish/taylor/rebased have signed features
+# (taylor's kernel 1 + s + s^2/2 is positive, its features are not), and hedgehog's softmax and sigmoid,
+# positive in exact arithmetic, underflow to 0 at large norms (there is no shift to stabilize them,
+# unlike the exp-based random features). A map with parameters (learned, or polysketch's random W)
+# takes them through ``proj``: parts 1.
+
+
+def _width(fn: Callable[..., int]) -> Callable[..., int]:
+  """A record's ``feature_dim`` from ``fn(d, num_features, map_dim)``."""
+  return lambda head_dim, *, num_features=0, map_dim=0: fn(head_dim, num_features, map_dim)
+
+
+def _own(kind: str, fn, paper: str, kernel: str, width: Callable[..., int], **fields) -> FeatureMap:
+  """A map of its own kind: defines its own kernel, row-wise, registered alone as ``kind``."""
+  learned = fields.get('parameters') is not None
+  return FeatureMap(kind.replace('-nu', '').replace('-', '_'), fn, 'none', parts=1 if learned else 0,
+                    row_wise=True, kind=kind, paper=paper, approximates=kernel, feature_dim=_width(width),
+                    **fields)
+
+
+def _polysketch_width(d, m, r):
+  del r
+  r = m // 2
+  return r * (r + 1) // 2
+
+
+FEATURE_MAPS = (
+    _own('taylor', taylor, 'Arora et al. 2024 (Based), sec. 3.1, 2nd-order Taylor map of exp',
+         '1 + q.k/sqrt(d) + (q.k)^2/(2d) (after the optional learned projection to map_dim)',
+         lambda d, m, r: 1 + (r or d) + (r or d) ** 2, parameters=taylor_parameters, map_dim=True,
+         learnable='map_w [H, map_dim, d] when map_dim > 0'),
+    _own('hedgehog', hedgehog, 'Zhang et al. 2024 (Hedgehog), [softmax(Wx), softmax(-Wx)]',
+         "its own kernel phi(q).phi(k), M' = 2d", lambda d, m, r: 2 * d,
+         parameters=hedgehog_parameters, learnable='map_w [H, d, d] (identity init)'),
+    _own('t2r', t2r, 'Kasai et al. 2021 (T2R), eq. 4, relu(Wx + b)', "its own kernel, M' = num_features",
+         lambda d, m, r: m, parameters=t2r_parameters, learnable='map_w [H, M, d], map_b [H, M]'),
+    *(_own('dpfp' if nu == 1 else f'dpfp-nu{nu}', functools.partial(dpfp, nu=nu),
+           f'Schlag et al. 2021 (DPFP), eqs. 31-32, nu = {nu}', f"its own kernel, M' = {2 * nu} d",
+           lambda d, m, r, nu=nu: 2 * d * nu) for nu in DPFP_NUS),
+    _own('rebased', rebased, 'Aksenov et al. 2024 (ReBased), eq. 6, (gamma norm(x) + beta)^2',
+         "(q'.k')^2 with x' = gamma norm(x) + beta", lambda d, m, r: d * d,
+         parameters=rebased_parameters, learnable='map_gamma, map_beta [H, d]'),
+    dataclasses.replace(
+        _own('cosformer', cosformer, 'Qin et al. 2022 (cosFormer), cos-based re-weighting, relu features '
+             'with the cos re-weighting split into cos and sin halves',
+             'relu(q_i).relu(k_j) cos(pi/2 (i-j)/M), M = real tokens (cos_length; decoder: max_length)',
+             lambda d, m, r: 2 * d),
+        row_wise=False, positional=True),
+    _own('polysketch-learned', polysketch_learned, 'Kacham et al. 2023 (PolySketchFormer), learnable '
+         'sketch as flash-linear-attention LearnablePolySketchNonNegativeFeatureMap @ bc3b101',
+         "(s(q).s(k))^2, s(x) = (W1 x') * (W2 x')/sqrt(d), x' = gamma LN(x) + beta; "
+         "M' = r(r+1)/2, r = map_dim or d",
+         lambda d, m, r: (r or d) * ((r or d) + 1) // 2, parameters=polysketch_learned_parameters,
+         map_dim=True, learnable='map_gamma, map_beta [H, d], map_w, map_w2 [H, r, d]'),
+    *(_own(name.replace('_', '-'), _elementwise(f), f'elementwise feature map {text}',
+           "its own kernel, M' = d", lambda d, m, r: d) for name, (f, text) in ELEMENTWISE.items()),
+    # Zoology's Performer: ORF directions, rows of norm sqrt(d/M), drawn once, shared by the heads.
+    FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, row_wise=True,
+               kind='performer-zoology', sampler='orf',
+               kind_options=(('num_features', 256), ('redraw_every', 0), ('share_heads', True)),
+               paper=("Zoology's PerformerFeatureMap (Based's figure 3): HazyResearch/zoology @ d88d6f5 "
+                      'zoology/mixers/feature_maps/performer.py 74-141 (rows scaled to norm sqrt(d/M), '
+                      'line 138; expanded_dim 256); W drawn once'),
+               approximates=("its own kernel exp(-|q'|^2/2 - |k'|^2/2) mean_r exp(w_r.(q'+k')), "
+                             "x' = x/d^(1/4), |w_r| = sqrt(d/M) (0.5 at d = 64, M = 256)")),
+    # A random W drawn by a sampler (iid): registered as the kind ``polysketch`` with that sampler.
+    FeatureMap('polysketch', polysketch, 'none', parts=1, row_wise=True, kind='polysketch', sampler='iid',
+               feature_dim=_width(_polysketch_width),
+               paper='Kacham et al. 2023 (PolySketchFormer), random degree-2 Gaussian sketches [G1; G2] '
+                     'self-tensored (non-negative), degree p = 4',
+               approximates="(q^.k^)^4 with x^ = LN(x)/sqrt(d) (estimate (s(q).s(k))^2 >= 0, "
+                            "M' = r(r+1)/2, r = num_features/2)"),
+)
 
 
 def example_params(component: str, head_dim: int, key: Array, *, num_features: int = 16,

@@ -71,7 +71,7 @@ def chi(key: Array, df: int, shape: tuple[int, ...], dtype=jnp.float32) -> Array
 def serial_on_cpu(fn: Callable[[Array], object]) -> Callable[[Array], object]:
   """``fn`` (one matrix in, a pytree out) made to decompose a batch one matrix at a time on CPU.
 
-  Why (issue 19): jaxlib >= 0.10 runs a *batched* LAPACK custom call (QR, SVD) by splitting the batch
+  Why: jaxlib >= 0.10 runs a *batched* LAPACK custom call (QR, SVD) by splitting the batch
   over XLA's CPU intra-op thread pool (``ParallelBatchMap``) and blocking the calling pool thread until
   the pieces finish. XLA's thunk executor also runs independent thunks concurrently on that same pool,
   so when two or more batched decompositions are ready at once -- one per layer, since each layer's
@@ -480,7 +480,7 @@ def register_sampler(name: str, fn: Sampler) -> str:
 
   Like the built-in samplers it must be ``jax.jit``-able with the key traced and the sizes static, and
   draw rows whose distribution is the spectral measure N(0, I_d) the components assume (or set
-  ``feature_weights`` for a quadrature rule). Used by ``kernelformer.registry.register_sampler``.
+  ``feature_weights`` for a quadrature rule). Used by ``kernelformer.plugins.register_sampler``.
   """
   if not isinstance(name, str) or not name or name != name.lower() or '-' in name:
     raise ValueError(f'sampler name {name!r}: use lowercase letters, digits and _ (no "-": kernels '

@@ -1,6 +1,6 @@
 """Compiles Triton IR (text) for an NVIDIA target and reports ptxas's resource usage; no GPU needed.
 
-Run by ``kernelformer.pallas.resources`` with the Python of an environment that has a pip ``triton``
+Run by ``kernelformer.pallas.resource_check`` with the Python of an environment that has a pip ``triton``
 (it ships ptxas); imports nothing but the standard library and triton, so it can live in a venv of its
 own (.ci/run makes ``.venv-triton``):
 

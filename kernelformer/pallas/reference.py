@@ -14,18 +14,19 @@ import jax
 import jax.numpy as jnp
 
 from kernelformer.attention import linear
-from kernelformer.features import components
+from kernelformer.features import catalog
 from kernelformer.features.projection import Projection
 
 Array = jax.Array
 
-COMPONENT = {'exp': 'posrf', 'trig': 'trigrf', 'elu': 'elu', 'relu': 'relu'}
+# The fused kernels' feature names -> the map computing the same features (the records' pallas_feature).
+COMPONENT = {r.pallas_feature: r.name for r in catalog.records() if r.pallas_feature}
 
 
 def features(q: Array, k: Array, w: Optional[Array], *, feature: str = 'exp',
              feature_weights: Optional[Array] = None, mask: Optional[Array] = None):
-  """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']`` from components.py (stabilized), in float32."""
-  fn = components.COMPONENTS[COMPONENT[feature]]
+  """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']`` from the map's record (stabilized), in float32."""
+  fn = catalog.get(COMPONENT[feature]).fn
   q, k = q.astype(jnp.float32), k.astype(jnp.float32)
   h = q.shape[2]
   if w is None:

@@ -342,7 +342,7 @@ def submit_slurm(sweep: sweeps.Sweep, sweep_dir: str, options: SlurmOptions, *, 
   jobs = read_jobs(sweep_dir)
   for s in todo:
     r = s.run
-    sweeps._write_point_file(r)  # pylint: disable=protected-access
+    sweeps.write_point_file(r)
     command = _train_command(r)
     job = executor.submit(TrainPoint(command, r.workdir, os.getcwd(), {'PYTHONPATH': pythonpath}))
     jobs[r.name] = {'job_id': str(job.job_id), 'submitted': datetime.datetime.now().isoformat(
@@ -410,8 +410,8 @@ def tpu_pod_commands(runs: Sequence[sweeps.Run], sweep_dir: str, options: TpuPod
     spec = f'{r.point.config}:{r.point.preset}' if r.point.preset else r.point.config
     train = ['python', '-m', 'kernelformer', 'train', '--config', spec,
              '--workdir', f'{remote_dir.rstrip("/")}/{r.name}', '--distributed']
-    train += [f'--config.{k}={sweeps._format_value(v)}'  # pylint: disable=protected-access
-              for k, v in [*r.common, *sweeps._ordered(r.point.overrides)]]  # pylint: disable=protected-access
+    train += [f'--config.{k}={sweeps.format_value(v)}'
+              for k, v in [*r.common, *sweeps.ordered(r.point.overrides)]]
     train.append('--config.progress=False')
     commands.append(options.ssh(f'cd {code} && . .venv/bin/activate && {shlex.join(train)}'))
   return commands

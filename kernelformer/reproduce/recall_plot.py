@@ -501,7 +501,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     print(f'error: no sweep directory {a.sweep_dir!r}', file=sys.stderr)
     return 2
   if a.vs_state:
-    meta = report._read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}  # pylint: disable=protected-access
+    meta = report.read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}
     rows = collect_state(a.sweep_dir, current_plan(meta['name']) if meta.get('name') else None)
     os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
     with open(a.out + '.md', 'w', encoding='utf-8') as f:
@@ -518,7 +518,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     wrote = plot_best_of(rows, a.out + '.png', a.column)
     print(f"wrote {a.out}.md{' and ' + a.out + '.png' if wrote else ''}")
     return 0
-  meta = report._read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}  # pylint: disable=protected-access
+  meta = report.read_json(os.path.join(a.sweep_dir, 'sweep.json')) or {}
   rows = collect(a.sweep_dir, current_plan(meta['name']) if meta.get('name') else None)
   os.makedirs(os.path.dirname(a.out) or '.', exist_ok=True)
   with open(a.out + '.md', 'w', encoding='utf-8') as f:

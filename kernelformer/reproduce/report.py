@@ -165,7 +165,7 @@ def canonical_kind(kind: str) -> str:
   return fp.canonical_kind(kind)
 
 
-def _read_json(path: str) -> Optional[Any]:
+def read_json(path: str) -> Optional[Any]:
   try:
     with open(path, encoding='utf-8') as f:
       return json.load(f)
@@ -179,7 +179,7 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
   A results.json that cannot be read (half-written, damaged) is appended to ``unreadable`` as
   '<path>: <reason>', and its run counts as not finished (with that reason as its error).
   """
-  meta = _read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
+  meta = read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
   records: dict[str, RunRecord] = {}
   for e in meta.get('runs', []):
     records[e['workdir']] = RunRecord(e['workdir'], e.get('label') or e.get('kind', ''),
@@ -192,11 +192,11 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
     dirs[:] = []  # a run directory holds no other runs
     rel = os.path.relpath(root, sweep_dir).replace(os.sep, '/')
     results, reason = sweeps.read_results(root)
-    point = _read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
+    point = read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
     rec = records.get(rel)
     if rec is None:
       # Unreadable results: the run's own config.json (written when it started) names it.
-      about = results or {'config': _read_json(os.path.join(root, 'config.json')) or {}}
+      about = results or {'config': read_json(os.path.join(root, 'config.json')) or {}}
       config = about.get('config') if isinstance(about.get('config'), dict) else {}
       kind = canonical_kind(point.get('kind') or about.get('attention') or
                             (config.get('model') or {}).get('attention', {}).get('kind', '') or '')

@@ -201,7 +201,7 @@ def expand(sweep: Sweep) -> Sweep:
     if not label:
       values = dict(overrides)
       parts = [str(values[KIND_KEY])] if values.get(KIND_KEY) is not None else []
-      parts += [f'{k.rsplit(".", 1)[-1]}={_format_value(values[k])}'
+      parts += [f'{k.rsplit(".", 1)[-1]}={format_value(values[k])}'
                 for k in sweep.label_keys if k in values]
       label = ', '.join(parts)
     points.append(dataclasses.replace(p, overrides=overrides, label=label))
@@ -234,7 +234,7 @@ def load_sweep(name: str, directory: str = SWEEPS_DIR, *, validate: bool = True)
 # Directory names.
 
 
-def _format_value(v: Any) -> str:
+def format_value(v: Any) -> str:
   if isinstance(v, float):
     return repr(v)
   return str(v)
@@ -246,7 +246,7 @@ def _short_keys(keys: Sequence[str]) -> dict[str, str]:
   return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 
 
-def _ordered(overrides: Overrides) -> list[tuple[str, Any]]:
+def ordered(overrides: Overrides) -> list[tuple[str, Any]]:
   return sorted(overrides, key=lambda kv: (kv[0] == SEED_KEY, kv[0]))
 
 
@@ -254,12 +254,12 @@ def point_dirname(point: Point) -> str:
   """``<config stem>-<preset>/<key>=<value>__...``: stable, readable, filesystem-safe."""
   stem = os.path.splitext(os.path.basename(point.config))[0]
   group = _SAFE.sub('_', f'{stem}-{point.preset}' if point.preset else stem)
-  items = _ordered(point.overrides)
+  items = ordered(point.overrides)
   short = _short_keys([k for k, _ in items])
-  raw = '__'.join(f'{short[k]}={_format_value(v)}' for k, v in items) or 'default'
+  raw = '__'.join(f'{short[k]}={format_value(v)}' for k, v in items) or 'default'
   safe = _SAFE.sub('_', raw)
   if safe != raw or len(safe) > _MAX_NAME:
-    digest = hashlib.sha1(json.dumps([[k, _format_value(v)] for k, v in items]).encode()).hexdigest()
+    digest = hashlib.sha1(json.dumps([[k, format_value(v)] for k, v in items]).encode()).hexdigest()
     safe = f'{safe[:_MAX_NAME]}-{digest[:8]}'
   return f'{group}/{safe}'
 
@@ -307,7 +307,7 @@ def coerce(config, key: str, value: Any) -> Any:
   if field_type is bool:
     return value if isinstance(value, bool) else parse_value(str(value)) is True
   if field_type is str:
-    return value if isinstance(value, str) else _format_value(value)
+    return value if isinstance(value, str) else format_value(value)
   if field_type is int and isinstance(value, float) and value.is_integer():
     return int(value)
   if field_type is float and isinstance(value, int) and not isinstance(value, bool):
@@ -359,7 +359,7 @@ class Run:
 
   def identity(self) -> dict:
     return {'config': self.point.config, 'preset': self.point.preset,
-            'overrides': {k: v for k, v in _ordered(self.point.overrides)},
+            'overrides': {k: v for k, v in ordered(self.point.overrides)},
             'common': {k: v for k, v in self.common}}
 
   def status(self) -> str:
@@ -385,8 +385,8 @@ class Run:
     path = config_path or self.point.config
     spec = f'{path}:{self.point.preset}' if self.point.preset else path
     args = [*(launcher or (python, script)), '--config', spec, '--workdir', self.workdir]
-    for k, v in [*self.common, *_ordered(self.point.overrides)]:
-      args.append(f'--config.{k}={_format_value(v)}')
+    for k, v in [*self.common, *ordered(self.point.overrides)]:
+      args.append(f'--config.{k}={format_value(v)}')
     return args
 
 
@@ -421,7 +421,7 @@ class SweepInterrupted(Exception):
 INTERRUPT_EXIT_CODES = (130, 143)   # the trainer's exit codes for SIGINT / SIGTERM (checkpoint saved)
 
 
-def _raise_on_sigterm(signum, frame):  # pylint: disable=unused-argument
+def raise_on_sigterm(signum, frame):  # pylint: disable=unused-argument
   raise SweepInterrupted('terminated (SIGTERM)', 143)
 
 
@@ -503,7 +503,7 @@ def record_failure(sweep_dir: str, run: Run, error: str, details: str = '') -> N
     f.write(json.dumps(entry) + '\n')
 
 
-def _write_point_file(run: Run) -> None:
+def write_point_file(run: Run) -> None:
   os.makedirs(run.workdir, exist_ok=True)
   with open(os.path.join(run.workdir, POINT_FILE), 'w', encoding='utf-8') as f:
     json.dump({'identity': _jsonable(run.identity()), 'label': run.point.label or run.kind,
@@ -553,7 +553,7 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
       counts['failed'] += 1
       log(f'  failed: {r.error}')
       continue
-    _write_point_file(r)
+    write_point_file(r)
     t0 = time.time()
     try:
       results = train_fn(point_config(r.point, r.common), r.workdir)
@@ -589,7 +589,7 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
           counts['failed'] += 1
           log(f'failed (cannot start) {r.name}: {r.error}')
           continue
-        _write_point_file(r)
+        write_point_file(r)
         logf = open(os.path.join(r.workdir, 'train.log'), 'a', encoding='utf-8')
         # Same working directory as this process, so relative data_dir and work directories mean
         # the same in the child; the config file by absolute path.

@@ -35,55 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelformer import registry
-from kernelformer.training import validate
-
-
-class EvalContextError(validate.ConfigError):
-  """A ``data.eval_context`` the model cannot run (one line)."""
-
-
-def scheme(config: Any) -> Optional[tuple[str, int]]:
-  """``(eval_context, stride)`` of an enwik8 config, None for other tasks."""
-  if config.data.task != 'enwik8':
-    return None
-  from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
-  return enwik8.eval_scheme(config.data)
-
-
-def stateful_problem(model_config: Any) -> Optional[str]:
-  """Why ``model_config`` cannot carry a recurrent state across windows (one line), or None."""
-  from kernelformer import decoder  # pylint: disable=g-import-not-at-top
-  from kernelformer.attention import random_features as rf_lib  # pylint: disable=g-import-not-at-top
-  attention = model_config.attention
-  kind = attention['kind'] if hasattr(attention, '__getitem__') else attention.kind
-  spec = registry.get(kind)
-  causal = decoder.causal_problem(spec.name)
-  if causal:
-    return causal
-  rpe = bool(attention.get('rpe', False)) if hasattr(attention, 'get') else False
-  if not issubclass(spec.module, rf_lib.RandomFeatureAttention):
-    return (f"data.eval_context='stateful' needs a causal linear (feature-map) kernel with a "
-            f'recurrent state; attention kind {spec.name!r} keeps every past key (a KV cache): use '
-            "eval_context='sliding'")
-  if rpe or spec.requires_position_bias:
-    return (f"data.eval_context='stateful' needs a finite recurrent state; attention kind "
-            f'{spec.name!r} with a relative-position bias weights every past key by its offset '
-            "(Luo et al. eq. 10, no recurrence): use eval_context='sliding'")
-  if model_config.get('pos_encoding', 'sinusoidal') == 'learned':
-    return ("data.eval_context='stateful' runs positions past max_length, which learned positions "
-            "(model.pos_encoding='learned') do not have: use 'sinusoidal', 'none' or "
-            "eval_context='sliding'")
-  return None
-
-
-def check_config(config: Any) -> None:
-  """Raises ``EvalContextError`` for ``eval_context='stateful'`` with a model that cannot run it."""
-  s = scheme(config)
-  if s is not None and s[0] == 'stateful':
-    problem = stateful_problem(config.model)
-    if problem:
-      raise EvalContextError(problem)
+from kernelformer import decoder
+# The eval_context checks are config checks (``validate``); imported here under the names this module's
+# callers use.
+from kernelformer.training.validate import EvalContextError, eval_scheme as scheme, stateful_problem
 
 
 def describe(config: Any) -> dict[str, Any]:
@@ -108,7 +63,6 @@ def evaluate_stateful(model, variables: dict, source, *, features_key,
   starting from the previous window's cache. Returns the same dict as ``trainer.evaluate``:
   ``loss`` (mean nats per scored token), ``accuracy`` and ``examples`` (scored tokens).
   """
-  from kernelformer import decoder  # pylint: disable=g-import-not-at-top
   problem = stateful_problem_of_model(model)
   if problem:
     raise EvalContextError(problem)
@@ -141,7 +95,6 @@ def evaluate_windows(model, variables: dict, source, *, features_key,
   all-zero rows, whose targets weigh 0). The trainer's ``evaluate`` computes the same sums sharded over
   its mesh; this version needs no mesh (tests, ``docs/data.md``'s measurement).
   """
-  from kernelformer import decoder  # pylint: disable=g-import-not-at-top
 
   @jax.jit
   def batch_sums(inputs, targets):

@@ -32,6 +32,7 @@ from kernelformer import plugins
 from kernelformer import registry
 from kernelformer.attention import distill as distill_lib
 from kernelformer.encoder import Classifier
+from kernelformer.layers import DTYPES
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
@@ -42,8 +43,6 @@ from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
 from kernelformer.training import validate
-
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 @flax.struct.dataclass
@@ -483,7 +482,7 @@ class _Run:
     self.previous = workdir_lib.read_results(self.workdir)
     reevaluate = bool(config.get('reevaluate', False))
     if self.previous is not None and not self.allowed and not reevaluate and \
-        self.previous.get('final_step') == self.num_steps and \
+        (self.previous.get('final_step') == self.num_steps or self.previous.get('stopped_early')) and \
         self.previous.get('config_fingerprint') in (None, self.record.fingerprint):
       done = RunResults(self.previous)
       done.status = 'finished'
@@ -650,6 +649,8 @@ class _Run:
     start = self.start_step
     until = self.num_steps if until is None else until
     self.in_flight, self.pending_logs = collections.deque(), collections.deque()
+    if 'stopped_early' in self.meta:   # restored from the checkpoint where the run stopped early
+      return
     batches = self.batches.device_iterate(start, until, self.mesh)   # placed ahead, by a thread
     self.ahead = batches   # closed (its thread waited for) by close(), however the loop ends
     log_every, profile = int(self.config.log_every), int(self.config.get('profile_steps', 0)) > 0
@@ -679,6 +680,8 @@ class _Run:
       if done == next_boundary:
         self.boundary(done)
         next_boundary = self.next_boundary(done)
+        if 'stopped_early' in self.meta:
+          break
       else:
         if done % log_every == 0:
           self.pending_logs.append((done, self.window))   # the next step starts a new window
@@ -784,10 +787,22 @@ class _Run:
       if good_loss(val['loss'], self.meta.get('lowest_val_loss')):
         lowest = self.meta.get('lowest_val_loss')
         self.meta['lowest_val_loss'] = val['loss'] if lowest is None else min(lowest, val['loss'])
-    if done % c.checkpoint_every == 0 or done == self.num_steps:
+      self.stop_early(done, val)
+    if done % c.checkpoint_every == 0 or done == self.num_steps or 'stopped_early' in self.meta:
       self.save_checkpoint(done, val)
     self.watchdog.arm(f'after step {done}', self.step_limit)
     self.span = (done, time.perf_counter())
+
+  def stop_early(self, done: int, val: dict) -> None:
+    """``config.early_stop_accuracy`` > 0: validation accuracy above it ends the training here
+    (Zoology's rule, ``zoology/train.py`` 197-205); the checkpoint then written carries the reason, so
+    a resumed or re-run workdir does not train further, and results.json records it."""
+    threshold = float(self.config.get('early_stop_accuracy', 0.0) or 0.0)
+    if threshold > 0 and val['accuracy'] > threshold:
+      self.meta['stopped_early'] = {'step': done, 'val_accuracy': val['accuracy'],
+                                    'threshold': threshold}
+      workdir_lib.say(f"step {done}: validation accuracy {val['accuracy']:.4f} > {threshold}: "
+                      f'training ends here (early_stop_accuracy)')
 
   def stop_now(self, done: int) -> None:
     """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
@@ -984,6 +999,7 @@ class _Run:
                         (f' (periodic validation capped at max_eval_batches={cap})' if cap
                          else ' (the whole validation split)')),
         'final_step': int(self.state.step),
+        'stopped_early': meta.get('stopped_early'),   # {step, val_accuracy, threshold} or None
         'num_params': count_params(self.state.params),
         'steps_per_sec': (meta['timed_steps'] / meta['train_seconds'] if meta['timed_steps']
                           else 0.0),

@@ -25,7 +25,11 @@ import tempfile
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 import lra_tasks
+from kernelformer import decoder
+from kernelformer import plugins
 from kernelformer import registry
+from kernelformer.attention import random_features as rf_lib
+from kernelformer.features import catalog
 from kernelformer.training import sharding
 from kernelformer.training import workdir as workdir_lib
 
@@ -176,7 +180,6 @@ def _check_attention(config: Any) -> None:
   attention = _get(config, 'model.attention')
   kind = _check_str(config, 'model.attention.kind')
   if attention.get('plugin'):
-    from kernelformer import plugins  # pylint: disable=g-import-not-at-top
     plugins.load(attention.get('plugin'))  # the user's kernels register before the name is looked up
   spec = registry.get(kind)  # UnknownKernelError lists the valid kinds
   rpe = _check_bool(config, 'model.attention.rpe')
@@ -199,14 +202,59 @@ def _check_attention(config: Any) -> None:
                       f'which has no learned feature map to distil into; kinds that do: {learned}')
   impl = attention.get('impl') if 'impl' in registry.option_names(spec.name) else None
   if impl == 'pallas':
-    from kernelformer.attention import random_features  # pylint: disable=g-import-not-at-top
     component = spec.fixed.get('component')
-    fused = getattr(random_features, 'PALLAS_FEATURES', {})
-    if component not in fused or rpe or spec.requires_position_bias:
+    fused = catalog.has(component) and catalog.get(component).pallas_feature
+    if not fused or rpe or spec.requires_position_bias:
       raise ConfigError(
           f"config.model.attention.impl='pallas' is invalid for kind {spec.name!r}: the fused "
-          f'kernels cover components {", ".join(sorted(fused))} without a position bias; use '
-          "impl='xla' or 'auto'")
+          f'kernels cover components {", ".join(rf_lib.pallas_components())} without a position bias; '
+          "use impl='xla' or 'auto'")
+
+
+class EvalContextError(ConfigError):
+  """A ``data.eval_context`` the model cannot run (one line)."""
+
+
+def eval_scheme(config: Any) -> Optional[tuple[str, int]]:
+  """``(eval_context, stride)`` of an enwik8 config, None for other tasks."""
+  if config.data.task != 'enwik8':
+    return None
+  from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
+  return enwik8.eval_scheme(config.data)
+
+
+def stateful_problem(model_config: Any) -> Optional[str]:
+  """Why ``model_config`` cannot carry a recurrent state across windows (one line), or None."""
+  attention = model_config.attention
+  kind = attention['kind'] if hasattr(attention, '__getitem__') else attention.kind
+  spec = registry.get(kind)
+  causal = decoder.causal_problem(spec.name)
+  if causal:
+    return causal
+  rpe = bool(attention.get('rpe', False)) if hasattr(attention, 'get') else False
+  if not issubclass(spec.module, rf_lib.RandomFeatureAttention):
+    return (f"data.eval_context='stateful' needs a causal linear (feature-map) kernel with a "
+            f'recurrent state; attention kind {spec.name!r} keeps every past key (a KV cache): use '
+            "eval_context='sliding'")
+  if rpe or spec.requires_position_bias:
+    return (f"data.eval_context='stateful' needs a finite recurrent state; attention kind "
+            f'{spec.name!r} with a relative-position bias weights every past key by its offset '
+            "(Luo et al. eq. 10, no recurrence): use eval_context='sliding'")
+  if model_config.get('pos_encoding', 'sinusoidal') == 'learned':
+    return ("data.eval_context='stateful' runs positions past max_length, which learned positions "
+            "(model.pos_encoding='learned') do not have: use 'sinusoidal', 'none' or "
+            "eval_context='sliding'")
+  return None
+
+
+def check_eval_context(config: Any) -> None:
+  """Raises ``EvalContextError`` for ``eval_context='stateful'`` with a model that cannot run it."""
+  s = eval_scheme(config)
+  if s is not None and s[0] == 'stateful':
+    problem = stateful_problem(config.model)
+    if problem:
+      raise EvalContextError(problem)
+
 
 
 def _check_cos_length(config: Any, info: Any) -> None:
@@ -344,8 +392,7 @@ def validate_config(config: Any, devices: Optional[list] = None) -> None:
       v = _get(config, f'data.num_{split}')
       if not _is_int(v) or v < 1:
         _fail(f'data.num_{split}', v, f'an integer >= 1 (the {split} split would be empty)')
-  from kernelformer.training import lm_eval  # pylint: disable=g-import-not-at-top
-  lm_eval.check_config(config)   # eval_context='stateful' with a model that has no recurrent state
+  check_eval_context(config)   # eval_context='stateful' with a model that has no recurrent state
   if task == 'listops':
     from lra_tasks import listops  # pylint: disable=g-import-not-at-top
     listops.GeneratorParams.from_data(config.data).validate()

@@ -1,9 +1,10 @@
-"""Causal exp-feature attention: the stabilizer's key shift depends on keys j <= the current chunk only.
+"""Causal exp-feature attention: the stabilizer's key shift of row i depends on keys j <= i only.
 
-``components._exp_shifted(causal_chunk=C)`` shifts keys by a running per-chunk maximum and
-``linear.linear_attention(..., key_shift=)`` rescales the carried prefix state, so (1) outputs before a
-chunk boundary t are bitwise independent of keys/values at positions >= t, and (2) a large later key no
-longer underflows an early row's normalizer into the ``feature_eps`` clamp (the global key max did).
+``components._exp_shifted(causal_chunk=C)`` shifts every row by the running maximum over the keys up
+to it and ``linear.linear_attention(..., key_shift=)`` forms each product on a shift both rows may see,
+so (1) outputs before any row t -- inside a chunk too -- are bitwise independent of keys/values at
+positions >= t, and (2) a large later key no longer underflows an early row's normalizer into the
+``feature_eps`` clamp (the global key max did, and so did a per-chunk max inside its chunk).
 """
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import pytest
 
 from kernelformer.attention import linear
 from kernelformer.attention import random_features as rf
-from kernelformer.decoder import SEQUENCE_STATISTIC_COMPONENTS
+from kernelformer.features import catalog
 from kernelformer.features import components
 from kernelformer.features import projection as projection_lib
 from kernelformer.features import weights as weights_lib
@@ -20,8 +21,7 @@ from kernelformer.features import weights as weights_lib
 CHUNK = 4
 RNGS = {'features': jax.random.PRNGKey(2)}
 # One kind per exp-based component with a causal form (OPRF/SADERF: sequence statistics, below).
-CAUSAL_KINDS = [f'{c}-orf' for c in sorted(components.CAUSAL_SHIFTED)
-                if c not in SEQUENCE_STATISTIC_COMPONENTS]
+CAUSAL_KINDS = [f'{r.name}-orf' for r in catalog.records() if r.causal_shift and not r.sequence_statistics]
 
 
 def _module(component, **kw):
@@ -47,10 +47,11 @@ def test_causal_kinds_cover_exp_components():
   assert {'posrf-orf', 'hyperbolic-orf', 'trigrf-orf'} <= set(CAUSAL_KINDS)
 
 
+@pytest.mark.parametrize('t', [6, 8])            # inside the second chunk of 4, and at its end
 @pytest.mark.parametrize('kind', CAUSAL_KINDS)
-def test_outputs_before_a_chunk_boundary_ignore_later_garbage(kind):
+def test_outputs_before_a_row_ignore_later_garbage(kind, t):
   component = kind.split('-')[0]
-  b, length, h, d, t = 1, 16, 2, 8, 8
+  b, length, h, d = 1, 16, 2, 8
   q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, b, length, h, d))
   mod = _module(component)
   variables = _init(mod, q, k, v)
@@ -64,11 +65,13 @@ def test_outputs_before_a_chunk_boundary_ignore_later_garbage(kind):
   np.testing.assert_array_equal(np.asarray(out[:, :t]), np.asarray(out2[:, :t]))
 
 
+@pytest.mark.parametrize('t', [6, 8])
 @pytest.mark.parametrize('kind', CAUSAL_KINDS)
-def test_early_row_with_large_later_key_equals_prefix(kind):
-  """The 0.52-error case: small early keys, a later key at the column maxima (d = 64: ~e^-32 apart)."""
+def test_early_row_with_large_later_key_equals_prefix(kind, t):
+  """The 0.52-error case: small early keys, later keys at the column maxima (d = 64: ~e^-32 apart),
+  from a chunk boundary (t = 8) and from inside a chunk (t = 6, where a per-chunk shift failed)."""
   component = kind.split('-')[0]
-  b, length, h, d, t = 1, 16, 1, 64, 8
+  b, length, h, d = 1, 16, 1, 64
   q, k, v = jax.random.normal(jax.random.PRNGKey(4), (3, b, length, h, d))
   k = 0.1 * k
   mod = _module(component)
@@ -79,10 +82,11 @@ def test_early_row_with_large_later_key_equals_prefix(kind):
   np.testing.assert_allclose(np.asarray(out[:, :t]), np.asarray(prefix), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('component', sorted(components.CAUSAL_SHIFTED))
+@pytest.mark.parametrize('component', [n for n in catalog.names() if catalog.get(n).causal_shift])
 def test_chunk_shifted_core_matches_exact_features(component):
   """Every exp map (OPRF/SADERF included): the shifted causal path equals the quadratic oracle on the
-  unstabilized (exact) features, including rows whose keys lie ~e^-32 below a later key's."""
+  unstabilized (exact) features, including rows whose keys lie ~e^-32 below a later key's (in a later
+  chunk, and later in their own chunk)."""
   b, length, d, m = 1, 12, 64, 16
   kq, kk, kv, kw = jax.random.split(jax.random.PRNGKey(5), 4)
   proj = weights_lib.SAMPLERS['orf'](kw, m, d)
@@ -90,10 +94,12 @@ def test_chunk_shifted_core_matches_exact_features(component):
   q = s * jax.random.normal(kq, (b, length, d))
   k = 0.1 * s * jax.random.normal(kk, (b, length, d))
   w = projection_lib.dense_matrix(proj)
-  # A key at the column maximum (e^32 above the others) starting the third chunk.
-  k = k.at[:, 2 * CHUNK].set(w[0] if component != 'trigrf' else 0.75 * jnp.ones(d))
+  # Keys at the column maximum (e^32 above the others): starting the third chunk, and as the second
+  # row of the second chunk (after the first row, which sees only keys ~e^-32 below it).
+  peak = w[0] if component != 'trigrf' else 0.75 * jnp.ones(d)
+  k = k.at[:, 2 * CHUNK].set(peak).at[:, CHUNK + 1].set(peak)
   v = jax.random.normal(kv, (b, length, 1, 8))
-  fn = components.COMPONENTS[component]
+  fn = catalog.get(component).fn
   phi_q, phi_k, shift = fn(q, k, proj, causal_chunk=CHUNK)
   out = linear.linear_attention(phi_q[:, :, None], phi_k[:, :, None], v, causal=True,
                                 chunk_size=CHUNK, key_shift=shift[:, :, None])
@@ -138,7 +144,7 @@ def test_gradients_match_the_global_shift():
 
 @pytest.mark.parametrize('component', ['posrf', 'hyperbolic'])
 def test_unit_key_shift_bounds_every_unit_key(component):
-  """``components.unit_key_shift`` (causal RPE on l2-normalized keys, nprf-rpe): W's bound is above
+  """A record's ``unit_key_shift`` (causal RPE on l2-normalized keys, nprf-rpe): W's bound is above
   every unit key's exponent -- including the key w_r / |w_r| that attains it -- so it is the shift of
   every key (no key statistic enters), and the features stay <= sqrt|c_r| (no overflow)."""
   d, m = 16, 8
@@ -148,8 +154,8 @@ def test_unit_key_shift_bounds_every_unit_key(component):
   k = jnp.concatenate([w / jnp.linalg.norm(w, axis=-1, keepdims=True),
                        rf.l2_normalize(jax.random.normal(kk, (5, d)))])[None]     # [1, 13, d]
   q = rf.l2_normalize(jax.random.normal(kq, (1, k.shape[1], d)))
-  bound = components.unit_key_shift(component, proj)
-  fn = components.COMPONENTS[component]
+  bound = catalog.get(component).unit_key_shift(proj)
+  fn = catalog.get(component).fn
   phi_q, phi_k, shift = fn(q, k, proj, causal_chunk=k.shape[1], shift_init=bound)
   np.testing.assert_array_equal(np.asarray(shift), np.asarray(jnp.broadcast_to(bound, shift.shape)))
   scale = np.sqrt(np.abs(np.asarray(projection_lib.row_weights(proj, jnp.float32)))).max()

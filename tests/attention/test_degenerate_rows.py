@@ -29,7 +29,7 @@ import pytest
 
 import kernelformer
 from kernelformer import registry
-from kernelformer.features import components as C
+from kernelformer.features import catalog
 from tests.attention.helpers import fast_jit
 
 NORMS = (1.0, 10.0, 100.0)
@@ -47,7 +47,7 @@ def _kind(name):
   component = spec.fixed.get('component')
   if component in ('elu', 'posrf_lra'):                  # positive, but not stabilized (see docstring)
     return 'bounded'
-  if component is None or component in C.POSITIVE:       # softmax, nystromformer, positive maps
+  if component is None or catalog.get(component).positive:       # softmax, nystromformer, positive maps
     return 'exact'
   return 'bounded'
 

@@ -1,8 +1,8 @@
 """``linear.feature_attention`` / ``linear.causal_feature_attention``: row-wise maps, features per chunk.
 
-Issue 27, item 3: Taylor's 1 + d + d^2 features must never exist for all L rows. For every row-wise
-component (``random_features.ROW_WISE``: the maps of features/maps.py, elu, relu, rks, grelu) the lean
-paths must equal the stored-features path -- ``components.COMPONENTS[name](q, k, proj, mask=)`` then
+Taylor's 1 + d + d^2 features must never exist for all L rows. For every row-wise
+component (records with ``row_wise``: the maps of features/maps.py, elu, relu, rks, grelu) the lean
+paths must equal the stored-features path -- ``catalog.get(name).fn(q, k, proj, mask=)`` then
 ``linear_attention`` -- in value and in every gradient (q, k, v, the map's parameters), bidirectional and
 causal, with padded keys and a chunk that does not divide L; the causal one must keep the past
 independent of the future; the module must dispatch to them; and the compiled fwd+bwd must hold far
@@ -18,7 +18,8 @@ import pytest
 from kernelformer import registry
 from kernelformer.attention import linear
 from kernelformer.attention import random_features as rf
-from kernelformer.features import components, maps, weights
+from kernelformer.features import catalog
+from kernelformer.features import maps, weights
 from tests.attention.helpers import fast_jit
 
 B, L, D, DV, C = 2, 37, 8, 5, 8
@@ -34,13 +35,13 @@ def _inputs(seed=0, scale=0.8, n=L):
 
 
 def _params(name, seed=3):
-  if components.uses_projection(name) and name not in maps.LEARNED_MAPS and name != 'taylor':
+  if catalog.get(name).uses_projection and catalog.get(name).parameters is None:
     return weights.SAMPLERS['orf'](jax.random.PRNGKey(seed), 16, D)       # rks, grelu, polysketch: a W
   return maps.example_params(name, D, jax.random.PRNGKey(seed))          # None for parameter-free maps
 
 
 def _stored(name, mask, causal, chunk=C):
-  fn = components.COMPONENTS[name]
+  fn = catalog.get(name).fn
 
   def f(q, k, v, proj):
     pq, pk = fn(q, k, proj, mask=mask)
@@ -50,7 +51,7 @@ def _stored(name, mask, causal, chunk=C):
 
 
 def _lean(name, mask, causal, chunk=C):
-  fn = components.COMPONENTS[name]
+  fn = catalog.get(name).fn
 
   def f(q, k, v, proj):
     if causal:
@@ -78,14 +79,15 @@ def _assert_close(lean, stored, atol):
 
 
 def test_row_wise_set_covers_the_maps():
-  for comp, *_ in maps.KINDS.values():
-    assert comp in rf.ROW_WISE or comp in components.POSITIONAL
-  assert 'polysketch' in rf.ROW_WISE
+  row_wise = {r.name for r in catalog.records() if r.row_wise}
+  for r in maps.FEATURE_MAPS:
+    assert r.name in row_wise or r.positional
+  assert 'polysketch' in row_wise
   # Maps with a key statistic, a stabilizer shift or positions keep their own paths.
-  assert not rf.ROW_WISE & {'posrf', 'hyperbolic', 'trigrf', 'oprf', 'saderf', 'posrf_lra', 'cosformer'}
+  assert not row_wise & {'posrf', 'hyperbolic', 'trigrf', 'oprf', 'saderf', 'posrf_lra', 'cosformer'}
 
 
-@pytest.mark.parametrize('name', sorted(rf.ROW_WISE))
+@pytest.mark.parametrize('name', [n for n in catalog.names() if catalog.get(n).row_wise])
 def test_lean_equals_stored_values_and_gradients(name):
   """Both modes; row 0 has 7 padded keys, row 1 none; chunk 8 does not divide L = 37. The first query
   and key are positive, so no row of a relu-type map has a zero normalizer (that case is below)."""
@@ -115,7 +117,7 @@ def test_causal_zero_normalizer_row_gradients_match_the_quadratic_oracle():
   q, k, v, g = _inputs()
   q, k = q.at[0, 0].set(jnp.abs(q[0, 0])), k.at[0, 0].set(-jnp.abs(k[0, 0]))
   mask = jnp.arange(L)[None, :] < jnp.array([[L - 7], [L]])
-  fn = components.COMPONENTS['relu']
+  fn = catalog.get('relu').fn
 
   def quadratic(q, k, v, proj):
     pq, pk = fn(q, k, proj, mask=mask)
@@ -164,7 +166,7 @@ def test_causal_past_ignores_the_future_in_value_and_gradient(name):
 @pytest.mark.parametrize('causal', [False, True])
 def test_module_takes_the_lean_path_and_matches_the_stored_one(kind, options, causal, monkeypatch):
   """The module calls the lean functions for row-wise maps; outputs and gradients wrt q, k, v and the
-  map's parameters equal the stored path's (forced by emptying ``ROW_WISE``)."""
+  map's parameters equal the stored path's (forced by ``STORED_FEATURES_ONLY``)."""
   h, n = 2, 24
   ks = jax.random.split(jax.random.PRNGKey(5), 4)
   q, k, v, g = (jax.random.normal(kk, (1, n, h, D)) for kk in ks)
@@ -191,7 +193,7 @@ def test_module_takes_the_lean_path_and_matches_the_stored_one(kind, options, ca
 
   lean_grads, lean_out = run()
   assert calls and set(calls) == {'causal_feature_attention' if causal else 'feature_attention'}
-  monkeypatch.setattr(rf, 'ROW_WISE', frozenset())
+  monkeypatch.setattr(rf, 'STORED_FEATURES_ONLY', True)
   calls.clear()
   stored_grads, stored_out = run()
   assert not calls
@@ -215,7 +217,7 @@ def test_backward_does_not_store_taylor_features(causal):
   ks = jax.random.split(jax.random.PRNGKey(0), 4)
   q, k = (jax.random.normal(kk, (1, n, d)) for kk in ks[:2])
   v, g = (jax.random.normal(kk, (1, n, dv)) for kk in ks[2:])
-  fn = components.COMPONENTS['taylor']
+  fn = catalog.get('taylor').fn
 
   def temp(f):
     def fb(q, k, v):

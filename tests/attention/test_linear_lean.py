@@ -1,6 +1,6 @@
-"""``linear.exp_feature_attention``: features recomputed in the backward, not stored (issue 16, item 3).
+"""``linear.exp_feature_attention``: features recomputed in the backward, not stored.
 
-The lean path must equal the stored-features path (``components.COMPONENTS[name]`` + ``linear_attention``)
+The lean path must equal the stored-features path (``catalog.get(name).fn`` + ``linear_attention``)
 in value and in every gradient -- q, k, v and the floating leaves of W (dense, quadrature weights,
 FastFood's diagonals) -- with masks, ragged chunks and fully padded rows; inside the module it must
 give the same parameter gradients for learned samplers; and its compiled backward must not hold
@@ -15,7 +15,9 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.attention import linear
-from kernelformer.features import components, weights
+from kernelformer.attention import random_features as rf
+from kernelformer.features import catalog
+from kernelformer.features import weights
 from tests.attention.helpers import fast_jit
 
 B, L, D, M, DV = 2, 37, 8, 16, 5
@@ -32,7 +34,7 @@ def _inputs(seed=0, scale=0.8):
 
 def _stored(name, mask):
   def f(q, k, v, proj):
-    pq, pk = components.COMPONENTS[name](q, k, proj, mask=mask)
+    pq, pk = catalog.get(name).fn(q, k, proj, mask=mask)
     return linear.linear_attention(pq[:, :, None], pk[:, :, None], v[:, :, None],
                                    mask=mask)[:, :, 0]
   return f
@@ -40,7 +42,7 @@ def _stored(name, mask):
 
 def _lean(name, mask, chunk):
   def f(q, k, v, proj):
-    return linear.exp_feature_attention(components.LOG_SPACE_FORMS[name], q, k, v, proj, mask=mask,
+    return linear.exp_feature_attention(catalog.get(name).log_space, q, k, v, proj, mask=mask,
                                         chunk_size=chunk)
   return f
 
@@ -54,7 +56,7 @@ def _value_and_grads(f, q, k, v, proj, g):
   return out, floats
 
 
-@pytest.mark.parametrize('name', sorted(components.LOG_SPACE_FORMS))
+@pytest.mark.parametrize('name', [n for n in catalog.names() if catalog.get(n).log_space])
 @pytest.mark.parametrize('sampler', ['orf', 'sgq', 'fastfood'])
 def test_lean_equals_stored_values_and_gradients(name, sampler):
   q, k, v, g = _inputs()
@@ -96,7 +98,7 @@ def test_lean_large_norms_and_fully_padded_row():
 @pytest.mark.parametrize('kind', ['gmm-prf', 'fastfood-prf', 'posrf-sgq'])
 def test_module_gradients_match_stored_path(kind, monkeypatch):
   """The module takes the lean path for posrf; its gradients wrt q, k, v and the learned sampler's
-  parameters equal those of the stored path (forced by emptying ``LOG_SPACE_FORMS``)."""
+  parameters equal those of the stored path (forced by ``STORED_FEATURES_ONLY``)."""
   h = 2
   ks = jax.random.split(jax.random.PRNGKey(5), 4)
   q, k, v, g = (jax.random.normal(kk, (1, 24, h, D)) for kk in ks)
@@ -114,7 +116,7 @@ def test_module_gradients_match_stored_path(kind, monkeypatch):
         variables, q, k, v)
 
   lean_grads, lean_out = run()
-  monkeypatch.setattr(components, 'LOG_SPACE_FORMS', {})
+  monkeypatch.setattr(rf, 'STORED_FEATURES_ONLY', True)
   stored_grads, stored_out = run()
   np.testing.assert_allclose(lean_out, stored_out, rtol=1e-5, atol=1e-5)
   pairs = [(a, b) for a, b in zip(jax.tree.leaves(lean_grads), jax.tree.leaves(stored_grads))

@@ -89,7 +89,7 @@ def test_every_name_forward_and_grad_under_jit(name):
   q, k, v, mask = _inputs()
   weights = registry.get(name).fixed['weights']
   # Learned samplers, and the learned feature maps (features/maps.py; taylor only with map_dim > 0).
-  learnable = weights in learned.LEARNED or registry.get(name).fixed['component'] in maps.LEARNED_MAPS
+  learnable = weights in learned.LEARNED or (weights == 'map' and registry.get(name).fixed['component'] != 'taylor')
   has_init = weights in learned.LEARNED or weights == 'map'
 
   def run(q, k, v):

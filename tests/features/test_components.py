@@ -15,19 +15,20 @@ import numpy as np
 import pytest
 
 from kernelformer.attention.linear import linear_attention
+from kernelformer.features import catalog
 from kernelformer.features import components as C
 from kernelformer.features import maps
 from kernelformer.features.projection import FastFoodBlocks, Projection, dense_matrix
 
 D = 8
-ESTIMATORS = sorted(n for n, t in C.TARGET_KERNEL.items() if t != 'none')
+ESTIMATORS = sorted(r.name for r in catalog.records() if r.target_kernel != 'none')
 EXP_MAPS = ['trigrf', 'posrf', 'hyperbolic', 'oprf', 'saderf']
 
 
 @functools.partial(jax.jit, static_argnames=('name', 'stabilize'))
 def _features(name, q, k, proj, mask=None, stabilize=True):
   """The component under jit: one compile per shape instead of one per eager primitive (test time)."""
-  return C.COMPONENTS[name](q, k, proj, mask=mask, stabilize=stabilize)
+  return catalog.get(name).fn(q, k, proj, mask=mask, stabilize=stabilize)
 
 
 _attention = jax.jit(linear_attention)
@@ -35,9 +36,9 @@ _attention = jax.jit(linear_attention)
 
 def _proj_for(name, m, seed):
   """W for a random-feature component; features/maps.py's own parameters for its learned maps."""
-  if name in C.FEATURE_DIM:
+  if catalog.get(name).feature_dim is not None:
     return maps.example_params(name, D, jax.random.PRNGKey(seed), num_features=m, map_dim=4)
-  return _gauss_proj(seed, m) if C.uses_projection(name) else None
+  return _gauss_proj(seed, m) if catalog.get(name).uses_projection else None
 
 
 def _normal(seed: int, shape) -> jax.Array:
@@ -80,7 +81,7 @@ def _to_blhm(x):
 def test_estimate_converges_to_exact_kernel(name):
   q = _points(1, (2, 5, D), 0.5, 1.0)          # leading batch axis exercises the [..., L, d] contract
   k = _points(2, (2, 6, D), 0.5, 1.0)
-  exact = C.exact_kernel(C.TARGET_KERNEL[name], q, k)
+  exact = C.exact_kernel(catalog.get(name).target_kernel, q, k)
   errors = {}
   for m, seed in ((64, 11), (4096, 12)):
     t, pq, pk = _per_feature_products(name, q, k, _gauss_proj(seed, m))
@@ -199,7 +200,7 @@ def test_fastfood_projection_matches_dense():
 # Signs, shapes and the registry tables.
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+@pytest.mark.parametrize('name', sorted(catalog.names()))
 def test_feature_signs_and_shapes(name):
   q = _points(1, (2, 7, D), 0.5, 3.0)
   k = -_points(2, (2, 9, D), 0.5, 3.0)
@@ -207,18 +208,17 @@ def test_feature_signs_and_shapes(name):
   proj = _proj_for(name, m, 3)
   for stabilize in (True, False):
     pq, pk = _features(name, q, k, proj, stabilize=stabilize)
-    width = C.feature_count(name, m, D, map_dim=4 if proj is not None and name in maps.MAP_DIM_MAPS else 0)
+    width = catalog.get(name).feature_count(m, D, map_dim=4 if proj is not None and catalog.get(name).map_dim else 0)
     assert pq.shape == (2, 7, width) and pk.shape == (2, 9, width)
-    if name in C.POSITIVE:
+    if catalog.get(name).positive:
       assert bool(jnp.all(pq > 0)) and bool(jnp.all(pk > 0)), name
     if name == 'relu':
       assert bool(jnp.all(pq >= 0)) and bool(jnp.all(pk >= 0))
       np.testing.assert_array_equal(pq, jnp.maximum(q, 0.0))
     if name == 'elu':
       np.testing.assert_allclose(pq, jnp.where(q > 0, q + 1.0, jnp.exp(q)), rtol=1e-6)
-  assert set(C.COMPONENTS) == set(C.TARGET_KERNEL)
   with pytest.raises(ValueError, match='unknown component'):
-    C.feature_count('posrf_typo', m, D)
+    catalog.get('posrf_typo')
   with pytest.raises(ValueError, match='no exact kernel'):
     C.exact_kernel('none', q, k)
 
@@ -242,7 +242,7 @@ def test_stabilized_attention_equals_unstabilized(name, masked):
   for stabilize in (True, False):
     pq, pk = _features(name, q, k, proj, mask=kmask, stabilize=stabilize)
     outs.append(_attention(_to_blhm(pq), _to_blhm(pk), v, mask=mask))
-  if name in C.POSITIVE:
+  if catalog.get(name).positive:
     # Shifted features are only rescaled, and positive: no cancellation in the normalizer.
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)
   else:
@@ -251,7 +251,7 @@ def test_stabilized_attention_equals_unstabilized(name, masked):
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-4 * scale)
 
 
-@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+@pytest.mark.parametrize('name', sorted(catalog.names()))
 def test_valid_key_features_ignore_padding(name):
   """Padded keys change neither valid features nor data-dependent parameters (A, Psi), and are 0."""
   q = _points(1, (5, D), 0.5, 1.5)
@@ -287,7 +287,7 @@ def test_single_real_key_among_huge_padded_keys(name):
   np.testing.assert_allclose(out, jnp.broadcast_to(v[:, :1], out.shape), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+@pytest.mark.parametrize('name', sorted(catalog.names()))
 def test_large_norms_finite_forward_and_backward(name):
   """Norms up to 100 (queries and keys), no padding (batch 0) and all keys but one padded (batch 1):
   no NaN/Inf in the output or in the gradients for q, k, v and W."""
@@ -296,13 +296,13 @@ def test_large_norms_finite_forward_and_backward(name):
   k = _points(2, (b, h, l, D), 1.0, 100.0)
   v = _normal(3, (b, l, h, 4))
   mask = jnp.stack([jnp.ones((l,), bool), jnp.arange(l) < 1])
-  fn = C.COMPONENTS[name]
-  if name in C.FEATURE_DIM:        # features/maps.py: the map's own learned parameters
+  fn = catalog.get(name).fn
+  if catalog.get(name).feature_dim is not None:        # features/maps.py: the map's own learned parameters
     matrix = maps.example_params(name, D, jax.random.PRNGKey(4), num_features=32, map_dim=4)
     make = lambda p: p
   else:
     matrix = _normal(4, (32, D))
-    make = lambda m: Projection(matrix=m) if C.uses_projection(name) else None
+    make = lambda m: Projection(matrix=m) if catalog.get(name).uses_projection else None
 
   @jax.jit
   def loss_and_grads(q, k, v, matrix):
@@ -317,7 +317,7 @@ def test_large_norms_finite_forward_and_backward(name):
   assert bool(jnp.all(jnp.isfinite(out))) and math.isfinite(float(val))
   for g in jax.tree.leaves(grads):
     assert bool(jnp.all(jnp.isfinite(g))), name
-  if C.uses_projection(name) and matrix is not None:
+  if catalog.get(name).uses_projection and matrix is not None:
     # W is learnable (FastFoodL, GMM; the maps' own parameters): it gets a gradient.
     assert all(float(jnp.max(jnp.abs(g))) > 0.0 for g in jax.tree.leaves(grads[3])), name
 
@@ -326,7 +326,7 @@ def test_large_norms_finite_forward_and_backward(name):
 # Dtypes.
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('name', sorted(C.COMPONENTS))
+@pytest.mark.parametrize('name', sorted(catalog.names()))
 def test_bf16_in_bf16_out(name):
   """bf16 inputs: computed in float32, returned in bf16, finite, equal to the float32 result rounded."""
   # Shapes as in test_feature_signs_and_shapes, so the float32 reference reuses its compiled function.

@@ -19,7 +19,7 @@ import pytest
 
 from kernelformer import decoder, registry
 from kernelformer.attention import linear
-from kernelformer.features import components as C
+from kernelformer.features import catalog
 from kernelformer.features import maps
 
 D = 5
@@ -46,16 +46,16 @@ def test_features_and_kernel_equal_the_paper_in_float64():
   pos = np.array([[1, 2, 3, 4, 5, 6], [3, 4, 5, 6, 7, 8]], np.float64)
   horizon = np.array([6.0, 11.0])
   with jax.enable_x64(True):
-    pq, pk = C.COMPONENTS['cosformer'](jnp.asarray(q), jnp.asarray(k), None,
+    pq, pk = catalog.get('cosformer').fn(jnp.asarray(q), jnp.asarray(k), None,
                                        positions=(jnp.asarray(pos), jnp.asarray(pos), jnp.asarray(horizon)))
-    assert pq.dtype == jnp.float64 and pq.shape == (2, 6, 2 * D) == (2, 6, C.feature_count('cosformer', 0, D))
+    assert pq.dtype == jnp.float64 and pq.shape == (2, 6, 2 * D) == (2, 6, catalog.get('cosformer').feature_count(0, D))
     np.testing.assert_allclose(np.asarray(pq), ref_features(q, pos, horizon), rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(np.asarray(pk), ref_features(k, pos, horizon), rtol=1e-13, atol=1e-15)
     kern = np.einsum('blm,bsm->bls', np.asarray(pq), np.asarray(pk))
     np.testing.assert_allclose(kern, ref_scores(q, k, pos, pos, horizon), rtol=1e-12, atol=1e-14)
     # Without positions: the official code's 1..L, 1..S and M = max(L, S) (cosformer.py l. 106-112).
     q3 = q[:, :4]
-    pq, pk = C.COMPONENTS['cosformer'](jnp.asarray(q3), jnp.asarray(k), None)
+    pq, pk = catalog.get('cosformer').fn(jnp.asarray(q3), jnp.asarray(k), None)
     np.testing.assert_allclose(np.asarray(pq), ref_features(q3, np.arange(1, 5)[None], np.array([6.0, 6.0])),
                                rtol=1e-13, atol=1e-15)
     np.testing.assert_allclose(np.asarray(pk), ref_features(k, np.arange(1, 7)[None], np.array([6.0, 6.0])),
@@ -73,7 +73,7 @@ def test_linear_attention_equals_the_quadratic_reweighted_form_in_float64(causal
   v = rng.standard_normal((b, l, h, 3))
   pos, horizon = np.arange(1, l + 1, dtype=np.float64), float(l)
   with jax.enable_x64(True):
-    one = lambda qh, kh: C.COMPONENTS['cosformer'](qh, kh, None, positions=(pos, pos, horizon))
+    one = lambda qh, kh: catalog.get('cosformer').fn(qh, kh, None, positions=(pos, pos, horizon))
     pq, pk = jax.vmap(one, in_axes=(2, 2), out_axes=(2, 2))(jnp.asarray(q), jnp.asarray(k))
     pq, pk = np.asarray(pq), np.asarray(pk)
   assert pq.dtype == np.float64

@@ -1,4 +1,4 @@
-"""The feature maps of features/maps.py against float64 references written from their papers (issue 27).
+"""The feature maps of features/maps.py against float64 references written from their papers.
 
 Each reference below is a direct numpy transcription of the paper's formula (not of our code): Based's
 Taylor map (Arora et al. 2024, sec. 3.1), Hedgehog (Zhang et al. 2024), T2R (Kasai et al. 2021, eq. 4),
@@ -19,7 +19,7 @@ import pytest
 from scipy import special
 
 from kernelformer import registry
-from kernelformer.features import components as C
+from kernelformer.features import catalog
 from kernelformer.features import maps
 
 D = 6
@@ -77,7 +77,9 @@ def ref_phi(component: str, x: np.ndarray, params) -> np.ndarray:
 
 
 # cosFormer's features depend on each token's position too: tests/features/test_cosformer.py.
-COMPONENTS = sorted({comp for comp, *_ in maps.KINDS.values()} - C.POSITIONAL)
+# The maps of their own kind (not polysketch's random W: tests/features/test_polysketch.py).
+KINDS = {r.kind: r.name for r in maps.FEATURE_MAPS if not r.sampler}
+COMPONENTS = sorted(r.name for r in maps.FEATURE_MAPS if not r.sampler and not r.positional)
 
 
 def _params(component, map_dim=4, num_features=10):
@@ -96,13 +98,13 @@ def test_features_equal_the_paper_in_float64(component):
   with jax.enable_x64(True):
     for params in variants:
       p64 = None if params is None else tuple(jnp.asarray(np.asarray(a), jnp.float64) for a in params)
-      pq, pk = C.COMPONENTS[component](jnp.asarray(q), jnp.asarray(k), p64)
+      pq, pk = catalog.get(component).fn(jnp.asarray(q), jnp.asarray(k), p64)
       assert pq.dtype == jnp.float64
       np.testing.assert_allclose(np.asarray(pq), ref_phi(component, q, params), rtol=1e-12, atol=1e-14)
       np.testing.assert_allclose(np.asarray(pk), ref_phi(component, k, params), rtol=1e-12, atol=1e-14)
-      width = C.feature_count(component, 10, D, map_dim=0 if params is None else 4)
-      if component not in maps.MAP_DIM_MAPS:
-        assert width == C.feature_count(component, 10, D)
+      width = catalog.get(component).feature_count(10, D, map_dim=0 if params is None else 4)
+      if not catalog.get(component).map_dim:
+        assert width == catalog.get(component).feature_count(10, D)
       assert pq.shape[-1] == width
       kern = np.einsum('blm,bsm->bls', np.asarray(pq), np.asarray(pk))
       if component == 'taylor':                    # the kernel Based states: 1 + s/sqrt(d) + s^2/(2d)
@@ -148,10 +150,10 @@ def _ref_attention(pq, pk, v, mask, causal):
   return num / den
 
 
-@pytest.mark.parametrize('kind', sorted(k for k, v in maps.KINDS.items() if v[0] not in C.POSITIONAL))
+@pytest.mark.parametrize('kind', sorted(k for k, comp in KINDS.items() if not catalog.get(comp).positional))
 def test_every_map_kind_attends_as_its_reference(kind):
   """Module output (float32) = float64 attention formed from the reference features, masked, both ways."""
-  comp = maps.KINDS[kind][0]
+  comp = KINDS[kind]
   b, l, h = 2, 9, 2
   rng = np.random.default_rng(1)
   # Positive inputs for the maps whose rows could otherwise have a zero normalizer (relu-based maps,
@@ -172,7 +174,7 @@ def test_every_map_kind_attends_as_its_reference(kind):
   for causal in (False, True):
     out = module.apply({**variables, 'params': params}, *args, mask=jnp.asarray(mask), causal=causal,
                        rngs={'features': jax.random.PRNGKey(1)})
-    pq = np.zeros(q.shape[:3] + (C.feature_count(comp, 10, D, map_dim=4),))
+    pq = np.zeros(q.shape[:3] + (catalog.get(comp).feature_count(10, D, map_dim=4),))
     pk = np.zeros_like(pq)
     for hh in range(h):
       head = tuple(np.asarray(params[n][hh]) for n in names) if names else None

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer import registry
-from kernelformer.features import components as C
+from kernelformer.features import catalog
 from kernelformer.features import weights
 from kernelformer.features.projection import dense_matrix
 from tests.attention.helpers import fast_jit
@@ -51,13 +51,13 @@ def test_features_equal_official_formula_given_the_same_w():
       q64, k64 = jnp.asarray(np.asarray(q), jnp.float64), jnp.asarray(np.asarray(k), jnp.float64)
       proj64 = jax.tree.map(lambda a: jnp.asarray(np.asarray(a), jnp.float64)
                             if jnp.issubdtype(a.dtype, jnp.floating) else a, proj)
-      pq, pk = C.COMPONENTS['grelu'](q64, k64, proj64)
+      pq, pk = catalog.get('grelu').fn(q64, k64, proj64)
       for got, x in ((pq, q64), (pk, k64)):
         assert got.dtype == jnp.float64
         want = _official_features(x, jnp.asarray(w))
         np.testing.assert_allclose(np.asarray(got) * np.sqrt(M), np.asarray(want), rtol=1e-6,
                                    atol=1e-6, err_msg=samp)
-    pq32, _ = fast_jit(lambda q, k, p: C.COMPONENTS['grelu'](q, k, p))(q, k, proj)
+    pq32, _ = fast_jit(lambda q, k, p: catalog.get('grelu').fn(q, k, p))(q, k, proj)
     np.testing.assert_allclose(np.asarray(pq32) * np.sqrt(M), np.asarray(_official_features(q, w)),
                                rtol=1e-5, atol=1e-6, err_msg=samp)
 
@@ -66,7 +66,7 @@ def test_padded_keys_get_zero_features_not_eps():
   q, k, _ = _qk(2)
   proj = weights.SAMPLERS['orf'](jax.random.PRNGKey(1), M, D)
   mask = jnp.arange(k.shape[0]) < 4
-  _, pk = C.COMPONENTS['grelu'](q, k, proj, mask=mask)
+  _, pk = catalog.get('grelu').fn(q, k, proj, mask=mask)
   np.testing.assert_array_equal(np.asarray(pk[4:]), 0.0)
   assert bool(jnp.all(pk[:4] >= 0.001 / np.sqrt(M) * (1 - 1e-6)))
 
@@ -92,4 +92,4 @@ def test_registered_names_and_spec():
   assert registry.get('performer-relu-det').fixed == {'component': 'grelu_det', 'weights': 'none'}
   # The deterministic relu stays what it was (no epsilon).
   assert registry.get('relu').fixed['component'] == 'relu'
-  assert C.TARGET_KERNEL['grelu'] == 'none'           # no d^-1/4 scaling, as normalize_data=False
+  assert catalog.get('grelu').target_kernel == 'none'           # no d^-1/4 scaling, as normalize_data=False

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer import registry
-from kernelformer.features import components as C
+from kernelformer.features import catalog
 from kernelformer.features import maps
 from kernelformer.features.projection import Projection
 
@@ -48,9 +48,9 @@ def test_features_equal_the_definition_and_are_a_non_negative_kernel():
   q, k = 2.0 * rng.standard_normal((2, 5, D)), 2.0 * rng.standard_normal((2, 7, D))
   w = rng.standard_normal((10, D))
   with jax.enable_x64(True):
-    pq, pk = C.COMPONENTS['polysketch'](jnp.asarray(q), jnp.asarray(k), Projection(matrix=jnp.asarray(w)))
+    pq, pk = catalog.get('polysketch').fn(jnp.asarray(q), jnp.asarray(k), Projection(matrix=jnp.asarray(w)))
   pq, pk = np.asarray(pq), np.asarray(pk)
-  assert pq.dtype == np.float64 and pq.shape[-1] == 15 == C.feature_count('polysketch', 10, D)
+  assert pq.dtype == np.float64 and pq.shape[-1] == 15 == catalog.get('polysketch').feature_count(10, D)
   np.testing.assert_allclose(pq, ref_phi(q, w), rtol=1e-12, atol=1e-15)
   np.testing.assert_allclose(pk, ref_phi(k, w), rtol=1e-12, atol=1e-15)
   kern = np.einsum('blm,bsm->bls', pq, pk)
@@ -60,9 +60,9 @@ def test_features_equal_the_definition_and_are_a_non_negative_kernel():
   # An odd num_features: r = floor(M/2), the last row unused (the registry-wide suites use M = 9).
   w11 = np.concatenate([w, rng.standard_normal((1, D))])
   with jax.enable_x64(True):
-    pq11, _ = C.COMPONENTS['polysketch'](jnp.asarray(q), jnp.asarray(k), Projection(matrix=jnp.asarray(w11)))
+    pq11, _ = catalog.get('polysketch').fn(jnp.asarray(q), jnp.asarray(k), Projection(matrix=jnp.asarray(w11)))
   np.testing.assert_array_equal(np.asarray(pq11), pq)
-  assert C.feature_count('polysketch', 11, D) == 15
+  assert catalog.get('polysketch').feature_count(11, D) == 15
 
 
 def _draws(r, n, seed):
@@ -78,7 +78,7 @@ def _estimates(q, k, ws):
   with jax.enable_x64(True):
     def one(w):
       proj = Projection(matrix=w)
-      pq, pk = C.COMPONENTS['polysketch'](jnp.asarray(q), jnp.asarray(k), proj)
+      pq, pk = catalog.get('polysketch').fn(jnp.asarray(q), jnp.asarray(k), proj)
       sq, sk = maps.polysketch_sketch(jnp.asarray(q), proj), maps.polysketch_sketch(jnp.asarray(k), proj)
       return jnp.sum(sq * sk), jnp.sum(pq * pk)
     deg2, deg4 = jax.jit(jax.vmap(one))(jnp.asarray(ws))

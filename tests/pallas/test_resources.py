@@ -1,4 +1,5 @@
-"""The offline resource check (kernelformer/pallas/resources.py) and the fit gate of impl='auto'.
+"""The offline resource check (kernelformer/pallas/resource_check.py), the verdict table it writes
+(resources.py reads it) and the fit gate of impl='auto'.
 
 No triton needed: ptxas output is parsed from a recorded sample, limits are checked on made-up
 results, the exporter's Triton IR is checked for the launch configuration ``tiling()`` chooses, and
@@ -12,7 +13,7 @@ import json
 import jax.numpy as jnp
 import pytest
 
-from kernelformer.pallas import resources
+from kernelformer.pallas import resource_check, resources
 
 fa = importlib.import_module('kernelformer.pallas.feature_attention')
 
@@ -26,7 +27,7 @@ ptxas-blackwell info    : Used 255 registers, used 1 barriers, 26608 bytes cumul
 
 
 def test_parse_ptxas():
-  r = resources.parse_ptxas(SAMPLE) if hasattr(resources, 'parse_ptxas') else None
+  r = resource_check.parse_ptxas(SAMPLE) if hasattr(resources, 'parse_ptxas') else None
   if r is None:
     worker = importlib.import_module('kernelformer.pallas.ptxas_worker')
     r = worker.parse_ptxas(SAMPLE)
@@ -39,30 +40,30 @@ def _res(regs=128, stores=0, loads=0, shared=1000):
 
 
 def test_limits():
-  assert resources.fits(_res(), '90a', 4)
-  assert resources.fits(_res(regs=255), '90a', 8)           # 255 x 256 threads <= 65536
-  assert not resources.fits(_res(regs=255), '90a', 16)      # the block's register file
-  assert not resources.fits(_res(stores=4), '90a', 4)
-  assert not resources.fits(_res(loads=4), '90a', 4)
-  assert resources.fits(_res(shared=232448), '90a', 4)
-  assert not resources.fits(_res(shared=232449), '90a', 4)
-  assert not resources.fits(_res(shared=200000), '80', 4)   # A100: 166,912 B
-  assert not resources.fits({'error': 'x'}, '90a', 4)
+  assert resource_check.fits(_res(), '90a', 4)
+  assert resource_check.fits(_res(regs=255), '90a', 8)           # 255 x 256 threads <= 65536
+  assert not resource_check.fits(_res(regs=255), '90a', 16)      # the block's register file
+  assert not resource_check.fits(_res(stores=4), '90a', 4)
+  assert not resource_check.fits(_res(loads=4), '90a', 4)
+  assert resource_check.fits(_res(shared=232448), '90a', 4)
+  assert not resource_check.fits(_res(shared=232449), '90a', 4)
+  assert not resource_check.fits(_res(shared=200000), '80', 4)   # A100: 166,912 B
+  assert not resource_check.fits({'error': 'x'}, '90a', 4)
 
 
 def test_matrix_covers_every_kernel_family():
-  full = resources.cases()
+  full = resource_check.cases()
   # 2 modes x (exp, trig: 3 M) + (elu, relu) x 3 d x 2 dtypes
   assert len(full) == 2 * (2 * 3 + 2) * 3 * 2
   assert {c.feature for c in full} == set(fa.FEATURES)
-  quick = resources.cases(quick=True)
+  quick = resource_check.cases(quick=True)
   assert {(c.m, c.d) for c in quick} <= {(256, 128), (None, 128)}
 
 
 def test_export_uses_the_chosen_tiling():
-  case = resources.Case('causal', 'exp', 64, 32, 'bfloat16')
-  tl = resources.launch(case)
-  kernels = resources.export_kernels(case)
+  case = resource_check.Case('causal', 'exp', 64, 32, 'bfloat16')
+  tl = resource_check.launch(case)
+  kernels = resource_check.export_kernels(case)
   names = [k['name'] for k in kernels]
   assert names == ['fwd_causal_states', 'fwd_causal', 'bwd_causal_q', 'bwd_causal_k'], names
   for k in kernels:
@@ -75,10 +76,10 @@ def test_export_uses_the_chosen_tiling():
 def test_export_uses_the_value_tile():
   """Causal float32 d = 64: the table's value tile (block_v = 32 of dv = 64) is what the backward
   kernels hold of v, g and the states (``[16, 32]`` tiles); the forward holds all of dv."""
-  case = resources.Case('causal', 'exp', 64, 64, 'float32')
-  tl = resources.launch(case)
+  case = resource_check.Case('causal', 'exp', 64, 64, 'float32')
+  tl = resource_check.launch(case)
   assert tl.block == 16 and tl.block_v == 32
-  kernels = {k['name']: k['ttir'] for k in resources.export_kernels(case)}
+  kernels = {k['name']: k['ttir'] for k in resource_check.export_kernels(case)}
   for name in ('bwd_causal_q', 'bwd_causal_k'):
     assert 'tensor<16x32xf32>' in kernels[name], name
   assert 'tensor<16x32xf32>' not in kernels['fwd_causal']
@@ -145,8 +146,8 @@ def test_write_table_merges_by_case(tmp_path):
   path = str(tmp_path / 'r.json')
   e = {'mode': 'causal', 'feature': 'elu', 'num_features': 32, 'head_dim': 32, 'dtype': 'float32',
        'tiling': [64, 32, 4, 2], 'fits': False}
-  resources.write_table([e], path)
-  resources.write_table([dict(e, fits=True), dict(e, dtype='bfloat16')], path)
+  resource_check.write_table([e], path)
+  resource_check.write_table([dict(e, fits=True), dict(e, dtype='bfloat16')], path)
   got = resources.load_table(path)
   assert len(got) == 2 and all(x['fits'] for x in got if x['dtype'] == 'float32')
 
@@ -162,9 +163,9 @@ def test_cli_without_triton_is_one_line(capsys):
 def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   """Exit 1 on any non-fitting kernel; with --require table only for cases resources.json lists."""
   from kernelformer.commands import benchmark
-  listed = resources.Case('bidirectional', 'exp', 128, 64, 'bfloat16')
-  other = resources.Case('causal', 'trig', 256, 128, 'float32')
-  tl = resources.launch(listed)
+  listed = resource_check.Case('bidirectional', 'exp', 128, 64, 'bfloat16')
+  other = resource_check.Case('causal', 'trig', 256, 128, 'float32')
+  tl = resource_check.launch(listed)
   _table(tmp_path, monkeypatch, [
       {'mode': 'bidirectional', 'feature': 'exp', 'num_features': 128, 'head_dim': 64,
        'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True,
@@ -174,12 +175,12 @@ def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   verdict = {}
 
   def fake_run(quick, archs, py, jobs, only=None):
-    rows = [{'case': c, 'tiling': resources.launch(c), 'kernel': 'fwd', 'num_warps': 8,
+    rows = [{'case': c, 'tiling': resource_check.launch(c), 'kernel': 'fwd', 'num_warps': 8,
              'num_stages': 1, '90a': verdict[c]} for c in (listed, other)]
     return rows, {'export_s': 0.0, 'compile_s': 0.0, 'distinct': 2}
 
-  monkeypatch.setattr(resources, 'run', fake_run)
-  monkeypatch.setattr(resources, 'find_triton_python', lambda explicit=None: 'python')
+  monkeypatch.setattr(resource_check, 'run', fake_run)
+  monkeypatch.setattr(resource_check, 'find_triton_python', lambda explicit=None: 'python')
   args = ['pallas-resources', '--arch', '90a']
   verdict.update({listed: good, other: good})
   assert benchmark.run(args) == 0
@@ -189,3 +190,9 @@ def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   assert 'DOES NOT FIT: causal trig M=256 d=128 float32 fwd' in capsys.readouterr().out
   verdict.update({listed: bad, other: good})
   assert benchmark.run(args + ['--require', 'table']) == 1     # a listed case broke
+
+
+def test_the_tools_padding_is_the_kernels():
+  """resource_check keys the table by the widths the kernels pad to (feature_attention's own rule)."""
+  for n in range(1, 600):
+    assert resource_check.pow2_at_least(n) == fa._pow2_at_least(n), n  # pylint: disable=protected-access
