@@ -18,10 +18,12 @@ Presets (``--config configs/mqar.py:<preset>``):
                 positions (``max_position_embeddings=input_seq_len`` for attention), no MLP
                 (``state_mixer=torch.nn.Identity``: ``model.state_mixer='identity'``), output tied to
                 the embedding. For the other mixers Zoology uses ``short_conv=3`` (see ``cpu``).
-                GPU-scale; not run here.
+                Validation (every epoch, 3,000 examples) above 0.99 accuracy ends the run
+                (``early_stop_accuracy``; ``zoology/config.py`` 132-133, ``train.py`` 197-205).
+                The panel at this budget: configs/sweeps/zoology_fig2_full.py (not run here yet).
   cpu           the same task and model at CPU scale (docs/recall.md): batch 64, 10,000 training
                 examples, 500 test, the step count of configs/sweeps/zoology_fig2.py.
-  legacy_quick  this repository's MQAR before issue 22 (task ``mqar_legacy``: vocabulary 32, values with
+  legacy_quick  this repository's MQAR before it followed Zoology's generator (task ``mqar_legacy``: vocabulary 32, values with
                 replacement, each value repeated after its query; 2 layers of 64 dims, 2 heads, 800
                 steps at lr 3e-3, softmax; test accuracy 0.9995, docs/causal.md). Kept for the runs
                 measured on it (configs/sweeps/recall.py).
@@ -113,6 +115,8 @@ def get_config(preset: str = 'cpu'):
   c.model.dropout_rate = 0.0
   c.model.state_mixer = 'mlp'
   c.model.short_conv = 0
+  # > 0: validation accuracy above this ends the run (at an evaluation; the trainer's stopping rule).
+  c.early_stop_accuracy = 0.0
   if preset == 'zoology':
     recall_data(c, vocab_size=ZOOLOGY_VOCAB, num_pairs=4, length=64, num_train=100_000,
                 num_eval=3_000)
@@ -120,6 +124,9 @@ def get_config(preset: str = 'cpu'):
     zoology_optim(c, learning_rate=1e-3, num_train_steps=64 * 196, batch_size=512)
     c.eval_every = 196               # Zoology evaluates every epoch
     c.checkpoint_every = 196 * 8
+    # zoology/config.py 132-133 (early_stopping_metric 'valid/accuracy', threshold 0.99) and
+    # zoology/train.py 197-205 (after each epoch's evaluation, accuracy > 0.99 ends the run), d88d6f5.
+    c.early_stop_accuracy = 0.99
   elif preset == 'cpu':
     recall_data(c, vocab_size=ZOOLOGY_VOCAB, num_pairs=4, length=64, num_train=10_000, num_eval=500)
     zoology_model(c, dim=64)

@@ -3,7 +3,7 @@
   kernelformer train --config configs/listops.py:quick --workdir runs/listops_quick
   kernelformer kernels                        # every kernel: aliases, paper, options and defaults
   kernelformer config listops:quick           # the resolved config; --presets lists a task's presets
-  kernelformer sweep ... / report ... / prepare-data ... / benchmark ...
+  kernelformer sweep ... / report ... / prepare-data ... / benchmark ... / reproduce ...
 
 ``kernelformer COMMAND --help`` lists the command's flags and what can be chosen (presets, config
 fields, kernels, named sweeps, papers) and exits 0. The subcommands live in ``kernelformer/commands``;

@@ -31,20 +31,18 @@ block of tokens -- state in the ``cache`` collection; start from ``init_cache``)
 Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind, with the key
 projection scaled x1, x10 and x30): the step draws W with the mechanism's own ``_projection`` under the
 same module path (``mechanism``), so it gets the same ``make_rng('features')`` key and the same
-learned-sampler parameters. Both use the same running stabiliser: the full forward shifts the key
-features of chunk n by the running max of the key exponents over chunks 0..n (``features/components.py``
-``causal_chunk``) and rescales the carried prefix state when that max grows (``attention/linear.py``
-``key_shift``); the step carries that running max in the cache (``key_shift [B, H, M']``) next to the
-state, continues it over the new tokens (``components`` ``shift_init``) and rescales the state the same
-way (``linear.causal_linear_attention``). Every shift cancels in the normalized output. A step of one
-token is the forward with chunk size 1 (a step cannot see the later keys of a chunk); a block of T tokens
-(``decode=True`` with ``inputs [B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) uses the
-chunk size of the full forward, so blocks that start on chunk boundaries reproduce its shifts exactly.
-Under RPE (feature cache, one token per call) the cached key features are rescaled when the running
-max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound (the record's ``unit_key_shift``),
-the full forward's too. Limit, of the full forward: within a chunk its shift includes the chunk's later
-keys, so at large key norms (x10 here) a row whose visible keys all lie far below a later key of its
-chunk underflows, where the step (and chunk size 1) does not.
+learned-sampler parameters. Both use the same running stabiliser: every row's key and query features
+are shifted by the running max of the key exponents over the keys up to that row
+(``features/components.py`` ``causal_chunk``), and the chunked forward moves each product of a query
+block and an earlier key block onto the key block's last shift (``attention/linear.py`` ``key_shift``);
+the step carries that running max in the cache (``key_shift [B, H, M']``) next to the state, continues
+it over the new tokens (``components`` ``shift_init``) and rescales the state when it grows
+(``linear.causal_linear_attention``). Every shift cancels in the normalized output, and no key after a
+row enters its shift, so a step of one token, a block of T tokens (``decode=True`` with ``inputs
+[B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) and the full forward at any chunk size
+agree at every key norm. Under RPE (feature cache, one token per call) the cached key features are
+rescaled when the running max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound
+the record's ``unit_key_shift``, the full forward's too.
 
 Kinds refused with one line (``causal_problem``): those whose module raises for ``causal=True``
 (Nystromformer, Linformer, Skyformer: landmarks/projections mix all positions) and OPRF / SADERF, whose

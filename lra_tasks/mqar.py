@@ -32,7 +32,7 @@ None and the decoder attends to every position, as Zoology's model does. With ``
 the decoder computes logits only at those positions (the loss is the same; the ``V``-wide output
 projection runs on ``N`` rows instead of ``L``). False gives ``targets int32[L]``, 0 off the queries.
 
-**Legacy MQAR** (``mqar_legacy``, this repository's variant before issue 22, kept for its measured
+**Legacy MQAR** (``mqar_legacy``, this repository's variant before it followed Zoology's generator, kept for its measured
 runs): vocabulary ``0`` padding, ``1`` filler, keys ``[2, 2 + K)``, values ``[2 + K, V)`` with
 ``K = (V - 2) // 2``, values drawn **with** replacement, query slots uniform, and every queried key
 followed by its value -- so a later query can be answered by elimination among the values not yet
@@ -384,7 +384,7 @@ class MQARTask(_RecallTask):
 
 
 class LegacyMQARTask(_RecallTask):
-  """This repository's MQAR before issue 22 (module docstring, ``mqar_legacy``)."""
+  """This repository's MQAR before it followed Zoology's generator (module docstring, ``mqar_legacy``)."""
 
   name = 'mqar_legacy'
 

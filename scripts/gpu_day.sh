@@ -6,7 +6,16 @@
 #   bash scripts/gpu_day.sh listops OUT_DIR SECONDS KIND.. # part 2: ListOps at the Skyformer preset, each
 #                                                          #   KIND trained for SECONDS, then tested
 #   bash scripts/gpu_day.sh all OUT_DIR BUDGET_SCALE SECONDS KIND..   # both in one call (one machine start)
-#   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # issue 24 item 3: causal posrf-orf vs the
+#   bash scripts/gpu_day.sh reproduce OUT_DIR              # first on any lent GPU (<= 9 device-minutes):
+#                                                          #   Skyformer table 1 ListOps for performer-skyformer
+#                                                          #   and skyformer CONCURRENTLY on the one GPU, the full
+#                                                          #   50k-step schedule; Zoology figure 2's attention
+#                                                          #   point (64 / 4 pairs, d 64, 4 lrs) meanwhile;
+#                                                          #   OUT_DIR/results.{json,md}. KF_REPRODUCE_DRY=1: a
+#                                                          #   CPU dry run at tiny sizes (the test suite's);
+#                                                          #   KF_REPRODUCE_INSTABILITY=1 adds Skyformer table
+#                                                          #   3's ListOps column beside the ListOps pair
+#   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
 #                                                          #   64K cells do not fit the CPU machine;
@@ -21,7 +30,7 @@
 # Python packages the device image lacks travel as wheels in .whl/ (see docs/reproduce.md, "GPU day");
 # the image's own jax/flax/optax/orbax are used and their versions printed first.
 set -u
-mode=${1:?usage: gpu_day.sh check|listops|all|causal OUT_DIR ...}
+mode=${1:?usage: gpu_day.sh check|listops|all|reproduce|causal OUT_DIR ...}
 out=${2:?OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -79,6 +88,132 @@ causal)
   echo "causal b8h8 rc ${PIPESTATUS[0]}"
   timeout ${KF_CAUSAL_TIMEOUT:-200} "${b[@]}" --batch 1 --heads 2 --name gpu_causal_b1h2 2>&1 | tail -n 12
   echo "causal b1h2 rc ${PIPESTATUS[0]}"
+  ;;
+reproduce)
+  # Time line on an H100 (posrf-orf: 196 steps/s alone at this preset): the ListOps data is generated
+  # (~2 min, CPU) while the four Zoology runs share the GPU; then the ListOps kinds train side by side
+  # for at most KF_REPRODUCE_LISTOPS_SECONDS. A run its limit stops (SIGINT: the trainer checkpoints)
+  # is tested at the step it reached and its row says "truncated", never a full-schedule number.
+  py=${KF_PYTHON:-python3}
+  kinds=${KF_REPRODUCE_KINDS:-performer-skyformer skyformer}
+  sky_secs=${KF_REPRODUCE_LISTOPS_SECONDS:-300}
+  zoo_secs=${KF_REPRODUCE_ZOOLOGY_SECONDS:-150}
+  # np.logspace(-4, -2, 4), descending (configs/sweeps/zoology_fig2_full.py)
+  zlrs=${KF_REPRODUCE_ZOOLOGY_LRS:-0.01 0.0021544346900318843 0.00046415888336127773 0.0001}
+  runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
+  zcfg=configs/mqar.py:zoology
+  lo_tiny=(); zo_tiny=(); in_tiny=()
+  if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # tiny sizes: the same commands in seconds on a CPU
+    cfg=${KF_GPU_CONFIG:-configs/listops.py:tiny}
+    lo_tiny=(--config.num_train_steps=4 --config.eval_every=2 --config.checkpoint_every=2)
+    # the skyformer preset on listops:tiny's data, a 16-dim model, 3 steps, 2 seeds
+    in_tiny=(--steps 3 --set data.max_length=32 --set data.min_gen_length=8 --set data.max_gen_length=32
+             --set data.max_depth=3 --set data.max_args=3 --set data.num_train=256 --set data.num_val=64
+             --set data.num_test=64 --set model.emb_dim=16 --set model.qkv_dim=16 --set model.mlp_dim=32
+             --set batch_size=4 --set model.attention.num_landmarks=8 --set model.attention.num_features=8)
+    zo_tiny=(--config.data.num_train=512 --config.data.num_val=64 --config.data.num_test=64
+             --config.batch_size=16 --config.num_train_steps=4 --config.eval_every=2
+             --config.checkpoint_every=2 --config.model.emb_dim=16 --config.model.qkv_dim=16)
+  fi
+  rm -rf "$runs"; mkdir -p "$runs"
+  cmds=(); table=(); skipped=()
+  ok=()
+  for kind in $kinds; do
+    if $py -c "import sys; from kernelformer import registry; registry.get(sys.argv[1])" "$kind" 2>/dev/null; then
+      ok+=("$kind")
+    else
+      echo "reproduce: attention kind $kind is not registered in this checkout; skipped (set KF_REPRODUCE_KINDS)"
+      skipped+=("$kind: not registered in this checkout")
+    fi
+  done
+  prep=(-m kernelformer prepare-data --config "$cfg" --data_dir "$data")
+  ($py "${prep[@]}" > "$runs/prepare.log" 2>&1; echo "prepare rc $?" >> "$runs/prepare.log") &
+  prep_pid=$!
+  cmds+=("python3 ${prep[*]}")
+  # Zoology figure 2 (64, 4), attention, d_model 64: the four learning rates side by side.
+  zpids=()
+  for lr in $zlrs; do
+    wd=$runs/zoology-d64-lr$lr
+    zc=(-m kernelformer train --config "$zcfg" --workdir "$wd" --config.optim.learning_rate="$lr"
+        --config.progress=False "${zo_tiny[@]}")
+    printf '%s\n' "${zc[@]}" > "$wd.cmd"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout -s INT "$zoo_secs" $py "${zc[@]}" > "$wd.log" 2>&1 &
+    zpids+=($!); cmds+=("timeout -s INT $zoo_secs python3 ${zc[*]}")
+    table+=(--run "zoology-fig2-L64-d64:softmax lr $lr=$wd")
+  done
+  for p in "${zpids[@]}"; do wait "$p"; done
+  wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
+  # Skyformer table 1, ListOps: the kinds side by side on the one GPU.
+  spids=()
+  if [ -n "${KF_REPRODUCE_INSTABILITY:-}" ]; then
+    # Opt-in: Skyformer table 3's ListOps column (kernelformer reproduce instability) beside the pair,
+    # writing OUT/instability-listops.{json,md} after every kind (a time limit keeps what finished).
+    ic=(-m kernelformer reproduce instability --task listops --seeds "${KF_REPRODUCE_INSTABILITY_SEEDS:-3}"
+        --set data.data_dir="$data" --out_dir "$out" "${in_tiny[@]}")
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.15 timeout -s INT "$sky_secs" $py "${ic[@]}" > "$runs/instability.log" 2>&1 &
+    spids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${ic[*]}")
+  fi
+  for kind in "${ok[@]}"; do
+    wd=$runs/listops-$kind
+    sc=(-m kernelformer train --config "$cfg" --workdir "$wd" --config.data.data_dir="$data"
+        --config.model.attention.kind="$kind" --config.progress=False "${lo_tiny[@]}")
+    if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # 8 landmarks / features at the tiny length
+      case $kind in skyformer|nystromformer) sc+=(--config.model.attention.num_landmarks=8) ;;
+                    *) sc+=(--config.model.attention.num_features=8) ;; esac
+    fi
+    printf '%s\n' "${sc[@]}" > "$wd.cmd"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 timeout -s INT "$sky_secs" $py "${sc[@]}" > "$wd.log" 2>&1 &
+    spids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${sc[*]}")
+    table+=(--run "skyformer-table1-listops:$kind=$wd")
+  done
+  for p in "${spids[@]}"; do wait "$p"; done
+  # Runs stopped by their limit: tested at the step they reached (best-validation checkpoint).
+  for arg in "${table[@]}"; do
+    case "$arg" in --run) continue ;; esac
+    wd=${arg#*=}
+    [ -f "$wd/results.json" ] && continue
+    step=$(ls "$wd/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
+    if [ -z "$step" ]; then echo "$wd: no checkpoint"; tail -n 5 "$wd.log"; continue; fi
+    mapfile -t rerun < "$wd.cmd"
+    rerun+=(--config.num_train_steps="$step" --config.allow_config_change=True)
+    timeout 120 $py "${rerun[@]}" >> "$wd.log" 2>&1
+    echo "$wd: stopped at step $step, tested there (rc $?)"
+    cmds+=("python3 ${rerun[*]}")
+  done
+  $py - "$out/env.json" "${skipped[@]}" <<'PYEOF' || echo "environment record failed"
+import json, platform, subprocess, sys
+import jax, flax, optax, numpy
+try:
+  import orbax.checkpoint as ocp
+  orbax = getattr(ocp, '__version__', '?')
+except Exception:  # pylint: disable=broad-except
+  orbax = 'absent'
+def sh(*a):
+  try:
+    return subprocess.run(a, capture_output=True, text=True, timeout=20).stdout.strip()
+  except Exception:  # pylint: disable=broad-except
+    return ''
+gpu = sh('nvidia-smi', '--query-gpu=name,driver_version,memory.total', '--format=csv,noheader')
+env = {'device': gpu or f'{jax.devices()[0].device_kind} ({platform.processor() or platform.machine()})',
+       'versions': f'jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, '
+                   f'orbax {orbax}, numpy {numpy.__version__}, python {platform.python_version()}',
+       'git_commit': sh('git', 'rev-parse', 'HEAD'), 'skipped': sys.argv[2:]}
+with open(sys.argv[1], 'w') as f:
+  json.dump(env, f)
+PYEOF
+  $py - "$out/env.json" "${cmds[@]}" <<'PYEOF'
+import json, sys
+env = json.load(open(sys.argv[1])) if __import__('os').path.exists(sys.argv[1]) else {}
+env['commands'] = sys.argv[2:]
+json.dump(env, open(sys.argv[1], 'w'))
+PYEOF
+  $py -m kernelformer.reproduce.gpu_table --out "$out" --env "$out/env.json" "${table[@]}"
+  if [ -f "$out/instability-listops.md" ]; then
+    { echo; cat "$out/instability-listops.md"; } >> "$out/results.md"
+    cat "$out/instability-listops.md"
+  fi
+  for f in "$runs"/*.log; do cp "$f" "$out/" 2>/dev/null; done
+  for d in "$runs"/*/; do n=$(basename "$d"); [ -f "$d/results.json" ] && cp "$d/results.json" "$out/results-$n.json"; done
   ;;
 listops)
   secs=${3:?SECONDS}; shift 3

@@ -45,8 +45,7 @@ if not flags.FLAGS.is_parsed():
 # ``slow``: the end-to-end tests that take longest on 2 cores (pytest --durations: each 4-70 s).
 # Matched by test function name.
 SLOW_TESTS = frozenset({
-    # Moved to the second command when the first reached 7.4-8 min (issue 24, third session): the
-    # slowest single tests of the first, 4-11 s each (pytest --durations).
+    # The slowest single tests otherwise, 4-11 s each (pytest --durations).
     'test_dry_run_lists_jobs_without_a_scheduler',
     'test_bfloat16_computes_in_bfloat16',
     'test_chunked_projection_equals_whole',

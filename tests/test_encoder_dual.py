@@ -1,4 +1,4 @@
-"""The Retrieval dual encoder is siamese for EVERY registered mechanism (issue 13, item 1).
+"""The Retrieval dual encoder is siamese for EVERY registered mechanism.
 
 LRA's Retrieval task encodes two documents with one shared encoder and classifies [u, v, u*v, u-v].
 "Shared" must include the random features, landmarks and their redraws: two identical documents

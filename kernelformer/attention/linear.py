@@ -58,15 +58,17 @@ def linear_attention(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None
                      eps: float = DEFAULT_EPS, key_shift: Array | None = None) -> Array:
   """Normalized linear attention; returns ``[B, L, H, Dv]`` in ``v.dtype``.
 
-  ``key_shift [B, N, H, M]`` (causal only; N = number of chunks of ``chunk_size``): the features were
-  formed with a per-chunk running key max (``components._exp_shifted(causal_chunk=chunk_size)``): the
-  keys of chunk n carry ``exp(-beta_n)``, its queries ``exp(+beta_n)``. The carried prefix state is then
-  rescaled column by column by ``exp(beta_{n-1} - beta_n)`` between chunks (as flash attention's running
-  max), so every product is the unshifted one and no key enters an earlier chunk's shift.
+  ``key_shift [B, L, H, M]`` (causal only): the features were formed with a per-row running key max
+  (``components._exp_shifted(causal_chunk=...)``): key j carries ``exp(-beta_j)``, query i
+  ``exp(+beta_i)``, with ``beta_i`` the max over the valid keys 0..i. Each product of a query block and
+  a key block before it is then formed on one shift that every row involved may see -- ``beta`` at the
+  key block's last row, ``gamma <= beta_i`` -- keys scaled by ``exp(beta_j - gamma) <= 1``, queries by
+  ``exp(gamma - beta_i) <= 1`` (``_shifted_blocks``): every product is the unshifted one, and no key
+  after a query enters that query's shift, whatever the chunk size.
   """
   phi_k = mask_keys(phi_k, mask)
   if key_shift is not None and not causal:
-    raise ValueError('key_shift is for causal attention (per-chunk running key maxima)')
+    raise ValueError('key_shift is for causal attention (per-row running key maxima)')
   if causal:
     num, den = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift)
   else:
@@ -87,13 +89,14 @@ def causal_linear_attention(phi_q: Array, phi_k: Array, v: Array, state, *, chun
   the block. ``state = (kv [B, H, M, Dv], ksum [B, H, M], beta [B, H, M])``, all float32: the sums
   ``sum_j phi(k_j) v_j^T`` and ``sum_j phi(k_j)`` over the earlier keys, formed relative to the running
   key max ``beta`` (their features are ``e^{-beta}`` times the unshifted ones; zero sums and
-  ``beta = -inf`` for an empty prefix, ``empty_causal_state``; maps without a key shift ignore beta). ``key_shift [B, N, H, M]``: the block's
-  per-chunk running maxima from ``components`` with ``causal_chunk=chunk_size, shift_init=beta`` (so
-  ``key_shift >= beta``); None for maps without a shift. The carried sums are rescaled by
-  ``exp(beta - key_shift_n)`` into each chunk's shift, exactly as the chunks of one forward pass
-  (``_shifted_exclusive_prefix``), so running a sequence block by block gives the chunked forward of
-  the whole sequence up to rounding. Returns ``out [B, L, H, Dv]`` in ``v.dtype`` and the state after
-  the block (relative to the last chunk's shift). No padding mask: every row of the block is a token.
+  ``beta = -inf`` for an empty prefix, ``empty_causal_state``; maps without a key shift ignore beta).
+  ``key_shift [B, T, H, M]``: the block's per-row running maxima from ``components`` with
+  ``causal_chunk``, ``shift_init=beta`` (so ``key_shift >= beta``); None for maps without a shift. The
+  carried sums enter as a key block before the block's first row, exactly as the chunks of one forward
+  pass (``linear_attention``), so running a sequence block by block -- one token at a time included --
+  gives the forward of the whole sequence up to rounding. Returns ``out [B, T, H, Dv]`` in ``v.dtype``
+  and the state after the block (relative to its last row's shift). No padding mask: every row of the
+  block is a token.
   """
   num, den, new_state = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
   out = num / safe_normalizer(den, eps)[..., None]
@@ -114,6 +117,8 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   With ``state`` (see ``causal_linear_attention``) the carried sums enter every chunk's prefix and the
   state after the last chunk is returned as a third value.
   """
+  if key_shift is not None:
+    return _shifted_causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
   b, length, h, m = phi_q.shape
   dv = v.shape[-1]
   c = max(1, min(chunk_size, length))
@@ -130,28 +135,18 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   kv_chunk = einsum_f32('bnchm,bnchd->bnhmd', kc, vc)               # [B, N, H, M, Dv]
   ks_chunk = jnp.sum(kc.astype(jnp.float32), axis=2)              # [B, N, H, M]
   if state is not None:
-    # The carried sums as a chunk "-1" in front (shift beta0), dropped again after the prefix sums.
+    # The carried sums as a chunk "-1" in front, dropped again after the prefix sums.
     kv0, ks0, beta0 = (x.astype(jnp.float32) for x in state)
     kv_chunk = jnp.concatenate([kv0[:, None], kv_chunk], axis=1)
     ks_chunk = jnp.concatenate([ks0[:, None], ks_chunk], axis=1)
-    if key_shift is not None:
-      key_shift = jnp.concatenate([beta0[:, None].astype(key_shift.dtype), key_shift], axis=1)
-  n_all = kv_chunk.shape[1]
-  if key_shift is None:
-    # Shifted inclusive sums, not ``cumsum - own chunk``: the subtraction's gradient cancels the
-    # cotangent of every later chunk against the own chunk's, which loses the keys' gradient where a
-    # normalizer is clamped to eps (g / eps ~ 1e6 enters and cancels; off by ~0.1 for relu maps).
-    zero = lambda x: jnp.zeros_like(x[:, :1])
-    kv_prev = jnp.concatenate([zero(kv_chunk), jnp.cumsum(kv_chunk, axis=1)[:, :-1]], axis=1)
-    ks_prev = jnp.concatenate([zero(ks_chunk), jnp.cumsum(ks_chunk, axis=1)[:, :-1]], axis=1)
-    if state is not None:
-      final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta0)
-  else:
-    kv_prev, ks_prev = _shifted_exclusive_prefix(kv_chunk, ks_chunk, key_shift, n_all)
-    if state is not None:
-      beta_last = jax.lax.stop_gradient(key_shift[:, -1].astype(jnp.float32))
-      final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta_last)
+  # Shifted inclusive sums, not ``cumsum - own chunk``: the subtraction's gradient cancels the
+  # cotangent of every later chunk against the own chunk's, which loses the keys' gradient where a
+  # normalizer is clamped to eps (g / eps ~ 1e6 enters and cancels; off by ~0.1 for relu maps).
+  zero = lambda x: jnp.zeros_like(x[:, :1])
+  kv_prev = jnp.concatenate([zero(kv_chunk), jnp.cumsum(kv_chunk, axis=1)[:, :-1]], axis=1)
+  ks_prev = jnp.concatenate([zero(ks_chunk), jnp.cumsum(ks_chunk, axis=1)[:, :-1]], axis=1)
   if state is not None:
+    final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta0)
     kv_prev, ks_prev = kv_prev[:, 1:], ks_prev[:, 1:]
   num = einsum_f32('bnchm,bnhmd->bnchd', qc, kv_prev)
   den = einsum_f32('bnchm,bnhm->bnch', qc, ks_prev)
@@ -168,34 +163,119 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   return num, den
 
 
-def _shifted_exclusive_prefix(kv_chunk: Array, ks_chunk: Array, key_shift: Array, n_chunks: int):
-  """Exclusive prefix of chunk states formed relative to per-chunk shifts ``beta [B, N, H, M]``.
+# A shift factor exp(min(x, 0)): 1 where a column had no valid key yet (its shift is the placeholder 0
+# and its features are 0), never above 1, so no inf * 0.
+_down = lambda x: jnp.exp(jnp.minimum(x, 0.0))
 
-  Chunk n's state is ``sum_{j in n} e^{z_j - beta_n} ...``; the prefix for chunk n must be relative to
-  ``beta_n``: ``P_n = sum_{n' < n} state_{n'} e^{beta_{n'} - beta_n}``. ``lax.associative_scan`` with
-  ``(S_a, b_a) + (S_b, b_b) = (S_a e^{b_a - b_b} + S_b, b_b)`` (associative) gives the inclusive sums
-  ``I_n`` relative to ``beta_n``; then ``P_n = I_{n-1} e^{beta_{n-1} - beta_n}``. Running maxima never
-  decrease, so every factor is ``<= 1``; the clamp only matters where leading chunks had no valid key
-  (their shift is 0 and their state exactly 0).
+
+def _shifted_causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state=None):
+  """``_causal_num_den`` for features shifted by the per-row running key max ``key_shift [B, L, H, M]``.
+
+  Chunk n's key state is formed on ``gamma_n``, the shift of its last row (``phi(k_j) e^{beta_j -
+  gamma_n}``); ``lax.associative_scan`` with ``(S_a, g_a) + (S_b, g_b) = (S_a e^{g_a - g_b} + S_b, g_b)``
+  (associative) gives the inclusive sums relative to each ``gamma_n``, and chunk n's queries meet the
+  sums up to chunk n - 1 on ``gamma_{n-1}`` (``phi(q_i) e^{gamma_{n-1} - beta_i}``). Within a chunk,
+  ``_shifted_blocks``. Running maxima never decrease, so every factor is ``<= 1``; the clamp only
+  matters where leading rows had no valid key (their shift is the placeholder 0, their features 0).
   """
-  if key_shift.shape[1] != n_chunks or key_shift.shape[-1] != ks_chunk.shape[-1]:
-    raise ValueError(f'key_shift has shape {key_shift.shape}; expected [B, {n_chunks}, H, '
-                     f'{ks_chunk.shape[-1]}] (one running key max per chunk and feature)')
+  b, length, h, m = phi_q.shape
+  dv = v.shape[-1]
+  if key_shift.shape != phi_k.shape:
+    raise ValueError(f'key_shift has shape {key_shift.shape}; expected {phi_k.shape} (the running key '
+                     'max of every row and feature)')
   beta = jax.lax.stop_gradient(key_shift.astype(jnp.float32))
-  factor = lambda older, newer: jnp.exp(jnp.minimum(older - newer, 0.0))
+  f32 = lambda x: x.astype(jnp.float32)
+  phi_q, phi_k, v = f32(phi_q), f32(phi_k), f32(v)
+  c = max(1, min(chunk_size, length))
+  n_chunks = -(-length // c)
+  pad = n_chunks * c - length
+  if pad:
+    # Zero rows at the end (padded keys add nothing, padded queries are cut off below); their shift
+    # repeats the last row's, so the running maxima stay non-decreasing.
+    padder = lambda x, mode: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)), mode=mode)
+    phi_q, phi_k, v, beta = (padder(phi_q, 'constant'), padder(phi_k, 'constant'),
+                             padder(v, 'constant'), padder(beta, 'edge'))
+  # [B, N, H, C, .]: rows of a chunk next to the feature axis.
+  chunks = lambda x: jnp.swapaxes(x.reshape(b, n_chunks, c, h, x.shape[-1]), 2, 3)
+  qc, kc, vc, bc = chunks(phi_q), chunks(phi_k), chunks(v), chunks(beta)
+  gamma = bc[..., -1, :]                                            # [B, N, H, M]
+  kg = kc * _down(bc - gamma[..., None, :])
+  kv_chunk = jnp.einsum('bnhcm,bnhcd->bnhmd', kg, vc)               # [B, N, H, M, Dv]
+  ks_chunk = jnp.sum(kg, axis=-2)                                   # [B, N, H, M]
+  if state is not None:
+    # The carried sums as a chunk "-1" in front on their shift beta0.
+    kv0, ks0, beta0 = (f32(x) for x in state)
+    beta0 = jnp.where(jnp.isfinite(beta0), beta0, 0.0)
+    kv_chunk = jnp.concatenate([kv0[:, None], kv_chunk], axis=1)
+    ks_chunk = jnp.concatenate([ks0[:, None], ks_chunk], axis=1)
+    gamma = jnp.concatenate([beta0[:, None], gamma], axis=1)
 
-  def combine(a, b):
-    kv_a, ks_a, b_a = a
-    kv_b, ks_b, b_b = b
-    f = factor(b_a, b_b)
-    return kv_a * f[..., None] + kv_b, ks_a * f + ks_b, b_b
+  def combine(a, b_):
+    kv_a, ks_a, g_a = a
+    kv_b, ks_b, g_b = b_
+    f = _down(g_a - g_b)
+    return kv_a * f[..., None] + kv_b, ks_a * f + ks_b, g_b
 
-  kv_inc, ks_inc, _ = jax.lax.associative_scan(combine, (kv_chunk, ks_chunk, beta), axis=1)
-  f = factor(beta[:, :-1], beta[:, 1:])
-  zero = lambda x: jnp.zeros_like(x[:, :1])
-  kv_prev = jnp.concatenate([zero(kv_inc), kv_inc[:, :-1] * f[..., None]], axis=1)
-  ks_prev = jnp.concatenate([zero(ks_inc), ks_inc[:, :-1] * f], axis=1)
-  return kv_prev, ks_prev
+  kv_inc, ks_inc, _ = jax.lax.associative_scan(combine, (kv_chunk, ks_chunk, gamma), axis=1)
+  if state is not None:
+    final = (kv_inc[:, -1], ks_inc[:, -1], gamma[:, -1])
+    kv_prev, ks_prev, g_prev = kv_inc[:, :-1], ks_inc[:, :-1], gamma[:, :-1]
+  else:
+    # Chunk 0 has no earlier keys: zero sums (on any shift; its own keeps the factor at 1).
+    zero = lambda x: jnp.zeros_like(x[:, :1])
+    kv_prev = jnp.concatenate([zero(kv_inc), kv_inc[:, :-1]], axis=1)
+    ks_prev = jnp.concatenate([zero(ks_inc), ks_inc[:, :-1]], axis=1)
+    g_prev = jnp.concatenate([gamma[:, :1], gamma[:, :-1]], axis=1)
+  qg = qc * _down(g_prev[..., None, :] - bc)
+  num = jnp.einsum('bnhcm,bnhmd->bnhcd', qg, kv_prev)
+  den = jnp.einsum('bnhcm,bnhm->bnhc', qg, ks_prev)
+  num_in, den_in = _shifted_blocks(qc, kc, vc, bc)
+  num = jnp.moveaxis(num + num_in, 3, 2).reshape(b, n_chunks * c, h, dv)[:, :length]
+  den = jnp.moveaxis(den + den_in, 3, 2).reshape(b, n_chunks * c, h)[:, :length]
+  if state is not None:
+    return num, den, final
+  return num, den
+
+
+def _shifted_blocks(q: Array, k: Array, v: Array, beta: Array) -> tuple[Array, Array]:
+  """The causal sums within blocks of rows, on shifts that no later key enters: ``(num, den)``.
+
+  ``q, k [..., C, F]`` are features shifted by their own row's running key max ``beta [..., C, F]``
+  (non-decreasing along the rows), ``v [..., C, Dv]``. Returns ``num_i = sum_{j <= i} s_ij v_j`` and
+  ``den_i = sum_{j <= i} s_ij`` with ``s_ij = sum_r q_ir k_jr e^{beta_jr - beta_ir}``, the products of the
+  unshifted features times ``e^{-a_i}``, formed without an array of C x C x F: the diagonal j = i
+  directly, and for each power of two s < C the pairs of neighbouring blocks of s rows (rows padded to
+  a power of two), where every query of the second block sees every key of the first: one dense
+  ``s x s`` product on the shift ``gamma`` of the first block's last row, keys scaled by
+  ``e^{beta_j - gamma} <= 1`` and queries by ``e^{gamma - beta_i} <= 1``. Each pair j < i lies in
+  exactly one such pair of blocks (the highest bit where j and i differ). A product that underflows is
+  below ``e^{-87}`` times the row's largest term, so nothing the row may see is lost; the cost is
+  ``C^2 F / 2`` multiply-adds per block of C rows (as the masked C x C product) and ``log2 C`` rescalings
+  of the block's features.
+  """
+  c = q.shape[-2]
+  cp = 1 << (c - 1).bit_length()
+  if cp > c:
+    rows = [(0, 0)] * (q.ndim - 2) + [(0, cp - c), (0, 0)]
+    q, k, v = jnp.pad(q, rows), jnp.pad(k, rows), jnp.pad(v, rows)
+    beta = jnp.pad(beta, rows, mode='edge')
+  lead, dv = q.shape[:-2], v.shape[-1]
+  diag = jnp.sum(q * k, axis=-1)                                   # j = i: the same shift
+  num, den = diag[..., None] * v, diag
+  s = 1
+  while s < cp:
+    pairs = lambda x: x.reshape(lead + (cp // (2 * s), 2, s, x.shape[-1]))
+    qs, ks, vs, bs = pairs(q), pairs(k), pairs(v), pairs(beta)
+    gamma = bs[..., 0, -1:, :]                                     # [..., P, 1, F]
+    kk = ks[..., 0, :, :] * _down(bs[..., 0, :, :] - gamma)
+    qq = qs[..., 1, :, :] * _down(gamma - bs[..., 1, :, :])
+    scores = jnp.einsum('...if,...jf->...ij', qq, kk)
+    n2 = jnp.einsum('...ij,...jd->...id', scores, vs[..., 0, :, :])
+    d2 = jnp.sum(scores, axis=-1)
+    num = num + jnp.stack([jnp.zeros_like(n2), n2], axis=-3).reshape(lead + (cp, dv))
+    den = den + jnp.stack([jnp.zeros_like(d2), d2], axis=-2).reshape(lead + (cp,))
+    s *= 2
+  return num[..., :c, :], den[..., :c]
 
 
 def _query_chunk_cotangents(phi, kv, ksum, g, den, eps):
@@ -489,25 +569,26 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   broadcastable to ``[..., L]`` (True = real key); ``proj`` a ``Projection`` without a head axis (vmap
   over heads outside). Same value as ``linear_attention(*component(q, k, proj, mask=mask,
   causal_chunk=C), v, mask=mask, causal=True, chunk_size=C, key_shift=...)`` (Spectraformer eq. 7,
-  Katharopoulos et al.'s causal prefix sums, the running per-chunk stabilizer of
+  Katharopoulos et al.'s causal prefix sums, the per-row running stabilizer of
   ``components._exp_shifted``), computed chunk by chunk so that nothing of size ``[L, M]`` is formed:
 
-  * the scan carries the running key max ``beta [1, F]`` (``-inf`` before any valid key), the prefix
-    state ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]`` and ``z = sum_{j < chunk} phi(k_j) [1, F]``,
-    both relative to the current ``beta``;
-  * chunk n: ``beta_n = max(beta_{n-1}, max_{j in n} zk_j)`` (0 where no valid key yet), the state's
-    column r rescaled by ``exp(min(beta_{n-1,r} - beta_{n,r}, 0))`` (as ``_shifted_exclusive_prefix``),
-    ``phi(k_j) = s_k exp(zk_j - beta_n)``, ``phi(q_i) = s_q exp(zq_i + beta_n - a_i)`` with
-    ``a_i = max_r (zq_ir + beta_nr)``; then ``P = rescaled S``, ``num = phi(Q_n) P +
-    tril(phi(Q_n) phi(K_n)^T) V_n``, ``den`` alike with ``z``, and ``S = P + phi(K_n)^T V_n``.
-  * Backward (``jax.custom_vjp``): the forward saves per chunk only ``P [F, Dv]``, ``z``, ``beta_n``
-    (O(L/C F Dv): the size of ``[L, F]`` at C = Dv, one array instead of the stored path's several),
-    the output and the normalizer; a reverse scan recomputes the chunk's features, differentiates
-    through them with ``jax.vjp`` and carries ``dS, dz``, rescaled by the same factors.
+  * the scan carries ``gamma [1, F]``, the running key max up to the end of the previous chunk
+    (``-inf`` before any valid key), and the prefix sums ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]``,
+    ``z = sum_{j < chunk} phi(k_j) [1, F]`` relative to it;
+  * chunk n: each row's running max ``beta_i = max(gamma, max_{j <= i in n} zk_j)`` (0 where no valid
+    key yet), ``phi(k_j) = s_k exp(zk_j - beta_j)``, ``phi(q_i) = s_q exp(zq_i + beta_i - a_i)`` with
+    ``a_i = max_r (zq_ir + beta_ir)``; ``num_i = phi(q_i) e^{gamma - beta_i} S`` plus the in-chunk sums
+    of ``_shifted_blocks``, ``den`` alike with ``z``; then ``S, z`` move to the chunk's last shift and
+    take the chunk's keys (``phi(k_j) e^{beta_j - beta_last}``). Every factor is ``<= 1``.
+  * Backward (``jax.custom_vjp``): the forward saves per chunk only the incoming ``S [F, Dv]``, ``z``
+    and ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv); a reverse scan recomputes the
+    chunk's features and its sums and differentiates through both with ``jax.vjp``, carrying
+    ``dS, dz``.
 
   The shifts get no gradient (``stop_gradient`` in the stored path as well: they cancel), and
-  ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size only changes where the
-  shifts change, not the value (to float32 rounding). Gradients flow to every floating leaf of ``proj``.
+  ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size does not change any shift,
+  only how the sums are grouped (the value is the same to float32 rounding). Gradients flow to every
+  floating leaf of ``proj``.
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)
@@ -526,6 +607,12 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
   """``causal_exp_feature_attention`` for one (form, W structure, eps, chunk)."""
   rebuild = _rebuilder(treedef, is_float)
 
+  def row_shifts(kc, mc, p, gamma):
+    """Each row's running key max (``-inf`` kept where no valid key yet) and the usable shift."""
+    zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
+    rows = jax.lax.stop_gradient(jax.lax.cummax(jnp.maximum(zk, gamma), axis=zk.ndim - 2))
+    return rows, jnp.where(jnp.isfinite(rows), rows, 0.0)
+
   def key_features(kc, mc, p, shift):
     zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
     return jnp.where(mc[..., None], jnp.exp(zk - shift), 0.0) * form.scales(p, kc.dtype)[1]
@@ -535,8 +622,20 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
     return jnp.exp(zq - jnp.where(jnp.isfinite(a), a, 0.0)) * form.scales(p, qc.dtype)[0]
 
-  tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
-  t = lambda x: jnp.swapaxes(x, -1, -2)
+  def sums(phi_q, phi_k, vc, state, ksum, shift, gamma):
+    """One chunk's output and the sums after it, from its features (shifted per row by ``shift``)."""
+    prev = jnp.where(jnp.isfinite(gamma), gamma, 0.0)
+    qg = phi_q * _down(prev - shift)
+    num_in, den_in = _shifted_blocks(phi_q, phi_k, vc, shift)
+    num = jnp.einsum('...if,...fd->...id', qg, state) + num_in
+    den = jnp.einsum('...if,...xf->...i', qg, ksum) + den_in
+    out = num / safe_normalizer(den, eps)[..., None]
+    last = shift[..., -1:, :]
+    back = _down(prev - last)
+    kg = phi_k * _down(shift - last)
+    state = state * jnp.swapaxes(back, -1, -2) + jnp.einsum('...jf,...jd->...fd', kg, vc)
+    ksum = ksum * back + jnp.sum(kg, axis=-2, keepdims=True)
+    return out, state, ksum
 
   def forward(q, k, v, diff, nondiff, mask, save):
     p = rebuild(diff, nondiff)
@@ -544,24 +643,13 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     f_dim = form.scales(p, q.dtype)[0].shape[-1]
 
     def step(carry, xs):
-      beta, state, ksum = carry
+      gamma, state, ksum = carry
       qc, kc, vc, mc = xs
-      zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)          # [..., C, F]
-      new = jax.lax.stop_gradient(jnp.maximum(beta, jnp.max(zk, axis=-2, keepdims=True)))
-      shift = jnp.where(jnp.isfinite(new), new, 0.0)
-      rescale = jnp.exp(jnp.minimum(jnp.where(jnp.isfinite(beta), beta, 0.0) - shift, 0.0))
-      phi_k = jnp.where(mc[..., None], jnp.exp(zk - shift), 0.0) * form.scales(p, kc.dtype)[1]
-      phi_q = query_features(qc, p, shift)
-      state, ksum = state * t(rescale), ksum * rescale                      # P, z of this chunk
-      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-      num = (jnp.einsum('...if,...fd->...id', phi_q, state)
-             + jnp.einsum('...ij,...jd->...id', scores, vc))
-      den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
-      out = num / safe_normalizer(den, eps)[..., None]
-      ys = (out, den, state, ksum, shift, rescale) if save else (out,)
-      state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
-      ksum = ksum + jnp.sum(phi_k, axis=-2, keepdims=True)
-      return (new, state, ksum), ys
+      rows, shift = row_shifts(kc, mc, p, gamma)
+      out, new_state, new_ksum = sums(query_features(qc, p, shift), key_features(kc, mc, p, shift),
+                                      vc, state, ksum, shift, gamma)
+      ys = (out, state, ksum, gamma) if save else (out,)
+      return (rows[..., -1:, :], new_state, new_ksum), ys
 
     init = (jnp.full(lead + (1, f_dim), -jnp.inf, q.dtype),
             jnp.zeros(lead + (f_dim, v.shape[-1]), jnp.float32), jnp.zeros(lead + (1, f_dim), jnp.float32))
@@ -574,41 +662,33 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     return _join_chunks(forward(*args, False)[0], -2)
 
   def fwd(*args):
-    ys = forward(*args, True)
-    return _join_chunks(ys[0], -2), (*args, ys)
+    out, *saved = forward(*args, True)
+    return _join_chunks(out, -2), (*args, *saved)
 
   def bwd(res, g):
-    q, k, v, diff, nondiff, mask, (out, den, prev, ksum, shift, rescale) = res
+    q, k, v, diff, nondiff, mask, state, ksum, gamma = res
     zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
     add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
     def step(carry, xs):
       d_state, d_ksum, dw = carry
-      qc, kc, vc, mc, gc, oc, denc, pc, zc, sc, rc = xs
-      phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), sc), qc, diff)
-      phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), sc), kc, diff)
-      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-      sden = safe_normalizer(denc, eps)
-      gn = gc / sden[..., None]
-      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)     # [..., C]
-      d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gden[..., None], 0.0)
-      d_phi_q = (jnp.einsum('...id,...fd->...if', gn, pc) + gden[..., None] * zc
-                 + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
-      d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
-                 + jnp.einsum('...jd,...fd->...jf', vc, d_state) + d_ksum)
-      dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_state)
-      d_prev = (jnp.einsum('...if,...id->...fd', phi_q, gn) + d_state) * t(rc)
-      d_z = (jnp.einsum('...if,...i->...f', phi_q, gden)[..., None, :] + d_ksum) * rc
+      qc, kc, vc, mc, gc, sc, zc, gm = xs
+      _, shift = row_shifts(kc, mc, rebuild(diff, nondiff), gm)
+      phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), shift), qc, diff)
+      phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), shift), kc, diff)
+      _, vjp_sums = jax.vjp(lambda a, b, vv, s, z: sums(a, b, vv, s, z, shift, gm), phi_q, phi_k, vc,
+                            sc, zc)
+      d_phi_q, d_phi_k, dv, d_prev, d_z = vjp_sums((gc, d_state, d_ksum))
       dq, dwq = vjp_q(d_phi_q)
       dk, dwk = vjp_k(d_phi_k)
       return (d_prev, d_z, add(dw, add(dwq, dwk))), (dq, dk, dv)
 
     split = lambda x: _split_chunks(x, c, -2)
     xs = (split(q), split(k), split(v), _split_chunks(mask, c, -1), split(g.astype(jnp.float32)),
-          out, den, prev, ksum, shift, rescale)
-    init = (jnp.zeros_like(prev[0]), jnp.zeros_like(ksum[0]), zeros_diff)
+          state, ksum, gamma)
+    init = (jnp.zeros_like(state[0]), jnp.zeros_like(ksum[0]), zeros_diff)
     (_, _, dw), (dq, dk, dv) = jax.lax.scan(step, init, xs, reverse=True,
-                                            unroll=out.shape[0] == 1)
+                                            unroll=state.shape[0] == 1)
     return _join_chunks(dq, -2), _join_chunks(dk, -2), _join_chunks(dv, -2), dw
 
   return primal, fwd, bwd
@@ -621,7 +701,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
 
 
 def _row_feature_fns(component, rebuild, nondiff):
-  """Query-side and key-side features of a row-wise ``component`` (``components.COMPONENTS`` fn).
+  """Query-side and key-side features of a row-wise ``component`` (a feature-map record's ``fn``).
 
   A row-wise map gives each row's features from that row alone (and the map's parameters), so a
   chunk's features are the rows of the whole sequence's. The component returns both sides at once;
@@ -654,8 +734,8 @@ def feature_attention(component, q: Array, k: Array, v: Array, proj, *, mask: Ar
                       eps: float = DEFAULT_EPS, chunk_size: int | None = None) -> Array:
   """Bidirectional ``D^-1 phi(Q) (phi(K)^T V)`` for a row-wise map, never storing ``phi(Q)``, ``phi(K)``.
 
-  ``component`` is a ``components.COMPONENTS`` function whose features of a row depend on that row
-  alone (``components.ROW_WISE``: the maps of ``features/maps.py``, elu, relu, rks, grelu);
+  ``component`` is a feature-map record's ``fn`` whose features of a row depend on that row
+  alone (records with ``row_wise``: the maps of ``features/maps.py``, elu, relu, rks, grelu);
   ``q [..., L, d]``, ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask`` broadcastable to ``[..., S]``;
   ``proj`` its parameters without a head axis (vmap over heads outside), or None. Same value as
   ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Katharopoulos et al. 2020

@@ -88,12 +88,11 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   """``phi(q) [B, L, H, M']``, ``phi(k) [B, S, H, M']``: the component applied one head at a time.
 
   ``proj`` has a leading head axis unless ``heads_share_proj`` (or is None for elu/relu). With
-  ``causal_chunk`` (maps whose record has ``causal_shift`` only) also ``key_shift [B, N, H, M']``,
-  the per-chunk running key maxima for ``linear.linear_attention(..., key_shift=)``. ``unit_keys``
+  ``causal_chunk`` (maps whose record has ``causal_shift`` only) also ``key_shift [B, L, H, M']``,
+  the per-row running key maxima for ``linear.linear_attention(..., key_shift=)``. ``unit_keys``
   (l2-normalized keys, a record with ``unit_key_shift``): every key is shifted by the bound that W
-  alone sets (one chunk spanning the sequence, no key statistic); the returned
-  ``key_shift [B, 1, H, M']`` is that bound. ``positions`` goes to the ``positional`` maps
-  (``maps.token_positions``), the same for every head.
+  alone sets (no key statistic); the returned ``key_shift`` is that bound on every row. ``positions``
+  goes to the ``positional`` maps (``maps.token_positions``), the same for every head.
   """
   record = catalog.get(component)
   fn = record.fn
@@ -296,7 +295,7 @@ class RandomFeatureAttention(nn.Module):
       out = jax.vmap(one_head, in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
       if not self.is_mutable_collection('intermediates'):
         return out
-    # Causal exp-maps: key shifts are running maxima per chunk (no later key enters an earlier row).
+    # Causal exp-maps: key shifts are running maxima per row (no later key enters an earlier row).
     chunked = causal and position_bias is None and record.causal_shift
     # Causal RPE on l2-normalized keys (nprf-rpe): one key shift from W alone, set by no key
     # (the record's ``unit_key_shift``); the decoder's step uses the same one.

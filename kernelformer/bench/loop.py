@@ -1,4 +1,4 @@
-"""The trainer's loop against a bare loop of the same compiled step (issue 24, item 2).
+"""The trainer's loop against a bare loop of the same compiled step.
 
 Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step``: the train step
 plus the on-device window of sums and the non-finite check), on the same model and batches:

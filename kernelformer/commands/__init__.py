@@ -13,6 +13,7 @@ COMMANDS = {
     'sweep': ('sweep', 'run a grid of overrides, or a named sweep, one resumable run per point'),
     'report': ('report', 'tables and a plot of a sweep directory: mean ± std over seeds, paper numbers'),
     'prepare-data': ('prepare_data', "get each LRA task's data where its config looks, or --check it"),
+    'reproduce': ('reproduce', 'a published measurement that is not a training table (Skyformer\'s instability ratios)'),
     'benchmark': ('benchmark', 'attention cost vs length, approximation quality, or loader speed'),
     'kernels': ('kernels', 'every attention kernel: aliases, paper and equation, options and defaults'),
     'config': ('config', "print a resolved config (FILE.py:PRESET with overrides) or a task's presets"),

@@ -1,4 +1,4 @@
-"""Approximation quality of the attention approximations: four paper experiments, fixed seeds (issue 6).
+"""Approximation quality of the attention approximations: four paper experiments, fixed seeds.
 
   python scripts/approximation.py                                  # all four, runs/benchmarks/
   python scripts/approximation.py --out_dir docs/benchmarks         # the committed results

@@ -39,8 +39,8 @@ where the answer was, e.g. with one valid key, ``v_0`` exactly). This is the Pal
 convention (``pallas/feature_attention.py``). Causal attention sees only keys j <= i, so a global
 ``beta`` would let a later key set the shift of an earlier row (its visible terms underflow, and the
 past depends on the future in floating point): causal callers pass ``causal_chunk=C`` and get
-running per-chunk maxima plus ``key_shift`` for the core's state rescaling (``_exp_shifted``;
-records with ``causal_shift``). Within a chunk the shift still includes that chunk's later keys, as in Pallas.
+per-row running maxima (over keys 0..i, never a later key) plus ``key_shift`` for the core's
+rescaling (``_exp_shifted``; records with ``causal_shift``).
 
 Padded keys are excluded from ``beta`` (a huge padded key would otherwise underflow every real key) and
 get zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
@@ -129,16 +129,17 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
   after adding ``beta_r``. Masked keys get ``-inf`` before the max, so they never set the shift and come
   out as exactly 0 (forward and backward stay finite: ``exp(-inf) = 0`` has zero derivative).
 
-  ``causal_chunk=C`` (causal self-attention, L = S): ``beta`` is the running max per chunk of C rows,
-  ``beta_n`` over the keys of chunks 0..n only; key j and query i are shifted by the ``beta`` of their
-  own chunk. Returns ``(exp_q, exp_k, beta [..., N, F])``: the causal core
-  (``linear.linear_attention(..., key_shift=beta)``) rescales its carried state by
-  ``exp(beta_{n-1} - beta_n)`` between chunks, so no later key enters an earlier chunk's shift.
+  ``causal_chunk`` (causal self-attention, L = S; any chunk size C >= 1 of the core): ``beta_j`` is the
+  running max over the valid keys 0..j, and key j and query j are both shifted by ``beta_j``, so no key
+  after a row enters that row's shift. Returns ``(exp_q, exp_k, beta [..., S, F])``: the causal core
+  (``linear.linear_attention(..., key_shift=beta)``) moves each product onto a shift that every row
+  involved may see (``beta`` at the end of the key block), so the chunk size C does not enter the
+  features at all (it is accepted for the callers' sake).
 
   ``shift_init`` (with ``causal_chunk`` only; broadcastable to ``[..., 1, F]``, ``-inf`` = no key yet):
   the running key max of the keys before this block, so a block continues a sequence: incremental
-  decoding (one token per block, ``causal_chunk=1``: the shift of token t is the running max over keys
-  0..t) and stateful evaluation carry it with their recurrent state (``linear.causal_linear_attention``).
+  decoding (the shift of token t is the running max over keys 0..t) and stateful evaluation carry it
+  with their recurrent state (``linear.causal_linear_attention``).
   """
   if mask is not None:
     zk = jnp.where(mask[..., None], zk, -jnp.inf)
@@ -148,14 +149,11 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
     if zq.shape[-2] != zk.shape[-2]:
       raise ValueError(f'causal features need as many queries as keys; got {zq.shape[-2]} and '
                        f'{zk.shape[-2]}')
-    s = zk.shape[-2]
-    c = max(1, min(causal_chunk, s))
-    beta = _chunk_prefix_max(zk, c, shift_init)                          # [..., N, F]
-    rows = jnp.repeat(beta, c, axis=-2)[..., :s, :]                     # each row's chunk shift
-    zq = zq + rows
+    beta = _chunk_prefix_max(zk, 1, shift_init)                          # [..., S, F]: per row
+    zq = zq + beta
     a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
     a = jnp.where(jnp.isfinite(a), a, 0.0)
-    return jnp.exp(zq - a), jnp.exp(zk - rows), beta
+    return jnp.exp(zq - a), jnp.exp(zk - beta), beta
   if stabilize:
     beta = jax.lax.stop_gradient(jnp.max(zk, axis=-2, keepdims=True))     # [..., 1, F]
     # Every key masked: the max is -inf; any finite shift is correct (all key features are 0).

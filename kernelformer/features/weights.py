@@ -71,7 +71,7 @@ def chi(key: Array, df: int, shape: tuple[int, ...], dtype=jnp.float32) -> Array
 def serial_on_cpu(fn: Callable[[Array], object]) -> Callable[[Array], object]:
   """``fn`` (one matrix in, a pytree out) made to decompose a batch one matrix at a time on CPU.
 
-  Why (issue 19): jaxlib >= 0.10 runs a *batched* LAPACK custom call (QR, SVD) by splitting the batch
+  Why: jaxlib >= 0.10 runs a *batched* LAPACK custom call (QR, SVD) by splitting the batch
   over XLA's CPU intra-op thread pool (``ParallelBatchMap``) and blocking the calling pool thread until
   the pieces finish. XLA's thunk executor also runs independent thunks concurrently on that same pool,
   so when two or more batched decompositions are ready at once -- one per layer, since each layer's

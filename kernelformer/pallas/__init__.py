@@ -1,4 +1,4 @@
-"""Pallas kernels: fused random-feature attention (issue 10); see docs/pallas.md.
+"""Pallas kernels: fused random-feature attention; see docs/pallas.md.
 
 Only the kernel module is imported here (it depends on jax alone), so ``kernelformer.attention`` can
 import this package without a cycle. The XLA reference used by the tests is

@@ -50,9 +50,11 @@ the max over all valid keys, so for positive features ``a_i = max_{j,r} (l_r(q_i
 largest term of every normalizer is exactly one weight ``c_r``: the normalizer cannot underflow however
 large the input norms (the prototype's fixed bound ``w.k - |k|^2/2 <= |w|^2/2`` and components.py's
 single key max can). Causal, ``beta`` is the running max up to the end of the row's chunk, so keys
-later in the same chunk enter it: a row whose visible keys all lie ~80 (in log-magnitude) below a later
-in-chunk key still underflows (finite: the eps guard then gives 0). In both cases the normalizer is
-never smaller than the XLA path's (``a_i <= max_r l_r(q_i) + max_{j,r} l_r(k_j)``, the XLA shift). For
+later in the same chunk enter it: a row whose visible keys all lie more than ~87 (in log-magnitude)
+below a later in-chunk key underflows (finite: the eps guard then gives 0). The XLA causal path shifts
+each row by the running max over its own keys instead and has no such rows (docs/pallas.md,
+"Stabilizer"); these kernels keep the per-chunk shift. Bidirectional, the normalizer is never smaller
+than the XLA path's (``a_i <= max_r l_r(q_i) + max_{j,r} l_r(k_j)``, the XLA shift). For
 trig ``l_r`` does not depend on r and this is exactly components.py's convention. Masked keys and
 padded feature columns are excluded from the maxima (a finite ``-1e30`` stands for -inf, so no
 ``inf - inf``). The shifts are constants for differentiation (their exact contribution is zero), as in
@@ -1250,7 +1252,9 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   """Normalized random-feature attention in fused Pallas kernels (module docstring: design, math).
 
   Equals ``linear.linear_attention(*components.<map>(q, k, Projection(w, feature_weights)), v)`` per
-  head up to float32 rounding (where that path's normalizer does not underflow: this one cannot).
+  head up to float32 rounding (bidirectional: where that path's normalizer does not underflow, this one
+  cannot; causal: where no row's visible keys lie ~87 below a later key of its chunk in log-magnitude,
+  module docstring).
 
   Args:
     q: ``[B, L, H, d]`` queries, already scaled (d^-1/4) by the caller.

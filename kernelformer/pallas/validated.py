@@ -1,6 +1,6 @@
 """Where ``impl='auto'`` may take the fused Pallas kernels: only combinations measured on real hardware.
 
-Nothing unmeasured runs by default (issue 17). ``validated.json`` beside this module lists the
+Nothing unmeasured runs by default. ``validated.json`` beside this module lists the
 combinations that ``scripts/gpu_check.py`` compiled (not interpret mode) on a GPU and found equal to
 the XLA path in outputs and gradients -- and, where it timed them, not slower than the XLA path. An
 entry is keyed by

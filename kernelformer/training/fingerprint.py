@@ -103,11 +103,12 @@ ADDED_FIELDS: dict[str, Any] = {
     'optim.decay_mask': 'matrices',   # kernelformer/training/optim.py DEFAULT_DECAY_MASK
     'model.short_conv': 0,            # kernelformer/decoder.py: no BaseConv layers
     'model.state_mixer': 'mlp',
-    # Absent: a run of the MQAR task before issue 22, which is now ``mqar_legacy`` (lra_tasks/mqar.py);
+    # Absent: a run of the MQAR task before it followed Zoology's generator, which is now ``mqar_legacy`` (lra_tasks/mqar.py);
     # Zoology's ``mqar`` sets True or False, so resuming such a run on today's ``mqar`` is a difference.
     'data.query_targets': None,
     'data.eval_context': 'disjoint',  # enwik8's test scheme before lm_eval.py (non-overlapping windows)
     'data.eval_stride': 0,
+    'early_stop_accuracy': 0.0,       # trainer: no stopping rule (configs/mqar.py)
     # The paper-setting options (configs/common.py): these values are what every earlier run did.
     'data.pixel_padding': 'none',     # pixels + 1, nothing masked
     'model.qkv_bias': True,

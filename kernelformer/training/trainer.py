@@ -488,7 +488,7 @@ def finished_results(config: ml_collections.ConfigDict, prior: Prior) -> Optiona
   """A workdir belongs to one config; a finished run is finished. Decided before any write."""
   previous = prior.previous
   if previous is not None and not prior.allowed and not bool(config.get('reevaluate', False)) and \
-      previous.get('final_step') == int(config.num_train_steps) and \
+      (previous.get('final_step') == int(config.num_train_steps) or previous.get('stopped_early')) and \
       previous.get('config_fingerprint') in (None, prior.record.fingerprint):
     done = RunResults(previous)
     done.status = 'finished'
@@ -636,6 +636,7 @@ class RunMeta:
   train_seconds: float = 0.0                  # the seconds of those spans
   wall_seconds: float = 0.0                   # the wall time of the earlier segments
   compiled_memory_bytes: Optional[int] = None
+  stopped_early: Optional[dict] = None        # {step, val_accuracy, threshold}: ``early_stop_accuracy``
   carried: dict = dataclasses.field(default_factory=dict)   # meta keys of other code, kept as they were
 
   @classmethod
@@ -657,6 +658,7 @@ class RunMeta:
         train_seconds=float(meta.get('train_seconds', 0.0)),
         wall_seconds=float(meta.get('wall_seconds', 0.0)),
         compiled_memory_bytes=meta.get('compiled_memory_bytes'),
+        stopped_early=meta.get('stopped_early'),
         carried={k: v for k, v in meta.items() if k not in own})
     return record, held
 
@@ -667,7 +669,7 @@ class RunMeta:
             'train_seconds': self.train_seconds, 'wall_seconds': wall_seconds,
             'started': self.started, 'code_versions': self.code_versions,
             'data_order': self.data_order}
-    for name in ('lowest_val_loss', 'val_examples'):   # absent until the first validation
+    for name in ('lowest_val_loss', 'val_examples', 'stopped_early'):   # absent until set
       if getattr(self, name) is not None:
         meta[name] = getattr(self, name)
     meta['compiled_memory_bytes'] = self.compiled_memory_bytes
@@ -873,6 +875,8 @@ class Loop:
     config = setup.config
     self.in_flight.clear()
     self.pending_logs.clear()
+    if meta.stopped_early is not None:   # restored from the checkpoint where the run stopped early
+      return state
     placed = batches.device_iterate(start, until, setup.mesh)   # placed ahead, by a thread
     log_every, profile = int(config.log_every), int(config.get('profile_steps', 0)) > 0
     boundary = next_boundary(config, setup.num_steps, start)
@@ -901,6 +905,8 @@ class Loop:
       if done == boundary:
         self.boundary(done, state)
         boundary = next_boundary(config, setup.num_steps, done)
+        if meta.stopped_early is not None:
+          break
       else:
         if done % log_every == 0:
           self.pending_logs.append((done, self.window))   # the next step starts a new window
@@ -1000,10 +1006,21 @@ class Loop:
       if good_loss(val['loss'], meta.lowest_val_loss):
         lowest = meta.lowest_val_loss
         meta.lowest_val_loss = val['loss'] if lowest is None else min(lowest, val['loss'])
-    if done % c.checkpoint_every == 0 or done == num_steps:
+      self.stop_early(done, val)
+    if done % c.checkpoint_every == 0 or done == num_steps or meta.stopped_early is not None:
       self.save_checkpoint(done, state, val)
     self.setup.watch.step(f'after step {done}')
     self.segment.span = (done, time.perf_counter())
+
+  def stop_early(self, done: int, val: dict) -> None:
+    """``config.early_stop_accuracy`` > 0: validation accuracy above it ends the training here
+    (Zoology's rule, ``zoology/train.py`` 197-205); the checkpoint then written carries the reason, so
+    a resumed or re-run workdir does not train further, and results.json records it."""
+    threshold = float(self.setup.config.get('early_stop_accuracy', 0.0) or 0.0)
+    if threshold > 0 and val['accuracy'] > threshold:
+      self.meta.stopped_early = {'step': done, 'val_accuracy': val['accuracy'], 'threshold': threshold}
+      workdir_lib.say(f"step {done}: validation accuracy {val['accuracy']:.4f} > {threshold}: "
+                      f'training ends here (early_stop_accuracy)')
 
   def stop_now(self, done: int, state: TrainState) -> None:
     """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
@@ -1192,6 +1209,7 @@ def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journa
                       (f' (periodic validation capped at max_eval_batches={cap})' if cap
                        else ' (the whole validation split)')),
       'final_step': int(state.step),
+      'stopped_early': meta.stopped_early,   # {step, val_accuracy, threshold} or None
       'num_params': count_params(state.params),
       'steps_per_sec': (meta.timed_steps / meta.train_seconds if meta.timed_steps else 0.0),
       'steps_trained': meta.steps_trained,

@@ -1,9 +1,10 @@
-"""Causal exp-feature attention: the stabilizer's key shift depends on keys j <= the current chunk only.
+"""Causal exp-feature attention: the stabilizer's key shift of row i depends on keys j <= i only.
 
-``components._exp_shifted(causal_chunk=C)`` shifts keys by a running per-chunk maximum and
-``linear.linear_attention(..., key_shift=)`` rescales the carried prefix state, so (1) outputs before a
-chunk boundary t are bitwise independent of keys/values at positions >= t, and (2) a large later key no
-longer underflows an early row's normalizer into the ``feature_eps`` clamp (the global key max did).
+``components._exp_shifted(causal_chunk=C)`` shifts every row by the running maximum over the keys up
+to it and ``linear.linear_attention(..., key_shift=)`` forms each product on a shift both rows may see,
+so (1) outputs before any row t -- inside a chunk too -- are bitwise independent of keys/values at
+positions >= t, and (2) a large later key no longer underflows an early row's normalizer into the
+``feature_eps`` clamp (the global key max did, and so did a per-chunk max inside its chunk).
 """
 import jax
 import jax.numpy as jnp
@@ -46,10 +47,11 @@ def test_causal_kinds_cover_exp_components():
   assert {'posrf-orf', 'hyperbolic-orf', 'trigrf-orf'} <= set(CAUSAL_KINDS)
 
 
+@pytest.mark.parametrize('t', [6, 8])            # inside the second chunk of 4, and at its end
 @pytest.mark.parametrize('kind', CAUSAL_KINDS)
-def test_outputs_before_a_chunk_boundary_ignore_later_garbage(kind):
+def test_outputs_before_a_row_ignore_later_garbage(kind, t):
   component = kind.split('-')[0]
-  b, length, h, d, t = 1, 16, 2, 8, 8
+  b, length, h, d = 1, 16, 2, 8
   q, k, v = jax.random.normal(jax.random.PRNGKey(0), (3, b, length, h, d))
   mod = _module(component)
   variables = _init(mod, q, k, v)
@@ -63,11 +65,13 @@ def test_outputs_before_a_chunk_boundary_ignore_later_garbage(kind):
   np.testing.assert_array_equal(np.asarray(out[:, :t]), np.asarray(out2[:, :t]))
 
 
+@pytest.mark.parametrize('t', [6, 8])
 @pytest.mark.parametrize('kind', CAUSAL_KINDS)
-def test_early_row_with_large_later_key_equals_prefix(kind):
-  """The 0.52-error case: small early keys, a later key at the column maxima (d = 64: ~e^-32 apart)."""
+def test_early_row_with_large_later_key_equals_prefix(kind, t):
+  """The 0.52-error case: small early keys, later keys at the column maxima (d = 64: ~e^-32 apart),
+  from a chunk boundary (t = 8) and from inside a chunk (t = 6, where a per-chunk shift failed)."""
   component = kind.split('-')[0]
-  b, length, h, d, t = 1, 16, 1, 64, 8
+  b, length, h, d = 1, 16, 1, 64
   q, k, v = jax.random.normal(jax.random.PRNGKey(4), (3, b, length, h, d))
   k = 0.1 * k
   mod = _module(component)
@@ -81,7 +85,8 @@ def test_early_row_with_large_later_key_equals_prefix(kind):
 @pytest.mark.parametrize('component', [n for n in catalog.names() if catalog.get(n).causal_shift])
 def test_chunk_shifted_core_matches_exact_features(component):
   """Every exp map (OPRF/SADERF included): the shifted causal path equals the quadratic oracle on the
-  unstabilized (exact) features, including rows whose keys lie ~e^-32 below a later key's."""
+  unstabilized (exact) features, including rows whose keys lie ~e^-32 below a later key's (in a later
+  chunk, and later in their own chunk)."""
   b, length, d, m = 1, 12, 64, 16
   kq, kk, kv, kw = jax.random.split(jax.random.PRNGKey(5), 4)
   proj = weights_lib.SAMPLERS['orf'](kw, m, d)
@@ -89,8 +94,10 @@ def test_chunk_shifted_core_matches_exact_features(component):
   q = s * jax.random.normal(kq, (b, length, d))
   k = 0.1 * s * jax.random.normal(kk, (b, length, d))
   w = projection_lib.dense_matrix(proj)
-  # A key at the column maximum (e^32 above the others) starting the third chunk.
-  k = k.at[:, 2 * CHUNK].set(w[0] if component != 'trigrf' else 0.75 * jnp.ones(d))
+  # Keys at the column maximum (e^32 above the others): starting the third chunk, and as the second
+  # row of the second chunk (after the first row, which sees only keys ~e^-32 below it).
+  peak = w[0] if component != 'trigrf' else 0.75 * jnp.ones(d)
+  k = k.at[:, 2 * CHUNK].set(peak).at[:, CHUNK + 1].set(peak)
   v = jax.random.normal(kv, (b, length, 1, 8))
   fn = catalog.get(component).fn
   phi_q, phi_k, shift = fn(q, k, proj, causal_chunk=CHUNK)

@@ -1,6 +1,6 @@
 """``linear.feature_attention`` / ``linear.causal_feature_attention``: row-wise maps, features per chunk.
 
-Issue 27, item 3: Taylor's 1 + d + d^2 features must never exist for all L rows. For every row-wise
+Taylor's 1 + d + d^2 features must never exist for all L rows. For every row-wise
 component (records with ``row_wise``: the maps of features/maps.py, elu, relu, rks, grelu) the lean
 paths must equal the stored-features path -- ``catalog.get(name).fn(q, k, proj, mask=)`` then
 ``linear_attention`` -- in value and in every gradient (q, k, v, the map's parameters), bidirectional and

@@ -1,4 +1,4 @@
-"""Learned samplers redraw their noise when ``step // redraw_every`` changes (issue 23, item 10).
+"""Learned samplers redraw their noise when ``step // redraw_every`` changes.
 
 GMM (omega = mu + Sigma^(1/2) eps) and learnable FastFood (learned S, G, B; fresh Pi and noise) keep
 their parameters across steps but must draw new noise in each redraw window, like every fixed sampler:

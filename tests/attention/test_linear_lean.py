@@ -1,4 +1,4 @@
-"""``linear.exp_feature_attention``: features recomputed in the backward, not stored (issue 16, item 3).
+"""``linear.exp_feature_attention``: features recomputed in the backward, not stored.
 
 The lean path must equal the stored-features path (``catalog.get(name).fn`` + ``linear_attention``)
 in value and in every gradient -- q, k, v and the floating leaves of W (dense, quadrature weights,

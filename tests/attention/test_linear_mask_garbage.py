@@ -1,4 +1,4 @@
-"""The linear-attention core masks padded keys in its numerator AND its normalizer (issue 23, item 10).
+"""The linear-attention core masks padded keys in its numerator AND its normalizer.
 
 Components zero the features of padded keys, so a key sum that skipped the mask would go unnoticed
 through every module-level test. Here the core (``linear.linear_attention``) is given feature rows full

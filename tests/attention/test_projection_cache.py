@@ -1,4 +1,4 @@
-"""Redraw only when due (issue 16, item 1): the ``features`` collection of RandomFeatureAttention.
+"""Redraw only when due: the ``features`` collection of RandomFeatureAttention.
 
 A fixed sampler's W is drawn once per redraw window and kept in the ``features`` collection; the train
 step reuses it while ``step // redraw_every`` is unchanged and draws anew when it changes; evaluation

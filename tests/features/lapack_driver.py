@@ -1,6 +1,6 @@
 """Driver for test_lapack_deadlock.py (run as a subprocess, so a hang can be timed out and killed).
 
-Issue 19: several batched QR/SVD custom calls ready at once deadlocked XLA's CPU thread pool. This runs
+Several batched QR/SVD custom calls ready at once deadlocked XLA's CPU thread pool. This runs
 (1) the issue's minimal program: four vmapped ORF draws in one jit, each followed by work using W;
 (2) for each LAPACK-based sampler, a 4-layer, 4-head random-feature encoder's jitted train step
 (value_and_grad, the ``features`` collection mutable, a redraw every step) for a few steps.

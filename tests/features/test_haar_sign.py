@@ -1,4 +1,4 @@
-"""The orthogonal sampler's QR sign convention (issue 23, item 10).
+"""The orthogonal sampler's QR sign convention.
 
 Haar Q is the Q of the QR factorization of a Gaussian matrix G whose R has a positive diagonal (Mezzadri
 2007). Which signs a QR routine returns is its own convention (LAPACK's Householder QR: diag(R) of

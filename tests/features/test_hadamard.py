@@ -82,7 +82,7 @@ def test_zero_padding_is_exact_for_projections():
 @pytest.mark.parametrize('method', ['dense', 'butterfly'])
 @pytest.mark.parametrize('n', [2, 16, 256])
 def test_fwht_methods_equal_dense_hadamard(method, n):
-  """Both forms of the transform (issue 16, item 4) are ``x @ H_n``; 'auto' picks dense up to DENSE_MAX."""
+  """Both forms of the transform are ``x @ H_n``; 'auto' picks dense up to DENSE_MAX."""
   x = np.random.default_rng(n).normal(size=(3, n)).astype(np.float32)
   expected = x @ hadamard.hadamard_matrix(n)
   got = jax.jit(lambda y: hadamard.fwht(y, method=method))(jnp.asarray(x))

@@ -1,4 +1,4 @@
-"""Regression test for issue 19: random-feature models with QR/SVD samplers never hang on CPU.
+"""Regression test: random-feature models with QR/SVD samplers never hang on CPU.
 
 Cause: jaxlib splits a batched LAPACK call over XLA's CPU intra-op pool and blocks the calling pool
 thread until the pieces finish; XLA runs independent thunks (one layer's draw, another's) on the same

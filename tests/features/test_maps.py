@@ -1,4 +1,4 @@
-"""The feature maps of features/maps.py against float64 references written from their papers (issue 27).
+"""The feature maps of features/maps.py against float64 references written from their papers.
 
 Each reference below is a direct numpy transcription of the paper's formula (not of our code): Based's
 Taylor map (Arora et al. 2024, sec. 3.1), Hedgehog (Zhang et al. 2024), T2R (Kasai et al. 2021, eq. 4),

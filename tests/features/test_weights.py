@@ -438,7 +438,7 @@ def test_sgq_estimate_matches_its_rotation_average():
 
 @pytest.mark.parametrize('dim', [12, 64])
 def test_fastfood_project_dense_equals_rowwise_transform(dim):
-  """``project`` materializes FastFood's W for d <= FASTFOOD_DENSE_MAX_DIM (issue 16, item 4): same values
+  """``project`` materializes FastFood's W for d <= FASTFOOD_DENSE_MAX_DIM: same values
   and same gradients wrt x and the diagonals as the row-wise structured transform."""
   from kernelformer.features import projection  # pylint: disable=g-import-not-at-top
   assert dim <= projection.FASTFOOD_DENSE_MAX_DIM

@@ -1,4 +1,4 @@
-"""Data-file faults are one-line DataErrors naming the file and line (issue 14): the readers themselves.
+"""Data-file faults are one-line DataErrors naming the file and line: the readers themselves.
 
 End-to-end through the command (exit code, last stderr line, workdir untouched) in
 tests/scripts/test_bad_inputs.py.

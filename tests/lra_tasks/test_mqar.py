@@ -230,7 +230,7 @@ def test_zoology_fig2_sweep_plans_the_panel(tmp_path):
 
 
 def test_resuming_a_pre_zoology_mqar_run_is_a_config_change():
-  """A run recorded before issue 22 (data.task='mqar' meant today's mqar_legacy; no query_targets field)
+  """A run recorded before MQAR followed Zoology's generator (data.task='mqar' meant today's mqar_legacy; no query_targets field)
   differs from today's mqar config, so its workdir is not silently continued on the new task."""
   from configs import mqar as mqar_config
   from kernelformer.training import fingerprint

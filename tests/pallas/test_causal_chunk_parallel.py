@@ -1,4 +1,4 @@
-"""The chunk-parallel causal kernels (issue 17) against the XLA chunked path, CPU interpret mode.
+"""The chunk-parallel causal kernels against the XLA chunked path, CPU interpret mode.
 
 Causal ``feature_attention`` cuts the (padded) length into P segments of G chunks: per-segment key
 states on grid (B, H, P), an exclusive prefix over segments (``_segment_scan``, a log-depth associative

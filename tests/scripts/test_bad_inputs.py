@@ -1,4 +1,4 @@
-"""The bad-input table of issue 14 (item 7): every user mistake ends in one line, a non-zero exit, no
+"""The bad-input table: every user mistake ends in one line, a non-zero exit, no
 traceback, and the workdir exactly as it was (same paths, same bytes: nothing created, nothing changed).
 
 ``CASES`` below holds one row per case: (id, how it is made, a substring the last stderr line must hold).
@@ -423,7 +423,7 @@ CASES: list[tuple[str, Any, str]] = [
     ('workdir_run_json_fields_list', Fn(_in_workdir('run.json', b'{"fingerprint": "ab", "fields": []}')),
      "run.json is damaged (TypeError: 'fields' must be an object, found list)"),
     ('workdir_run_json_not_object', Fn(_in_workdir('run.json', b'[]')), 'run.json is damaged'),
-    # --- the run's files that misbehave (issue 23, item 6): never read without bound
+    # --- the run's files that misbehave: never read without bound
     ('workdir_metrics_dev_full', Fn(_linked_in_workdir('metrics.jsonl', '/dev/full')),
      'metrics.jsonl is a character device (a link to /dev/full), not a regular file'),
     ('workdir_metrics_dev_zero', Fn(_linked_in_workdir('metrics.jsonl', '/dev/zero')),
@@ -737,7 +737,7 @@ def test_bad_inputs_real_processes(tmp_path, monkeypatch):
 
 def test_free_space_demand_is_proportional_to_the_run(tmp_path, monkeypatch, no_training):
   """The tiny run (0.45 MB written) is not refused on a disk with 4 MiB free; a larger model or more
-  kept checkpoints demand more (issue 23: a flat 64 MiB was demanded)."""
+  kept checkpoints demand more (a flat 64 MiB was once demanded)."""
   from configs import listops  # pylint: disable=g-import-not-at-top
   c = listops.get_config('tiny')
   need = validate.checkpoint_bytes_needed(c)

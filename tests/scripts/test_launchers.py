@@ -1,4 +1,4 @@
-"""Cluster launchers (issue 26): SLURM through submitit against a real scheduler, TPU-pod commands.
+"""Cluster launchers: SLURM through submitit against a real scheduler, TPU-pod commands.
 
 The SLURM test needs a running cluster: ``.ci/slurm-up`` starts a single-node one (munge, slurmctld,
 slurmd) before the suite in CI, which also sets ``KERNELFORMER_REQUIRE_SLURM=1`` so the test fails

@@ -246,7 +246,7 @@ def test_report_prints_the_kernel_each_paper_number_came_from(tmp_path):
 
 
 def test_report_and_workdir_share_one_fingerprint(tmp_path, monkeypatch):
-  """Issue 23 item 9: the report groups seeds with the workdir's definition of "the same run"
+  """The report groups seeds with the workdir's definition of "the same run"
   (kernelformer.training.fingerprint.config_fields): a field it excludes never splits a row, a nested
   field it keeps always does."""
   from kernelformer.training import fingerprint as fp  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,4 @@
-"""The dropout key changes from step to step and is a function of the step (issue 23, item 10).
+"""The dropout key changes from step to step and is a function of the step.
 
 The same parameters and batch at two different steps must give two different training losses (only the
 dropout mask differs: the schedule enters after the loss), and the same step twice the same loss.

@@ -1,4 +1,4 @@
-"""Files that misbehave (issue 23, item 6): every write of a run's files fails with one line and leaves
+"""Files that misbehave: every write of a run's files fails with one line and leaves
 the earlier file as it was; reads are bounded; a file-size limit and orbax's own output end in one line.
 
 Full disks are links to /dev/full (every write fails with ENOSPC); file-size limits are RLIMIT_FSIZE

@@ -1,4 +1,4 @@
-"""enwik8's test context schemes (kernelformer/training/lm_eval.py, lra_tasks/enwik8.py; issue 22 item 3).
+"""enwik8's test context schemes (kernelformer/training/lm_eval.py, lra_tasks/enwik8.py).
 
 * Every byte of a split but the first is scored exactly once in each scheme (counted), and with a
   sliding stride S every byte after the first window sees at least L - S bytes of context.

@@ -1,4 +1,4 @@
-"""The training loop never waits for the host between boundaries (issue 24, item 2)."""
+"""The training loop never waits for the host between boundaries."""
 from __future__ import annotations
 
 import contextlib
@@ -65,7 +65,7 @@ def test_logged_means_equal_per_step_values(tmp_path):
 
 
 def test_metrics_are_strict_json(tmp_path):
-  """Issue 23 item 4: non-finite values are written as null, named in 'nonfinite'."""
+  """Non-finite values are written as null, named in 'nonfinite'."""
   w = metrics_lib.MetricsWriter(str(tmp_path))
   w.write('val', 2, {'loss': float('nan'), 'accuracy': 0.5, 'grad_norm': np.float32('inf')})
   w.write_results({'test_loss': float('nan'), 'config': {'x': float('-inf')}})

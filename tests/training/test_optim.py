@@ -217,7 +217,7 @@ SAMPLER_LEAVES = {
     'gmm-prf': {'sampler/means', 'sampler/factors'},
     'fastfood-prf': {'sampler/row_len', 'sampler/g', 'sampler/b'},
     'fastfood-rks': {'sampler/row_len', 'sampler/g', 'sampler/b'},
-    # The learned feature maps of features/maps.py (issue 27).
+    # The learned feature maps of features/maps.py.
     'hedgehog': {'map_w'},
     't2r': {'map_w', 'map_b'},
     'rebased': {'map_gamma', 'map_beta'},

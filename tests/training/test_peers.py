@@ -1,4 +1,4 @@
-"""A multi-process run whose peer dies stops within seconds with one line (issue 14, item 6).
+"""A multi-process run whose peer dies stops within seconds with one line.
 
 Unit tests drive ``PeerMonitor`` with a fake key-value client; the end-to-end test runs two real
 processes joined by ``cli.maybe_initialize_distributed`` (as scripts/train.py joins them), kills

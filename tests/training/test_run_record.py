@@ -1,4 +1,4 @@
-"""Issue 23 items 1-3, run as a user would (train_and_evaluate on the tiny preset): the test measures
+"""Run as a user would (train_and_evaluate on the tiny preset): the test measures
 the checkpoint it names, a workdir whose checkpoints are all damaged never restarts from zero
 silently, and a run that stops after a resume leaves the workdir's record as it was."""
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_error_after_a_resume_leaves_the_record(tmp_path):
 
 
 def test_a_checkpoint_is_written_only_from_finite_parameters_and_validation_loss(tmp_path):
-  """Issue 23 item 4: with checkpoints every 2 steps, a learning rate that makes the parameters
+  """With checkpoints every 2 steps, a learning rate that makes the parameters
   explode leaves no checkpoint (nor best/) whose validation loss is NaN; the message names the last
   checkpoint that passed."""
   workdir = tmp_path / 'run'

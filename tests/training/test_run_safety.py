@@ -103,7 +103,7 @@ def test_workdir_belongs_to_one_config_and_finished_runs_are_finished(tmp_path):
 
 
 def test_nonfinite_loss_stops_at_the_exact_step_and_leaves_the_workdir_as_it_was(tmp_path):
-  """Issue 24 item 2 / issue 23 item 3: the first non-finite step is found on the device and named
+  """The first non-finite step is found on the device and named
   exactly whatever the logging boundaries; its update is not applied; the run that diverged after a
   resume (with a config change) leaves every file of the workdir as it was."""
   workdir = tmp_path / 'run'
@@ -288,7 +288,7 @@ def test_second_run_in_a_locked_workdir_is_refused(tmp_path):
 
 
 def test_final_test_covers_whole_split_on_a_quick_image_run(tmp_path):
-  """Issue 13 item 3: the ``quick`` Image preset caps periodic validation, never the test split."""
+  """The ``quick`` Image preset caps periodic validation, never the test split."""
   c = image_config.get_config('quick')
   c.data.data_dir = str(tmp_path / 'data')
   c.data.tfds_check = False

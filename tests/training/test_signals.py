@@ -190,7 +190,7 @@ def test_watchdog_stops_a_hung_step(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# A second Ctrl-C at every moment (issue 23, item 5): at once, one line, no segfault, and the line
+# A second Ctrl-C at every moment: at once, one line, no segfault, and the line
 # names only a checkpoint that exists.
 
 

@@ -1,0 +1,454 @@
+"""Skyformer's instability score (Chen et al. 2021, appendix table 3): how much a model's output moves
+per unit of parameter change in its first training steps, relative to softmax self-attention.
+
+Protocol (``/work/shared/papers/skyformer-gaussian-kernel-nystrom.txt``, "Additional discussions about
+the stability in model training", adapted from Liu et al. 2020a, figure 4): the table 1 setting (the
+``skyformer`` preset of each task config), 20 training steps; at step i
+
+    tau_i = ||f(x_i, W_i) - f(x_i, W_{i-1})||_F^2 / ||W_i - W_{i-1}||_F^2,
+
+f the embedding after the two layers, x_i the i-th batch, W_0 the initial parameters, W_i those after
+step i; each model's tau_i is divided by self-attention's tau_i at the same step and the ratios are
+averaged over the steps. Published (table 3):
+
+    model                  Text  ListOps  Retrieval  Pathfinder  Image
+    Nystromformer          1.03  1.01     0.97       0.99        1.02
+    Kernelized Attention   0.83  0.77     0.64       0.74        0.62
+    Skyformer              0.81  0.79     0.64       0.79        0.65
+
+Skyformer's repository (pkuzengqi/Skyformer @ 1a677cb) has no code for this table, so what the paper
+leaves open is chosen here, each choice for a stated reason:
+
+* **f** is the encoder's token embeddings after the two blocks and the final LayerNorm, with padded
+  positions zeroed, ``[B, L, d]`` (``[2B, L, d]`` for Retrieval's two documents): Skyformer's encoder
+  (``src/models/model_transformer.py`` ``Model.forward``) returns exactly ``self.norm(X) * mask`` and
+  pools afterwards in the classifier head, so "the embedding after two layers" is taken before pooling.
+  It is read from our encoder's ``final_norm`` (flax ``capture_intermediates``), not a copy of it.
+* **W** is the parameters f depends on: everything under ``encoder`` (token and position embeddings,
+  both blocks, the final LayerNorm), not the classifier head, which moves without moving f and would
+  only add to the denominator. ``tau_all`` (every parameter in the denominator) is recorded as well.
+* **f is evaluated deterministically** (no dropout) with the random features / landmarks of the step
+  that produced W_i, the same draw for W_i and W_{i-1}: the difference is then the effect of the
+  parameter change alone, not of a new dropout mask or a new draw.
+* **tau_i is computed in its first-order form**, ``||J_f(W_{i-1}) dW_i||^2 / ||dW_i||^2`` with ``dW_i``
+  the optimizer's update (``jax.jvp``). In the table 1 setting the learning rate in the first 20 steps
+  is at most a few 1e-6 (warm-up), so ``W_i - W_{i-1}`` is of the order of float32's rounding of the
+  parameters themselves and the difference ``f(W_i) - f(W_{i-1})`` cancels catastrophically; the
+  first-order form equals the formula up to terms of relative size ``O(||dW_i||)`` (~1e-6 here) and
+  has no cancellation. The literal difference quotient in float32 is recorded too (``tau_difference``),
+  and the tests check both against a direct computation of the formula at step sizes float32 resolves.
+* A step whose update is exactly zero has no tau (0/0): a schedule that starts at learning rate 0
+  (linear warm-up from 0) makes step 1 such a step. It is left out of the average, and the results
+  say how many steps entered it.
+* **Same starting point and data**: every kind trains on the same batches (the trainer's, a function
+  of the seed and the step) and starts from softmax's initial parameters wherever the two parameter
+  trees share a leaf (same path and shape: embeddings, projections, LayerNorms, MLPs, head); only a
+  kind's own parameters (if any) come from its own initialiser.
+* **The update** is the trainer's: the loss and dropout keys of ``trainer.make_steps`` and the
+  optimizer built from the preset by ``kernelformer.training.optim.make_optimizer`` (so the preset's
+  optimizer, schedule and clipping are what runs).
+
+Cost: 20 train steps plus one JVP and one forward per step and kind; at ListOps' length 2,000 the
+quadratic kinds (softmax, gaussian) dominate: their [32, 2, 2000, 2000] attention matrices put one
+process at 5-7 GB of host memory (measured: 4.5-6.6 GB resident during softmax's steps).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+TASKS = ('text', 'listops', 'retrieval', 'pathfinder', 'image')
+REFERENCE = 'softmax'
+KINDS = ('nystromformer', 'gaussian', 'skyformer')
+STEPS = 20
+PRESET = 'skyformer'
+# Skyformer appendix table 3 (paper text lines ~1177-1210), kind -> task -> ratio.
+PUBLISHED = {
+    'nystromformer': {'text': 1.03, 'listops': 1.01, 'retrieval': 0.97, 'pathfinder': 0.99, 'image': 1.02},
+    'gaussian': {'text': 0.83, 'listops': 0.77, 'retrieval': 0.64, 'pathfinder': 0.74, 'image': 0.62},
+    'skyformer': {'text': 0.81, 'listops': 0.79, 'retrieval': 0.64, 'pathfinder': 0.79, 'image': 0.65},
+}
+PAPER_NAMES = {'nystromformer': 'Nystromformer', 'gaussian': 'Kernelized Attention',
+               'skyformer': 'Skyformer'}
+SOURCE = 'Skyformer (Chen et al. 2021) appendix table 3'
+
+
+class InstabilityError(ValueError):
+  """A bad request (unknown task or kind, missing data); the message is one line."""
+
+
+@dataclasses.dataclass
+class Trace:
+  """One kind's per-step scores in one seed's run (index i-1 holds step i)."""
+
+  kind: str
+  tau: list            # first-order form, encoder parameters (the reported score); None if 0/0
+  tau_difference: list  # the literal float32 difference quotient, encoder parameters
+  tau_all: list        # first-order form, every parameter in the denominator
+  loss: list           # training loss of each step
+  shared_leaves: int   # parameter leaves copied from the reference's initial parameters
+  own_leaves: int      # leaves from the kind's own initialiser
+  seconds: float
+
+
+def task_config(task: str, overrides: Sequence[tuple[str, Any]] = ()):
+  """``configs/<task>.py:skyformer`` with ``overrides`` (dotted key, value) applied."""
+  if task not in TASKS:
+    raise InstabilityError(f'unknown task {task!r}; valid: {", ".join(TASKS)}')
+  from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
+  try:
+    return sweeps.apply_overrides(sweeps.load_config(f'configs/{task}.py', PRESET), overrides)
+  except sweeps.SweepError as e:
+    raise InstabilityError(str(e)) from None
+
+
+def with_kind(config, kind: str):
+  c = config.copy_and_resolve_references()
+  c.unlock()
+  c.model.attention.kind = kind
+  c.lock()
+  return c
+
+
+def leaf_paths(tree) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  return {jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def share_initial(params, reference) -> tuple[Any, int, int]:
+  """``params`` with every leaf that ``reference`` has at the same path and shape taken from it."""
+  import jax  # pylint: disable=g-import-not-at-top
+  ref = leaf_paths(reference)
+  shared = own = 0
+
+  def pick(path, x):
+    nonlocal shared, own
+    r = ref.get(jax.tree_util.keystr(path))
+    if r is not None and r.shape == x.shape and r.dtype == x.dtype:
+      shared += 1
+      return r
+    own += 1
+    return x
+  return jax.tree_util.tree_map_with_path(pick, params), shared, own
+
+
+def token_mask(batch: Mapping[str, np.ndarray], pooling: str, length: int) -> np.ndarray:
+  """``[rows, length]`` bool: the positions of f that are real tokens (the CLS column counts), in the
+  encoder's row order (Retrieval: both documents stacked, each padded to the longer)."""
+  inputs = [batch[k] for k in ('inputs', 'inputs1', 'inputs2') if k in batch]
+  width = max(x.shape[1] for x in inputs)
+  rows = np.concatenate([np.pad(x, ((0, 0), (0, width - x.shape[1]))) for x in inputs]) != 0
+  if pooling == 'cls':
+    rows = np.concatenate([np.ones((rows.shape[0], 1), bool), rows], axis=1)
+  assert rows.shape[1] == length, (rows.shape, length)
+  return rows
+
+
+def _is_final_norm(module, method_name: str) -> bool:
+  return method_name == '__call__' and module.name == 'final_norm'
+
+
+def make_functions(model, tx, config, keys):
+  """``(train_step, embed)``, jitted.
+
+  ``train_step(params, opt_state, model_state, batch, step) -> (params, opt_state, model_state,
+  updates, loss)``: the trainer's loss (``trainer.make_steps``) and the optimizer's update, returned
+  separately (``updates`` is W_i - W_{i-1} as the optimizer computed it, before float32 rounding).
+  ``embed(params, model_state, batch, step) -> [rows, L, d]``: f, the final LayerNorm's output
+  (deterministic, the draw of ``step``), unmasked.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+
+  loss_of = _trainer_loss(model, config, keys)
+
+  def train_step(params, opt_state, model_state, batch, step):
+    (loss, new_model_state), grads = jax.value_and_grad(loss_of, has_aux=True)(
+        params, model_state, batch, step)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, new_model_state, updates, loss
+
+  def embed(params, model_state, batch, step):
+    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+    _, state = model.apply({'params': params, **model_state}, inputs, train=False, step=step,
+                           rngs={'features': keys['features']}, capture_intermediates=_is_final_norm,
+                           mutable=['intermediates'])
+    found = [x for path, x in leaf_paths(state['intermediates']).items() if 'final_norm' in path]
+    if len(found) != 1:
+      raise RuntimeError(f'expected one final_norm output in the encoder, found {len(found)}')
+    return found[0].astype(jax.numpy.float32)
+
+  return jax.jit(train_step), jax.jit(embed)
+
+
+def _trainer_loss(model, config, keys) -> Callable:
+  """``loss(params, model_state, batch, step) -> (loss, new_model_state)``: the loss of
+  ``trainer.make_steps`` (its ``cross_entropy``, dropout key ``fold_in(dropout, step)``, the run's
+  features key), without gradient accumulation; ``make_steps`` returns only the updated state, and
+  the update itself is needed here."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  dropout = keys['dropout']
+  lm = trainer._is_decoder(model)  # pylint: disable=protected-access
+  aux = float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0
+
+  def loss(params, model_state, batch, step):
+    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+    rngs = {'dropout': jax.random.fold_in(dropout, step), 'features': keys['features']}
+    mutable = list(model_state.keys())
+    if mutable:
+      logits, new_state = model.apply({'params': params, **model_state}, inputs, train=True,
+                                      step=step, rngs=rngs, mutable=mutable)
+    else:
+      logits, new_state = model.apply({'params': params}, inputs, train=True, step=step,
+                                      rngs=rngs), model_state
+    if lm:
+      losses, _, w = trainer.cross_entropy(logits, batch['targets'],
+                                           (batch['targets'] != 0).astype(jnp.float32))
+      return jnp.sum(losses) / jnp.maximum(jnp.sum(w), 1.0), new_state
+    if aux:
+      raise InstabilityError('attention distillation (distill_weight > 0) is not supported here')
+    losses, _, _ = trainer.cross_entropy(logits, batch['targets'])
+    return jnp.mean(losses), new_state
+  return loss
+
+
+def _sq(tree) -> float:
+  import jax  # pylint: disable=g-import-not-at-top
+  return float(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
+
+
+def _ratio(num: float, den: float) -> Optional[float]:
+  return num / den if den > 0 else None
+
+
+def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *,
+               reference_params=None, on_step: Optional[Callable[[int], None]] = None,
+               keep_params: bool = False):
+  """Trains ``kind`` for ``len(batches)`` steps on ``batches`` and scores each step.
+
+  Returns ``(trace, initial params, trajectory)``; ``trajectory`` is ``[W_0, W_1, ...]`` when
+  ``keep_params`` (tests), else empty.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import lra_tasks  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import optim as optim_lib  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+
+  t0 = time.perf_counter()
+  c = with_kind(config, kind)
+  if int(c.optim.grad_accum_steps) != 1:
+    raise InstabilityError('optim.grad_accum_steps must be 1 (one update per batch x_i)')
+  info = lra_tasks.get(c.data.task).info(c.data)
+  model = trainer.build_model(c, info)
+  keys = trainer.run_keys(c.seed)  # the trainer's key convention
+  tx, _ = optim_lib.make_optimizer(c.optim, c.num_train_steps)
+  dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
+  variables = dict(model.init({'params': keys['init'], 'dropout': keys['init'],
+                               'features': keys['features']}, dummy, train=False))
+  params = variables.pop('params')
+  model_state = variables
+  shared, own = 0, len(jax.tree.leaves(params))
+  if reference_params is not None:
+    params, shared, own = share_initial(params, reference_params)
+  initial = params
+  opt_state = tx.init(params)
+  train_step, embed = make_functions(model, tx, c, keys)
+
+  def f_and_jvp(p, ms, batch, step, tangent):
+    return jax.jvp(lambda q: embed(q, ms, batch, step), (p,), (tangent,))
+  f_and_jvp = jax.jit(f_and_jvp)
+
+  trace = Trace(kind=kind, tau=[], tau_difference=[], tau_all=[], loss=[], shared_leaves=shared,
+                own_leaves=own, seconds=0.0)
+  trajectory = [params] if keep_params else []
+  length = None
+  for i, batch in enumerate(batches, start=1):
+    step = jnp.asarray(i - 1, jnp.int32)
+    new_params, opt_state, model_state_new, updates, loss = train_step(params, opt_state,
+                                                                       model_state, batch, step)
+    f_old, jf = f_and_jvp(params, model_state, batch, step, updates)
+    f_new = embed(new_params, model_state, batch, step)
+    length = f_old.shape[1]
+    mask = token_mask(batch, c.model.pooling, length)[..., None]
+    jf, diff = np.where(mask, np.asarray(jf), 0.0), np.where(mask, np.asarray(f_new) - np.asarray(f_old), 0.0)
+    num_jvp = float(np.sum(np.square(jf.astype(np.float64))))
+    num_diff = float(np.sum(np.square(diff.astype(np.float64))))
+    den_enc = _sq(updates['encoder'])
+    stored = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64),
+                          new_params['encoder'], params['encoder'])
+    trace.tau.append(_ratio(num_jvp, den_enc))
+    trace.tau_difference.append(_ratio(num_diff, _sq(stored)))
+    trace.tau_all.append(_ratio(num_jvp, _sq(updates)))
+    trace.loss.append(float(loss))
+    params, model_state = new_params, model_state_new
+    if keep_params:
+      trajectory.append(params)
+    if on_step is not None:
+      on_step(i)
+  trace.seconds = time.perf_counter() - t0
+  return trace, initial, trajectory
+
+
+def seed_batches(config, seed: int, steps: int) -> list[dict]:
+  """The trainer's batches 0..steps-1 of a run with ``seed`` (x_1 .. x_steps)."""
+  import lra_tasks  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import input_pipeline  # pylint: disable=g-import-not-at-top
+  task = lra_tasks.get(config.data.task)
+  try:
+    task.prepare(config.data)
+    missing = task.check(config.data)
+  except lra_tasks.DataError as e:
+    raise InstabilityError(str(e)) from None
+  if missing:
+    raise InstabilityError(f'{task.name}: data missing: ' + '; '.join(missing))
+  source = task.source(config.data, 'train')
+  batches = input_pipeline.TrainBatches(source, int(config.batch_size), seed)
+  return [batches.batch(s) for s in range(steps)]
+
+
+def ratios(trace: Trace, reference: Trace, field: str = 'tau') -> list:
+  """Per-step ratio kind / reference (None where either is undefined)."""
+  out = []
+  for a, b in zip(getattr(trace, field), getattr(reference, field)):
+    out.append(a / b if a is not None and b not in (None, 0.0) else None)
+  return out
+
+
+def mean_ratio(per_step: Sequence[Optional[float]]) -> tuple[float, int]:
+  vals = [r for r in per_step if r is not None]
+  return (float(np.mean(vals)) if vals else float('nan')), len(vals)
+
+
+def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps: int = STEPS,
+        overrides: Sequence[tuple[str, Any]] = (), log: Callable[[str], None] = print,
+        on_seed: Optional[Callable[[dict], None]] = None) -> dict:
+  """The table-3 column of ``task``: per seed, the reference and each kind for ``steps`` steps.
+
+  ``on_seed(partial_result)`` is called after each kind of each seed with the result so far (the
+  command writes it, so a long run stopped early keeps every kind it finished; ``seeds`` lists the
+  seeds whose every kind finished, and the summary counts, per kind, the seeds that have it)."""
+  from kernelformer import registry  # pylint: disable=g-import-not-at-top
+  for k in (REFERENCE, *kinds):
+    try:
+      registry.get(k)
+    except registry.UnknownKernelError as e:
+      raise InstabilityError(str(e)) from None
+  if steps < 1:
+    raise InstabilityError(f'--steps must be >= 1, got {steps}')
+  if not seeds:
+    raise InstabilityError('at least one seed')
+  base = task_config(task, overrides)
+  t0 = time.perf_counter()
+  per_seed = []
+
+  def result() -> dict:
+    done = [e['seed'] for e in per_seed if len(e['kinds']) == len(kinds)]
+    return {'task': task, 'preset': PRESET, 'steps': steps, 'seeds': done,
+            'seeds_planned': [int(s) for s in seeds], 'reference': REFERENCE, 'kinds': list(kinds),
+            'overrides': [list(o) for o in overrides], 'optimizer': describe_optimizer(base),
+            'summary': summarize(per_seed, kinds, task), 'per_seed': per_seed,
+            'wall_seconds': time.perf_counter() - t0, 'environment': environment(), 'source': SOURCE}
+
+  def progress(kind):
+    return lambda i: log(f'  {kind}: step {i}/{steps} ({time.perf_counter() - t0:.0f} s)') if (
+        i % 5 == 0) else None
+  for seed in seeds:
+    c = base.copy_and_resolve_references()
+    c.unlock()
+    c.seed = int(seed)
+    c.lock()
+    batches = seed_batches(c, int(seed), steps)
+    ref, ref_params, _ = trace_kind(c, REFERENCE, batches, on_step=progress(REFERENCE))
+    log(f'seed {seed}: {REFERENCE} {ref.seconds:.0f} s')
+    entry = {'seed': int(seed), 'reference': dataclasses.asdict(ref), 'kinds': {}}
+    per_seed.append(entry)
+    for kind in kinds:
+      tr, _, _ = trace_kind(c, kind, batches, reference_params=ref_params, on_step=progress(kind))
+      entry['kinds'][kind] = {**dataclasses.asdict(tr), 'ratio': ratios(tr, ref),
+                              'ratio_difference': ratios(tr, ref, 'tau_difference'),
+                              'ratio_all': ratios(tr, ref, 'tau_all')}
+      m, n = mean_ratio(entry['kinds'][kind]['ratio'])
+      log(f'seed {seed}: {kind} mean ratio {m:.3f} over {n} steps ({tr.seconds:.0f} s)')
+      if on_seed is not None:
+        on_seed(result())
+  return result()
+
+
+def describe_optimizer(config) -> dict:
+  return {k: (v if isinstance(v, (int, float, str, bool)) or v is None else str(v))
+          for k, v in config.optim.to_dict().items()}
+
+
+def environment() -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  return {'device': str(jax.devices()[0].device_kind), 'backend': jax.default_backend(),
+          'cpu': platform.processor() or platform.machine(), 'cores': os.cpu_count(),
+          'jax': jax.__version__}
+
+
+def summarize(per_seed: Sequence[dict], kinds: Sequence[str], task: str) -> dict:
+  """kind -> mean and sd over seeds of the per-seed averaged ratio (and the alternative forms)."""
+  out = {}
+  for kind in kinds:
+    row = {'published': PUBLISHED.get(kind, {}).get(task)}
+    for field in ('ratio', 'ratio_difference', 'ratio_all'):
+      have = [e for e in per_seed if kind in e['kinds']]
+      means = [mean_ratio(e['kinds'][kind][field]) for e in have]
+      vals = np.asarray([m for m, _ in means], np.float64)
+      row[field] = {'mean': float(np.mean(vals)) if len(vals) else float('nan'),
+                    'sd': float(np.std(vals, ddof=1)) if len(vals) > 1 else float('nan'),
+                    'per_seed': vals.tolist(), 'seeds': [e['seed'] for e in have],
+                    'steps_used': [n for _, n in means]}
+    out[kind] = row
+  return out
+
+
+def _fmt(x: Optional[float], digits: int = 2) -> str:
+  return '—' if x is None or (isinstance(x, float) and math.isnan(x)) else f'{x:.{digits}f}'
+
+
+def markdown(result: dict, command: str = '') -> str:
+  s, task = result['summary'], result['task']
+  planned = result.get('seeds_planned', result['seeds'])
+  lines = [f"Instability ratio to {result['reference']} ({SOURCE}), {task}, preset "
+           f"`{result['preset']}`, {result['steps']} steps, mean ± sd over the seeds of each row "
+           f"(planned: {', '.join(map(str, planned))}; finished: "
+           f"{', '.join(map(str, result['seeds'])) or 'none'}).", '']
+  if command:
+    lines += [f'`{command}`; {result["wall_seconds"] / 60:.1f} min on '
+              f"{result['environment']['device']} ({result['environment']['cores']} cores), jax "
+              f"{result['environment']['jax']}.", '']
+  lines += ['| model | kind | published | ours (first-order τ) | ours (float32 difference) | '
+            'ours (τ over all parameters) | seeds | steps averaged |',
+            '|---|---|---|---|---|---|---|---|']
+  for kind, row in s.items():
+    cells = [f"{_fmt(row[f]['mean'])} ± {_fmt(row[f]['sd'])}"
+             for f in ('ratio', 'ratio_difference', 'ratio_all')]
+    lines.append(f"| {PAPER_NAMES.get(kind, kind)} | `{kind}` | {_fmt(row['published'])} | "
+                 f"{' | '.join(cells)} | {len(row['ratio']['seeds'])} | "
+                 f"{'/'.join(map(str, row['ratio']['steps_used'])) or '—'} |")
+  opt = result['optimizer']
+  lines += ['', 'Optimizer (from the preset, kernelformer/training/optim.py): ' +
+            ', '.join(f'{k}={v}' for k, v in sorted(opt.items()))]
+  return '\n'.join(lines) + '\n'
+
+
+def write(result: dict, out_dir: str, command: str = '') -> dict:
+  os.makedirs(out_dir, exist_ok=True)
+  name = f"instability-{result['task']}"
+  paths = {'json': os.path.join(out_dir, name + '.json'), 'md': os.path.join(out_dir, name + '.md')}
+  with open(paths['json'], 'w') as fh:
+    json.dump({**result, 'command': command}, fh, indent=1)
+  with open(paths['md'], 'w') as fh:
+    fh.write(markdown(result, command))
+  return paths

@@ -1,0 +1,83 @@
+"""``scripts/gpu_day.sh reproduce`` dry-run on the CPU at tiny sizes, and its table builder.
+
+The dry run (``KF_REPRODUCE_DRY=1``) runs the script's real commands -- data preparation, the Zoology
+runs side by side, the ListOps kinds side by side, the table -- with a handful of steps, and must
+leave results.json and results.md in OUT with every run's row, the device, the versions and the
+commands; a kind the registry lacks is skipped with one line and named in the table.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kernelformer import registry
+from kernelformer.reproduce import gpu_table
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _registered(kind):
+  try:
+    registry.get(kind)
+  except registry.UnknownKernelError:
+    return False
+  return True
+
+
+@pytest.mark.slow
+def test_reproduce_dry_run_writes_results_and_table(tmp_path):
+  out = tmp_path / 'out'
+  env = {**os.environ, 'KF_REPRODUCE_DRY': '1', 'KF_NO_WHL': '1', 'KF_PYTHON': sys.executable,
+         'KF_GPU_DATA': str(tmp_path / 'data'), 'KF_REPRODUCE_RUNS': str(tmp_path / 'runs'),
+         'KF_REPRODUCE_ZOOLOGY_LRS': '0.01', 'KF_REPRODUCE_KINDS': 'performer-skyformer skyformer',
+         'KF_REPRODUCE_INSTABILITY': '1', 'KF_REPRODUCE_INSTABILITY_SEEDS': '1',
+         'KF_REPRODUCE_LISTOPS_SECONDS': '1200', 'JAX_PLATFORMS': 'cpu'}
+  env.pop('XLA_FLAGS', None)   # one CPU device per process, as on the GPU machine
+  proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce', str(out)], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=1800)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  res = json.loads((out / 'results.json').read_text())
+  rows = {(r['group'], r['label']): r for r in res['runs']}
+  sky = rows[('skyformer-table1-listops', 'skyformer')]
+  assert sky['status'] == 'finished' and sky['final_step'] == sky['planned_steps'] == 4
+  assert sky['published'] == pytest.approx(0.3869)     # Skyformer table 1, ListOps, Skyformer
+  zoo = rows[('zoology-fig2-L64-d64', 'softmax lr 0.01')]
+  assert zoo['status'] == 'finished' and zoo['kind'] == 'softmax' and zoo['learning_rate'] == 0.01
+  assert zoo['published'] == gpu_table.ZOOLOGY_FIG2_ATTENTION_D64
+  assert 0.0 <= zoo['test_accuracy'] <= 1.0
+  environment = res['environment']
+  assert environment['device'] and 'jax ' in environment['versions']
+  assert any('--config.model.attention.kind=skyformer' in c for c in environment['commands'])
+  md = (out / 'results.md').read_text()
+  assert '| skyformer-table1-listops | skyformer | skyformer |' in md and 'Commands:' in md
+  assert (out / 'results-listops-skyformer.json').exists()
+  inst = json.loads((out / 'instability-listops.json').read_text())
+  assert inst['seeds'] == [0] and inst['steps'] == 3
+  assert set(inst['summary']) == {'nystromformer', 'gaussian', 'skyformer'}
+  assert '| Skyformer | `skyformer` | 0.79 |' in md
+  perf = ('skyformer-table1-listops', 'performer-skyformer')
+  if _registered('performer-skyformer'):
+    assert rows[perf]['status'] == 'finished' and rows[perf]['published'] == pytest.approx(0.3802)
+  else:
+    assert perf not in rows
+    assert 'performer-skyformer is not registered' in proc.stdout
+    assert 'Not run: performer-skyformer: not registered' in md
+
+
+def test_a_run_stopped_by_its_limit_is_truncated_not_finished(tmp_path):
+  wd = tmp_path / 'run'
+  wd.mkdir()
+  (wd / 'results.json').write_text(json.dumps({
+      'attention': 'skyformer', 'test_accuracy': 0.3, 'final_step': 1200,
+      'config': {'num_train_steps': 1200, 'optim': {'learning_rate': 1e-4}},
+      'config_changes': [{'at_step': 1200, 'fields': ['num_train_steps: 50000 -> 1200']}]}))
+  row = gpu_table.row('skyformer-table1-listops', 'skyformer', str(wd))
+  assert row['status'] == 'truncated' and row['planned_steps'] == 50000
+  assert '1,200 of 50,000' in gpu_table.markdown([row], {})
+  missing = gpu_table.row('zoology-fig2-L64-d64', 'x', str(tmp_path / 'absent'))
+  assert missing['status'].startswith('no results.json')
+  assert gpu_table.main(['--out', str(tmp_path / 'o'), '--run', 'no-separator']) == 2
