@@ -197,7 +197,7 @@ def _trainer_loss(model, config, keys) -> Callable:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
   dropout = keys['dropout']
-  lm = trainer._is_decoder(model)  # pylint: disable=protected-access
+  lm = trainer.is_decoder(model)
   aux = float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0
 
   def loss(params, model_state, batch, step):

@@ -81,7 +81,8 @@ def is_language_model(info) -> bool:
   return bool(getattr(info, 'language_model', False))
 
 
-def _is_decoder(model) -> bool:
+def is_decoder(model) -> bool:
+  """Whether ``model`` is the decoder-only LM (per-token targets), not the classifier."""
   from kernelformer import decoder  # pylint: disable=g-import-not-at-top
   return isinstance(model, decoder.Decoder)
 
@@ -110,7 +111,7 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
   """The jitted-to-be train and eval steps (pure functions of state and batch)."""
   accum = int(config.optim.grad_accum_steps)
   names = None  # filled lazily from the batch
-  lm = _is_decoder(model)
+  lm = is_decoder(model)
   # Auxiliary losses sown by the model (Hedgehog's attention distillation, attention/distill.py): only
   # when asked for, so with weight 0 the step is the plain one.
   aux = ((distill_lib.DISTILL_COLLECTION,)
