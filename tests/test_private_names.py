@@ -10,6 +10,8 @@ import ast
 import os
 import textwrap
 
+from tests.test_import_graph import module_index
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ('kernelformer', 'lra_tasks')
 SOURCE = ('kernelformer',)     # the modules checked (they may not use privates of either package)
@@ -18,25 +20,13 @@ SOURCE = ('kernelformer',)     # the modules checked (they may not use privates 
 ALLOWED = frozenset()
 
 
-def _modules(root: str) -> dict[str, str]:
-  mods = {}
-  for pkg in PACKAGES:
-    for folder, _, files in os.walk(os.path.join(root, pkg)):
-      for f in files:
-        if f.endswith('.py'):
-          path = os.path.join(folder, f)
-          name = os.path.relpath(path, root)[:-3].replace(os.sep, '.')
-          mods[name[:-len('.__init__')] if name.endswith('.__init__') else name] = path
-  return mods
-
-
 def _private(name: str) -> bool:
   return name.startswith('_') and not (name.startswith('__') and name.endswith('__'))
 
 
 def private_uses(root: str, source=SOURCE) -> list[tuple[str, int, str, str]]:
   """``(module, line, owner module, name)`` for every cross-module use of a private name."""
-  mods = _modules(root)
+  mods = module_index(root)
   found = []
   for mod, path in sorted(mods.items()):
     if mod.split('.')[0] not in source:
