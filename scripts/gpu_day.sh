@@ -159,6 +159,7 @@ reproduce)
         --config.model.attention.kind="$kind" --config.progress=False "${lo_tiny[@]}")
     if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # 8 landmarks / features at the tiny length
       case $kind in skyformer|nystromformer) sc+=(--config.model.attention.num_landmarks=8) ;;
+                    performer-skyformer|performer-zoology) ;;   # M fixed by the kind (its source's)
                     *) sc+=(--config.model.attention.num_features=8) ;; esac
     fi
     printf '%s\n' "${sc[@]}" > "$wd.cmd"
