@@ -73,6 +73,13 @@ def base_config() -> ml_collections.ConfigDict:
   # random-feature keys (split by the scan instead of folded from 'block_i').
   c.model.scan_layers = False
   c.model.qkv_bias = True               # biases on the attention's q/k/v/output projections (LRA: none)
+  # The encoder's initialisers, LayerNorm epsilon and GELU form (kernelformer/layers.py dense_init,
+  # LayerDefaults): flax's, as LRA builds its model ('lra', 1e-6, tanh GELU), or Skyformer's torch model
+  # ('skyformer': torch.nn.Linear's U(+-1/sqrt(fan_in)) weights and biases, N(0, 0.02) embeddings; 1e-5;
+  # exact GELU). At init the residual stream of the two differs ~50x in scale (embeddings 1 vs 0.02).
+  c.model.param_init = 'lra'
+  c.model.layer_norm_eps = 1e-6
+  c.model.gelu_approximate = True
   c.model.retrieval_head = 'nli'        # Retrieval's head: 'nli' [u, v, u*v, u-v] -> 2 Dense | 'lra' [u, v] -> 3 Dense (kernelformer/encoder.py)
   c.model.attention = attention_config('softmax')
   c.model.attention.attention_dropout = 0.1
@@ -189,6 +196,12 @@ def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning
   c.model.pooling = 'mean'
   c.model.pos_encoding = 'learned'
   c.model.qkv_bias = True
+  # torch's layers as Skyformer builds them: nn.Linear's default init (src/models/attention.py 109-117,
+  # model_transformer.py 58-63, model_LRA.py 29-33), embeddings N(0, 0.02) (model_transformer.py 19, 22),
+  # nn.LayerNorm's eps 1e-5 (51, 56, 86), nn.GELU()'s exact form (60).
+  c.model.param_init = 'skyformer'
+  c.model.layer_norm_eps = 1e-5
+  c.model.gelu_approximate = False
   c.model.retrieval_head = 'nli'    # SCHeadDual: [X_0, X_1, X_0 * X_1, X_0 - X_1] (model_LRA.py 68-82)
   c.model.attention.kind = 'skyformer'
   c.model.attention.num_features = 128

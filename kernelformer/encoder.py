@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer import registry
-from kernelformer.layers import ModelConfig, RelativePositionBias, remat_block, scanned_layers
+from kernelformer.layers import (LayerDefaults, ModelConfig, RelativePositionBias, dense_init, embed_init,
+                                 remat_block, scanned_layers)
 
 RETRIEVAL_HEADS = ('lra', 'nli')
 
@@ -60,13 +61,19 @@ class Encoder(ModelConfig):
   remat: str = 'none'                  # 'none' | 'block' | a jax.checkpoint_policies name (layers.py)
   scan_layers: bool = False            # one nn.scan over the blocks (params stacked on a layer axis)
   qkv_bias: bool = True                # biases of the attention projections (layers.MultiHeadAttention)
+  # Initialisers, LayerNorm epsilon and GELU form (layers.LayerDefaults): flax's as LRA builds its
+  # model, or those of Skyformer's torch model (config.model.param_init / layer_norm_eps / gelu_approximate).
+  param_init: str = 'lra'
+  layer_norm_eps: float = 1e-6
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(self, inputs, *, train: bool = False, step=None):
     deterministic = not train
     mask = inputs != 0
+    defaults = LayerDefaults(self.param_init, self.layer_norm_eps, self.gelu_approximate)
     x = nn.Embed(self.vocab_size, self.emb_dim, name='embed',
-                 embedding_init=nn.initializers.normal(stddev=1.0))(inputs)
+                 embedding_init=embed_init(self.param_init))(inputs)
     if self.pooling == 'cls':
       # A learned CLS vector in front; it is a real token, so the mask gets one True column.
       cls = self.param('cls', nn.initializers.zeros, (1, 1, self.emb_dim), jnp.float32)
@@ -94,7 +101,8 @@ class Encoder(ModelConfig):
         shared_bias = RelativePositionBias(self.num_heads, name='position_bias')(length)
     block = dict(num_heads=self.num_heads, qkv_dim=self.qkv_dim, mlp_dim=self.mlp_dim,
                  attention=attention, dropout_rate=self.dropout_rate,
-                 per_layer_position_bias=per_layer, dtype=self.dtype, qkv_bias=self.qkv_bias)
+                 per_layer_position_bias=per_layer, dtype=self.dtype, qkv_bias=self.qkv_bias,
+                 defaults=defaults)
     if self.scan_layers:
       # Parameters under 'layers/block/...' with a leading [num_layers] axis; one compiled block.
       x, _ = scanned_layers(self.num_layers, self.remat, deterministic, block)(
@@ -104,7 +112,8 @@ class Encoder(ModelConfig):
       cls = remat_block(self.remat)
       for i in range(self.num_layers):
         x = cls(**block, name=f'block_{i}')(x, mask, step, deterministic, shared_bias)
-    x = nn.LayerNorm(dtype=self.dtype, name='final_norm')(x).astype(jnp.float32)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name='final_norm')(x)
+    x = x.astype(jnp.float32)
     if self.pooling == 'cls':
       return x[:, 0]
     w = mask.astype(jnp.float32)[..., None]
@@ -127,6 +136,8 @@ class Classifier(nn.Module):
       raise ValueError(f"model.retrieval_head must be one of {', '.join(map(repr, RETRIEVAL_HEADS))}, "
                        f'got {self.retrieval_head!r}')
     enc = Encoder(**self.encoder, name='encoder')
+    init = self.encoder.get('param_init', 'lra')
+    dense = lambda n, fan_in, name: nn.Dense(n, name=name, **dense_init(init, fan_in))
     if self.dual:
       # One encoder call over both documents (stacked on the batch axis), so the towers are truly
       # siamese: the same random features, landmarks and redraw for both, which two separate calls
@@ -139,11 +150,11 @@ class Classifier(nn.Module):
       u, v = both[:x1.shape[0]], both[x1.shape[0]:]
       if self.retrieval_head == 'lra':
         h = jnp.concatenate([u, v], axis=-1)
-        h = nn.relu(nn.Dense(self.mlp_dim, name='head_hidden')(h))
-        h = nn.relu(nn.Dense(self.mlp_dim // 2, name='head_hidden2')(h))
-        return nn.Dense(self.num_classes, name='head_out')(h)
+        h = nn.relu(dense(self.mlp_dim, h.shape[-1], 'head_hidden')(h))
+        h = nn.relu(dense(self.mlp_dim // 2, self.mlp_dim, 'head_hidden2')(h))
+        return dense(self.num_classes, self.mlp_dim // 2, 'head_out')(h)
       h = jnp.concatenate([u, v, u * v, u - v], axis=-1)
     else:
       h = enc(batch['inputs'], train=train, step=step)
-    h = nn.relu(nn.Dense(self.mlp_dim, name='head_hidden')(h))
-    return nn.Dense(self.num_classes, name='head_out')(h)
+    h = nn.relu(dense(self.mlp_dim, h.shape[-1], 'head_hidden')(h))
+    return dense(self.num_classes, self.mlp_dim, 'head_out')(h)

@@ -21,6 +21,44 @@ Array = Any
 # ``config.model.dtype`` -> the activations' dtype (encoder and decoder).
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
+# ``config.model.param_init``: how the encoder's parameters are initialised (``dense_init``, ``embed_init``).
+INITS = ('lra', 'skyformer')
+
+
+def check_init(init: str) -> str:
+  if init not in INITS:
+    raise ValueError(f"model.param_init must be one of {', '.join(map(repr, INITS))}, got {init!r}")
+  return init
+
+
+def dense_init(init: str, fan_in: int, *, attention: bool = False) -> dict[str, Any]:
+  """``kernel_init`` and ``bias_init`` of a dense layer with ``fan_in`` inputs under ``model.param_init``.
+
+  * ``'lra'``: flax's layers as LRA builds them -- the attention's q/k/v/output projections
+    ``xavier_uniform`` (long-range-arena ``models/transformer/transformer.py`` 64-73 @ b4f9fed, flax
+    ``nn.SelfAttention``'s default), every other Dense flax's ``lecun_normal``; biases zero.
+  * ``'skyformer'``: every ``torch.nn.Linear`` of Skyformer's model (pkuzengqi/Skyformer
+    ``src/models/attention.py`` 109-117, ``model_transformer.py`` 58-63, ``model_LRA.py`` 29-33 @
+    cfe8c8c) keeps torch's ``reset_parameters``: weight ``kaiming_uniform_(a=sqrt(5))``, i.e.
+    ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, and the bias ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``.
+  """
+  if check_init(init) == 'skyformer':
+    bound = float(fan_in) ** -0.5
+
+    def uniform(key, shape, dtype=jnp.float32):
+      return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return dict(kernel_init=uniform, bias_init=uniform)
+  kernel = nn.initializers.xavier_uniform() if attention else nn.initializers.lecun_normal()
+  return dict(kernel_init=kernel, bias_init=nn.initializers.zeros)
+
+
+def embed_init(init: str):
+  """The token embedding's initialiser under ``model.param_init``: ``'lra'`` N(0, 1) (flax ``nn.Embed`` with
+  ``normal(stddev=1.0)``, LRA ``models/layers/common_layers.py`` ``Embed``); ``'skyformer'`` N(0, 0.02)
+  (Skyformer ``src/models/model_transformer.py`` 19, ``torch.nn.init.normal_(..., std=0.02)``). The
+  learned position table is N(0, 0.02) under both (LRA ``AddPositionEmbs``; Skyformer line 22)."""
+  return nn.initializers.normal(stddev=0.02 if check_init(init) == 'skyformer' else 1.0)
+
 
 def attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
   """The attention mapping without unset (None) options, which fall back to the mechanism's own
@@ -28,18 +66,18 @@ def attention_options(attention: Mapping[str, Any]) -> dict[str, Any]:
   return {k: v for k, v in dict(attention).items() if v is not None}
 
 
-def qkv_projections(x, num_heads: int, qkv_dim: int, dtype,
-                    use_bias: bool = True) -> tuple[Array, Array, Array]:
+def qkv_projections(x, num_heads: int, qkv_dim: int, dtype, use_bias: bool = True,
+                    param_init: str = 'lra') -> tuple[Array, Array, Array]:
   """``q, k, v [B, L, H, qkv_dim / H]`` from ``x``: submodules 'query', 'key', 'value' of the calling module.
 
   Called inside a compact ``__call__`` (the encoder's and the decoder's attention share it).
-  ``use_bias=False`` gives the three projections no bias parameter.
+  ``use_bias=False`` gives the three projections no bias parameter; ``param_init`` per ``dense_init``.
   """
   if qkv_dim % num_heads:
     raise ValueError(f'qkv_dim={qkv_dim} is not divisible by num_heads={num_heads}')
   dense = lambda name: nn.DenseGeneral(
       (num_heads, qkv_dim // num_heads), dtype=dtype, name=name, use_bias=use_bias,
-      kernel_init=nn.initializers.xavier_uniform())
+      **dense_init(param_init, x.shape[-1], attention=True))
   return dense('query')(x), dense('key')(x), dense('value')(x)
 
 
@@ -56,41 +94,59 @@ class MultiHeadAttention(nn.Module):
   # transforms use bias" (long-range-arena lra_benchmarks/models/transformer/transformer.py 71 @
   # b4f9fed), so the output projection goes with the three.
   use_bias: bool = True
+  param_init: str = 'lra'             # config.model.param_init (``dense_init``)
 
   @nn.compact
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
-    q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype, self.use_bias)
+    q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype, self.use_bias,
+                              self.param_init)
     mechanism = registry.build(attention_options(self.attention))
     extra = {} if position_bias is None else {'position_bias': position_bias}
     out = mechanism(q, k, v, mask=mask, causal=self.causal, step=step,
                     deterministic=deterministic, **extra)
     return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), dtype=self.dtype, name='out',
-                           use_bias=self.use_bias, kernel_init=nn.initializers.xavier_uniform())(out)
+                           use_bias=self.use_bias,
+                           **dense_init(self.param_init, out.shape[-2] * out.shape[-1], attention=True))(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerDefaults:
+  """What differs between a flax-built and a torch-built Transformer besides the architecture
+  (``config.model.param_init``, ``layer_norm_eps``, ``gelu_approximate``). The defaults are flax's, as LRA
+  builds its model: ``nn.LayerNorm`` epsilon 1e-6 and ``nn.gelu``'s tanh form; Skyformer's torch model
+  has ``nn.LayerNorm`` epsilon 1e-5 and ``nn.GELU()``'s exact erf form."""
+
+  param_init: str = 'lra'
+  layer_norm_eps: float = 1e-6
+  gelu_approximate: bool = True
 
 
 class MlpBlock(nn.Module):
   mlp_dim: int
   dropout_rate: float = 0.1
   dtype: Any = jnp.float32
+  defaults: LayerDefaults = LayerDefaults()
 
   @nn.compact
   def __call__(self, x, *, deterministic=True):
-    y = nn.Dense(self.mlp_dim, dtype=self.dtype)(x)
-    y = nn.gelu(y)
+    d = self.defaults
+    y = nn.Dense(self.mlp_dim, dtype=self.dtype, **dense_init(d.param_init, x.shape[-1]))(x)
+    y = nn.gelu(y, approximate=d.gelu_approximate)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    return nn.Dense(x.shape[-1], dtype=self.dtype)(y)
+    return nn.Dense(x.shape[-1], dtype=self.dtype, **dense_init(d.param_init, self.mlp_dim))(y)
 
 
-def pre_ln_residuals(x, attend, mlp_dim: int, dropout_rate: float, dtype, deterministic: bool):
+def pre_ln_residuals(x, attend, mlp_dim: int, dropout_rate: float, dtype, deterministic: bool,
+                     defaults: LayerDefaults = LayerDefaults()):
   """The pre-LayerNorm block body: ``x + Drop(attend(LN(x)))``, then ``x + Drop(MLP(LN(x)))``.
 
   Called inside a compact ``__call__`` (encoder and decoder blocks share it); its LayerNorms and
   MlpBlock become submodules of the caller with the names they always had.
   """
-  y = nn.LayerNorm(dtype=dtype)(x)
+  y = nn.LayerNorm(epsilon=defaults.layer_norm_eps, dtype=dtype)(x)
   x = x + nn.Dropout(dropout_rate)(attend(y), deterministic=deterministic)
-  y = nn.LayerNorm(dtype=dtype)(x)
-  y = MlpBlock(mlp_dim, dropout_rate, dtype=dtype)(y, deterministic=deterministic)
+  y = nn.LayerNorm(epsilon=defaults.layer_norm_eps, dtype=dtype)(x)
+  y = MlpBlock(mlp_dim, dropout_rate, dtype=dtype, defaults=defaults)(y, deterministic=deterministic)
   return x + nn.Dropout(dropout_rate)(y, deterministic=deterministic)
 
 
@@ -107,6 +163,7 @@ class EncoderBlock(nn.Module):
   max_length: Optional[int] = None
   dtype: Any = jnp.float32
   qkv_bias: bool = True                   # biases of the attention projections (MultiHeadAttention.use_bias)
+  defaults: LayerDefaults = LayerDefaults()  # initialisers, LayerNorm epsilon, GELU form
 
   @nn.compact
   def __call__(self, x, mask=None, step=None, deterministic=True, position_bias=None):
@@ -115,11 +172,12 @@ class EncoderBlock(nn.Module):
     if self.per_layer_position_bias:
       position_bias = RelativePositionBias(self.num_heads, name='position_bias')(x.shape[1])
     attention = MultiHeadAttention(self.num_heads, self.qkv_dim, self.attention, causal=self.causal,
-                                   dtype=self.dtype, use_bias=self.qkv_bias, name='attention')
+                                   dtype=self.dtype, use_bias=self.qkv_bias,
+                                   param_init=self.defaults.param_init, name='attention')
     return pre_ln_residuals(
         x, lambda y: attention(y, mask=mask, step=step, deterministic=deterministic,
                                position_bias=position_bias),
-        self.mlp_dim, self.dropout_rate, self.dtype, deterministic)
+        self.mlp_dim, self.dropout_rate, self.dtype, deterministic, self.defaults)
 
 
 # ``config.model.remat``: 'none', 'block' (nn.remat around each block: only its input is kept for the

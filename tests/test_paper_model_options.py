@@ -105,3 +105,88 @@ def test_presets_build_the_model_they_name():
   assert sky.retrieval_head == 'nli' and sky.encoder['qkv_bias']
   single = trainer.build_model(listops.get_config('lra'), common.TaskInfo(10, 20, 16))
   assert not single.encoder['qkv_bias']
+
+
+def _single(init: str, **kw) -> Classifier:
+  encoder = dict(vocab_size=300, emb_dim=64, num_layers=1, num_heads=2, qkv_dim=64, mlp_dim=128,
+                 max_length=L, dropout_rate=0.0, pooling='mean', attention={'kind': 'softmax'},
+                 param_init=init, **kw)
+  return Classifier(num_classes=10, encoder=encoder, mlp_dim=128)
+
+
+def _params(init: str, seed: int = 0) -> dict:
+  params = _single(init).init(jax.random.key(seed), {'inputs': jnp.ones((1, L), jnp.int32)})['params']
+  return dict(zip(_leaf_paths(params), jax.tree_util.tree_leaves(params)))
+
+
+def test_skyformer_init_is_torch_linear_and_small_embeddings():
+  """``param_init='skyformer'``: every Linear weight and bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (torch's
+  ``reset_parameters``), token embeddings N(0, 0.02); 'lra' keeps xavier / lecun_normal, zero biases,
+  N(0, 1) embeddings. Checked on the support and the second moment of every leaf."""
+  sky, lra = _params('skyformer'), _params('lra')
+  fan_in = {'query': 64, 'key': 64, 'value': 64, 'out': 64, 'Dense_0': 64, 'Dense_1': 128,
+            'head_hidden': 64, 'head_out': 128}
+  checked = 0
+  for path, x in sky.items():
+    x = np.asarray(x, np.float64)
+    layer = path.split('/')[-2]
+    if path.endswith(('kernel', 'bias')) and layer in fan_in:
+      bound = fan_in[layer] ** -0.5
+      assert np.abs(x).max() <= bound, path
+      if x.size >= 64:   # U(-b, b): second moment b^2 / 3, the largest |x| close to b
+        assert abs(np.mean(x ** 2) / (bound ** 2 / 3) - 1) < 0.2 and np.abs(x).max() > 0.9 * bound, path
+      if path.endswith('bias'):
+        assert np.all(np.asarray(lra[path]) == 0), path
+      checked += 1
+  assert checked == 2 * len(fan_in)
+  emb_sky, emb_lra = sky['encoder/embed/embedding'], lra['encoder/embed/embedding']
+  assert abs(float(np.std(emb_sky)) / 0.02 - 1) < 0.05 and abs(float(np.std(emb_lra)) - 1) < 0.05
+  # xavier_uniform on the q projection (fan_in 64, fan_out 64): bound sqrt(6 / 128) = 0.217, where
+  # torch's is 1/8.
+  q_max = float(np.abs(np.asarray(lra['encoder/block_0/attention/query/kernel'])).max())
+  assert 0.9 * (6 / 128) ** 0.5 < q_max <= (6 / 128) ** 0.5
+  with pytest.raises(ValueError, match='model.param_init'):
+    _single('torch').init(jax.random.key(0), {'inputs': jnp.ones((1, L), jnp.int32)})
+
+
+def test_layer_norm_eps_and_exact_gelu_reach_every_layer():
+  """``layer_norm_eps`` and ``gelu_approximate=False`` change the function: the block output equals a
+  float64 numpy block with torch's LayerNorm (eps 1e-5) and erf GELU, and differs from the tanh form."""
+  from scipy.special import erf  # pylint: disable=g-import-not-at-top
+  from kernelformer.layers import LayerDefaults
+  x = jax.random.normal(jax.random.key(3), (2, 5, 8)) * 0.05   # a small residual stream: eps matters
+  d = LayerDefaults('skyformer', 1e-5, False)
+  block = EncoderBlock(num_heads=2, qkv_dim=8, mlp_dim=16, attention={'kind': 'softmax'},
+                       dropout_rate=0.0, defaults=d)
+  v = block.init(jax.random.key(0), x)
+  got = np.asarray(block.apply(v, x), np.float64)
+  p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), v['params'])
+  xn = np.asarray(x, np.float64)
+
+  def ln(h, q):
+    mu, var = h.mean(-1, keepdims=True), h.var(-1, keepdims=True)
+    return (h - mu) / np.sqrt(var + 1e-5) * q['scale'] + q['bias']
+
+  def dense(h, q, axes=1):
+    return np.tensordot(h, q['kernel'], axes=axes) + q['bias']
+  y = ln(xn, p['LayerNorm_0'])
+  a = p['attention']
+  q, k, vv = (dense(y, a[n]) for n in ('query', 'key', 'value'))
+  s = np.einsum('blhd,bmhd->bhlm', q, k) / np.sqrt(4)
+  w = np.exp(s - s.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  h = xn + dense(np.einsum('bhlm,bmhd->blhd', w, vv), a['out'], axes=2)
+  z = dense(ln(h, p['LayerNorm_1']), p['MlpBlock_0']['Dense_0'])
+  z = 0.5 * z * (1 + erf(z / np.sqrt(2)))
+  want = h + dense(z, p['MlpBlock_0']['Dense_1'])
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  tanh_block = EncoderBlock(num_heads=2, qkv_dim=8, mlp_dim=16, attention={'kind': 'softmax'},
+                            dropout_rate=0.0, defaults=LayerDefaults('skyformer', 1e-6, True))
+  assert np.abs(np.asarray(tanh_block.apply(v, x), np.float64) - want).max() > 1e-5
+
+
+def test_skyformer_presets_build_the_torch_layers():
+  info = common.TaskInfo(num_classes=10, vocab_size=20, max_length=16)
+  sky = trainer.build_model(listops.get_config('skyformer'), info)
+  assert (sky.encoder['param_init'], sky.encoder['layer_norm_eps'], sky.encoder['gelu_approximate']) == (
+      'skyformer', 1e-5, False)

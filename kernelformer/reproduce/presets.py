@@ -21,7 +21,7 @@ COLUMNS = ('task', 'preset', 'source', 'layers', 'heads', 'emb', 'qkv', 'mlp', '
            'warm-up', 'steps', 'batch', 'pooling', 'positions', 'length',
            'attention (features / landmarks)',
            'dropout / attn.', 'eval every', 'weight decay (decayed)', 'Adam b1 / b2 / eps', 'clip',
-           'eval batches', 'test checkpoint', 'qkv bias', 'head / pixels')
+           'eval batches', 'test checkpoint', 'qkv bias', 'init (LayerNorm eps, GELU)', 'head / pixels')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,7 @@ class Row:
   eval_batches: str = ''
   test_checkpoint: str = ''
   qkv_bias: str = ''
+  init: str = ''          # model.param_init (model.layer_norm_eps, model.gelu_approximate)
   task_option: str = ''   # retrieval: model.retrieval_head; image, pathfinder: data.pixel_padding
 
   def cells(self) -> tuple[str, ...]:
@@ -60,7 +61,7 @@ class Row:
             f'{self.warmup:,}', f'{self.steps:,}', str(self.batch), self.pooling, self.positions, f'{self.length:,}',
             self.attention, self.dropout, f'{self.eval_every:,}',
             f'{_num(self.weight_decay)} ({self.decay_mask})', self.adam, self.clip, self.eval_batches,
-            self.test_checkpoint, self.qkv_bias, self.task_option)
+            self.test_checkpoint, self.qkv_bias, self.init, self.task_option)
 
 
 def _num(x: float) -> str:
@@ -128,6 +129,8 @@ def rows(tasks: tuple[str, ...] = TASKS) -> list[Row]:
           decay_mask=optim_lib.decay_mode(c.optim), adam=_adam(c), clip=_clip(c),
           eval_batches=str(c.max_eval_batches) if c.max_eval_batches else 'all',
           test_checkpoint=c.eval.test_checkpoint, qkv_bias='yes' if c.model.qkv_bias else 'no',
+          init=(f"{c.model.param_init} ({c.model.layer_norm_eps:g}, "
+                f"{'tanh' if c.model.gelu_approximate else 'erf'})"),
           task_option=_task_option(c)))
   return out
 

@@ -33,7 +33,7 @@ from kernelformer import plugins
 from kernelformer import registry
 from kernelformer.attention import distill as distill_lib
 from kernelformer.encoder import Classifier
-from kernelformer.layers import ModelConfig
+from kernelformer.layers import ModelConfig, check_init
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
@@ -61,6 +61,11 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
     if m.get('remat', 'none') != 'none' or m.get('scan_layers', False):
       raise ValueError('model.remat and model.scan_layers apply to the encoder of classification '
                        "tasks; the decoder of LM tasks does not take them (leave 'none' / False)")
+    if (m.get('param_init', 'lra'), m.get('layer_norm_eps', 1e-6), m.get('gelu_approximate', True)) != (
+        'lra', 1e-6, True):
+      raise ValueError('model.param_init, model.layer_norm_eps and model.gelu_approximate apply to the '
+                       'encoder of classification tasks; the decoder of LM tasks keeps its own (leave '
+                       "'lra', 1e-6, True)")
     from kernelformer import decoder  # pylint: disable=g-import-not-at-top
     return decoder.build_decoder(m, info)
   fields = ModelConfig.of(m, info)   # the fields the encoder shares with the decoder; dtype checked
@@ -71,7 +76,10 @@ def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> 
     attention['max_length'] = info.max_length + (1 if m.pooling == 'cls' else 0)
   encoder = dict(fields, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
                  remat=m.get('remat', 'none'), scan_layers=bool(m.get('scan_layers', False)),
-                 qkv_bias=bool(m.get('qkv_bias', True)))
+                 qkv_bias=bool(m.get('qkv_bias', True)),
+                 param_init=check_init(m.get('param_init', 'lra')),
+                 layer_norm_eps=float(m.get('layer_norm_eps', 1e-6)),
+                 gelu_approximate=bool(m.get('gelu_approximate', True)))
   return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual,
                     retrieval_head=m.get('retrieval_head', 'nli'))
 

@@ -24,7 +24,8 @@ from configs import text
 MODULES = {'listops': listops, 'text': text, 'retrieval': retrieval, 'image': image,
            'pathfinder': pathfinder}
 
-LRA_COMMON = {'eval.test_checkpoint': 'final', 'model.qkv_bias': False, 'optim.b1': 0.9,
+LRA_COMMON = {'eval.test_checkpoint': 'final', 'model.qkv_bias': False, 'model.param_init': 'lra',
+              'model.layer_norm_eps': 1e-6, 'model.gelu_approximate': True, 'optim.b1': 0.9,
               'optim.b2': 0.98, 'optim.eps': 1e-9, 'optim.grad_clip_value': 0.0}
 LRA = {
     ('listops', 'lra'): {'model.num_layers': 4, 'model.mlp_dim': 1024, 'eval_every': 50,
@@ -53,7 +54,8 @@ SKY_COMMON = {'model.num_layers': 2, 'model.emb_dim': 64, 'model.qkv_dim': 64, '
               'optim.b1': 0.95, 'optim.b2': 0.999, 'optim.eps': 1e-6, 'optim.grad_clip_value': 1.0,
               'optim.grad_clip_norm': 0.0, 'optim.weight_decay': 0.0, 'num_train_steps': 50000,
               'eval.test_checkpoint': 'best_after:0.2', 'model.attention.num_features': 128,
-              'model.attention.num_landmarks': 128}
+              'model.attention.num_landmarks': 128, 'model.param_init': 'skyformer',
+              'model.layer_norm_eps': 1e-5, 'model.gelu_approximate': False}
 # src/config.py "training": (batch_size, learning_rate, warmup, eval_frequency, num_eval_steps).
 SKY = {'listops': (32, 1e-4, 1000, 500, 62), 'pathfinder': (128, 2e-4, 312, 500, 156),
        'retrieval': (16, 2e-4, 800, 1000, 300), 'text': (32, 1e-4, 80, 500, 200),
