@@ -13,8 +13,8 @@ in every task (the model derives its key padding mask from ``inputs != 0``), so 
 
 A source may also answer a whole batch at once: ``src.read_batch(indices int[B]) -> {name: int32[B,
 ...]}``, equal to stacking ``src[i]`` over ``indices`` (the training and evaluation batches use it when
-present, else they stack single examples). ``ArraySource``, ``IndexedSource`` and the generated recall
-tasks (``lra_tasks/mqar.py``) have it.
+present, else they stack single examples). ``ArraySource``, ``IndexedSource``, the generated recall
+tasks (``lra_tasks/mqar.py``) and enwik8's ``WindowSource`` have it.
 
 Shared by the task modules: the sources (``ArraySource`` over int32 arrays, ``IndexedSource`` over
 stored, possibly memory-mapped rows), the seeded ``split_indices``, and the TFDS helpers

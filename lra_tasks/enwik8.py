@@ -74,6 +74,9 @@ class WindowSource:
 
   ``pad_tail``: a last window padded with 0 past ``stop`` so the split's final bytes are scored too
   (every byte but the first, exactly once); without it only full windows are made (training).
+
+  ``read_batch(indices)`` answers a batch with one gather of the windows' bytes (equal to stacking
+  ``src[i]``).
   """
 
   def __init__(self, mm: np.ndarray, start: int, stop: int, length: int, stride: int | None = None,
@@ -90,6 +93,11 @@ class WindowSource:
       self._n = 1 + -(-max(0, targets - length) // stride)
     else:
       self._n = 0 if targets < length else 1 + (targets - length) // stride
+    # Row r: the L + 1 bytes from start + r, for every window that ends by ``stop`` (a strided view of
+    # the map, nothing read).
+    span = np.asarray(mm[start:stop])
+    self._full = (np.lib.stride_tricks.sliding_window_view(span, length + 1)
+                  if len(span) > length else span[:0].reshape(0, length + 1))
 
   @property
   def stride(self) -> int:
@@ -109,6 +117,29 @@ class WindowSource:
     if int(i) > 0:
       targets[:self._length - self._stride] = 0   # scored by the previous window
     return {'inputs': w[:-1], 'targets': targets}
+
+  def read_batch(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    """Windows ``indices`` as one batch, ``{'inputs', 'targets'}: int32[B, L]``: the stacked ``src[i]``.
+
+    One fancy-indexed gather of the windows' bytes from the map; only a window that runs past
+    ``stop`` (``pad_tail``'s last) is read as ``src[i]``."""
+    idx = np.asarray(indices, dtype=np.int64)
+    bad = idx[(idx < 0) | (idx >= self._n)]
+    if len(bad):
+      raise IndexError(f'window index {bad[0]} out of range [0, {self._n})')
+    rows = idx * self._stride
+    full = rows < len(self._full)
+    windows = self._full[np.where(full, rows, 0)] if len(self._full) else (
+        np.zeros((len(idx), self._length + 1), np.uint8))
+    inputs = windows[:, :-1].astype(np.int32)
+    inputs += 1
+    targets = windows[:, 1:].astype(np.int32)
+    targets += 1
+    targets[idx > 0, :self._length - self._stride] = 0   # scored by the previous window
+    for j in np.flatnonzero(~full):
+      ex = self[int(idx[j])]
+      inputs[j], targets[j] = ex['inputs'], ex['targets']
+    return {'inputs': inputs, 'targets': targets}
 
 
 class Enwik8Task:

@@ -88,6 +88,17 @@ def pixel_tokens(gray: np.ndarray) -> np.ndarray:
   return np.asarray(gray, dtype=np.uint8).reshape(-1).astype(np.int32) + 1
 
 
+def offset_tokens(tokens: np.ndarray, data: Any, *, in_place: bool = False) -> np.ndarray:
+  """Tokens made as ``pixel + 1`` (``pixel_tokens``) at ``data``'s ``pixel_offset``: ``tokens`` itself
+  for 'none'; for 'lra' ``tokens - 1``, a new array unless ``in_place`` (for an array the caller owns)."""
+  if pixel_offset(data) == 1:
+    return tokens
+  if in_place:
+    tokens -= 1
+    return tokens
+  return tokens - 1
+
+
 def _convert(record: Mapping[str, Any]) -> tuple[np.ndarray, int]:
   image = np.asarray(record['image'])
   if image.shape != (SIDE, SIDE, 3):
@@ -117,8 +128,7 @@ def build_arrays(data: Any, split: str) -> dict[str, np.ndarray]:
                                               data.split_seed)
     idx = train_idx if split == 'train' else val_idx
     inputs, targets = inputs[idx], targets[idx]
-  if pixel_offset(data) == 0:   # read_tfds_split's tokens are pixel + 1 (``_convert``): a new array
-    inputs = inputs - 1
+  inputs = offset_tokens(inputs, data)   # read_tfds_split's tokens are pixel + 1 (``_convert``)
   arrays = {'inputs': inputs, 'targets': targets}
   common.check_nonempty('image', arrays, split, 'use more data or another data.val_fraction')
   return arrays

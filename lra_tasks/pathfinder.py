@@ -267,10 +267,9 @@ def _split_source(data: Any, split: str) -> common.ArraySource | common.IndexedS
     src = common.IndexedSource(idx, {'inputs': offset}, inputs=stored['pixels'],
                                targets=stored['labels'])
   else:
-    inputs = tokens[idx]          # a copy: load_examples' tokens (pixel + 1) stay as they are
-    if offset == 0:
-      inputs -= 1
-    src = common.ArraySource(inputs=inputs, targets=labels[idx])
+    # tokens[idx] is a copy: load_examples' tokens (pixel + 1) stay as they are.
+    src = common.ArraySource(inputs=image.offset_tokens(tokens[idx], data, in_place=True),
+                             targets=labels[idx])
   common.check_nonempty('pathfinder', {'targets': idx}, split,
                         f'{directory} has {n} valid images, too few for an 80/10/10 split')
   return src

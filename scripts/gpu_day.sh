@@ -130,28 +130,35 @@ reproduce)
   ($py "${prep[@]}" > "$runs/prepare.log" 2>&1; echo "prepare rc $?" >> "$runs/prepare.log") &
   prep_pid=$!
   cmds+=("python3 ${prep[*]}")
+  # start_run WD MEM_FRACTION SECONDS ROW ARGS..: python ARGS in the background under `timeout -s INT
+  # SECONDS` (log WD.log; ARGS kept in WD.cmd for the re-run below), its pid added to pids, its
+  # command to cmds and "--run ROW=WD" to the table.
+  start_run() {
+    local wd=$1 frac=$2 secs=$3 row=$4; shift 4
+    printf '%s\n' "$@" > "$wd.cmd"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$frac timeout -s INT "$secs" $py "$@" > "$wd.log" 2>&1 &
+    pids+=($!); cmds+=("timeout -s INT $secs python3 $*")
+    table+=(--run "$row=$wd")
+  }
   # Zoology figure 2 (64, 4), attention, d_model 64: the four learning rates side by side.
-  zpids=()
+  pids=()
   for lr in $zlrs; do
     wd=$runs/zoology-d64-lr$lr
-    zc=(-m kernelformer train --config "$zcfg" --workdir "$wd" --config.optim.learning_rate="$lr"
-        --config.progress=False "${zo_tiny[@]}")
-    printf '%s\n' "${zc[@]}" > "$wd.cmd"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.2 timeout -s INT "$zoo_secs" $py "${zc[@]}" > "$wd.log" 2>&1 &
-    zpids+=($!); cmds+=("timeout -s INT $zoo_secs python3 ${zc[*]}")
-    table+=(--run "zoology-fig2-L64-d64:softmax lr $lr=$wd")
+    start_run "$wd" 0.2 "$zoo_secs" "zoology-fig2-L64-d64:softmax lr $lr" -m kernelformer train \
+      --config "$zcfg" --workdir "$wd" --config.optim.learning_rate="$lr" --config.progress=False \
+      "${zo_tiny[@]}"
   done
-  for p in "${zpids[@]}"; do wait "$p"; done
+  for p in "${pids[@]}"; do wait "$p"; done
   wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
   # Skyformer table 1, ListOps: the kinds side by side on the one GPU.
-  spids=()
+  pids=()
   if [ -n "${KF_REPRODUCE_INSTABILITY:-}" ]; then
     # Opt-in: Skyformer table 3's ListOps column (kernelformer reproduce instability) beside the pair,
     # writing OUT/instability-listops.{json,md} after every kind (a time limit keeps what finished).
     ic=(-m kernelformer reproduce instability --task listops --seeds "${KF_REPRODUCE_INSTABILITY_SEEDS:-3}"
         --set data.data_dir="$data" --out_dir "$out" "${in_tiny[@]}")
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.15 timeout -s INT "$sky_secs" $py "${ic[@]}" > "$runs/instability.log" 2>&1 &
-    spids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${ic[*]}")
+    pids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${ic[*]}")
   fi
   for kind in "${ok[@]}"; do
     wd=$runs/listops-$kind
@@ -162,12 +169,9 @@ reproduce)
                     performer-skyformer|performer-zoology) ;;   # M fixed by the kind (its source's)
                     *) sc+=(--config.model.attention.num_features=8) ;; esac
     fi
-    printf '%s\n' "${sc[@]}" > "$wd.cmd"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.4 timeout -s INT "$sky_secs" $py "${sc[@]}" > "$wd.log" 2>&1 &
-    spids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${sc[*]}")
-    table+=(--run "skyformer-table1-listops:$kind=$wd")
+    start_run "$wd" 0.4 "$sky_secs" "skyformer-table1-listops:$kind" "${sc[@]}"
   done
-  for p in "${spids[@]}"; do wait "$p"; done
+  for p in "${pids[@]}"; do wait "$p"; done
   # Runs stopped by their limit: tested at the step they reached (best-validation checkpoint).
   for arg in "${table[@]}"; do
     case "$arg" in --run) continue ;; esac

@@ -23,37 +23,20 @@ on the shared 2-core CPU (measured before the run: 3.3-3.7 steps/s at batch 64, 
 """
 from __future__ import annotations
 
-import numpy as np
+from kernelformer.reproduce.sweeps import Sweep
+# Zoology's learning rates, d_models, per-kernel layout and run order, shared with the full-budget panel
+# (a sweep file's folder is importable while it loads).
+from zoology_fig2_full import LR_KEY, panel_points
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
-
-LR_KEY = 'optim.learning_rate'
-LEARNING_RATES = tuple(float(x) for x in np.logspace(-4, -2, 4))   # Zoology's sweep
-D_MODELS = (64, 128)
 KINDS = ('softmax', 'linear-elu', 'posrf-orf')
 STEPS = 200
 BATCH = 32
 
 
-def _model(kind: str, d: int) -> dict:
-  m = {'model.emb_dim': d, 'model.qkv_dim': d}
-  if kind != 'softmax':
-    m.update({'model.short_conv': 3, 'model.pos_encoding': 'none'})
-  if kind == 'posrf-orf':
-    m['model.attention.num_features'] = d
-  return m
-
-
 def get_sweep() -> Sweep:
   # Learning rates outermost, largest first: a panel cut short still has every (kernel, d_model) at
   # the rates that move fastest in few steps.
-  points = []
-  for lr in sorted(LEARNING_RATES, reverse=True):
-    for kind in KINDS:
-      for d in D_MODELS:
-        points += grid('configs/mqar.py', 'cpu', {KIND_KEY: (kind,), 'model.emb_dim': (d,),
-                                                    LR_KEY: (lr,)},
-                       extra={k: v for k, v in _model(kind, d).items() if k != 'model.emb_dim'})
+  points = panel_points('configs/mqar.py', 'cpu', KINDS)
   common = (('num_train_steps', STEPS), ('batch_size', BATCH), ('eval_every', STEPS),
             ('checkpoint_every', STEPS), ('log_every', 40), ('progress', False))
   return Sweep(name='zoology_fig2', points=tuple(points), common=common,

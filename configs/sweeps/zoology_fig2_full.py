@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
+from kernelformer.reproduce.sweeps import KIND_KEY, Point, Sweep, grid
 
 CONFIG, PRESET = 'configs/mqar.py', 'zoology'
 LR_KEY = 'optim.learning_rate'
@@ -52,13 +52,20 @@ def model_overrides(kind: str, d: int) -> dict:
   return m
 
 
-def get_sweep() -> Sweep:
+def panel_points(config: str, preset: str, kinds: tuple[str, ...]) -> list[Point]:
+  """The panel's points on ``config``'s ``preset`` in run order: learning rates descending (outermost),
+  then ``kinds``, then d_model. configs/sweeps/zoology_fig2.py runs the same points at CPU scale."""
   points = []
   for lr in sorted(LEARNING_RATES, reverse=True):
-    for kind in KINDS:
+    for kind in kinds:
       for d in D_MODELS:
-        points += grid(CONFIG, PRESET, {KIND_KEY: (kind,), 'model.emb_dim': (d,), LR_KEY: (lr,)},
+        points += grid(config, preset, {KIND_KEY: (kind,), 'model.emb_dim': (d,), LR_KEY: (lr,)},
                        extra=model_overrides(kind, d))
+  return points
+
+
+def get_sweep() -> Sweep:
+  points = panel_points(CONFIG, PRESET, KINDS)
   common = (('log_every', 196), ('progress', False))
   return Sweep(name='zoology_fig2_full', points=tuple(points), common=common,
                label_keys=('model.emb_dim', LR_KEY),

@@ -269,6 +269,32 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   return _with_shift((eq * sq).astype(out_q), zero_masked(ek * sk, mask).astype(out_k), shift)
 
 
+def _max_shifted_favor(q: Array, k: Array, proj: Projection, mask: Optional[Array], stabilize: bool,
+                       key_axes: Optional[tuple[int, ...]], eps: float,
+                       out_dtypes: tuple) -> tuple[Array, Array]:
+  """``(exp(omega_r.x - |x|^2/2 - m) + eps)`` times the row scales (``1/sqrt(M)``: Monte Carlo), as the
+  Performer codebases compute them (``posrf_lra``, ``performer_skyformer``).
+
+  ``q`` and ``k`` are already in the compute dtype (and scaled as the codebase scales them). With
+  ``stabilize``, ``m`` is the max over the features of each query row, and for the keys one max over
+  ``key_axes`` of the unpadded keys' logits (``None``: the whole tensor), 0 where every key is
+  padded; padded keys get zero features. ``out_dtypes``: the dtypes of the returned (phi_q, phi_k).
+  """
+  mask = key_mask(mask, k)
+  pq, pk = project(q, proj), project(k, proj)
+  if stabilize:
+    shift_q = jnp.max(pq, axis=-1, keepdims=True)
+    pk_valid = pk if mask is None else jnp.where(mask[..., None], pk, -jnp.inf)
+    shift_k = jnp.max(pk_valid, axis=key_axes, keepdims=key_axes is not None)
+    shift_k = jnp.where(jnp.isfinite(shift_k), shift_k, 0.0)     # every key padded: features are 0
+  else:
+    shift_q = shift_k = 0.0
+  sq, sk = _side_scales(proj, 1, q.dtype)
+  phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + eps) * sq
+  phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + eps) * sk
+  return phi_q.astype(out_dtypes[0]), zero_masked(phi_k, mask).astype(out_dtypes[1])
+
+
 # ``make_fast_softmax_attention``'s ``numerical_stabilizer`` default (LRA performer_attention.py line 203),
 # which ``nonnegative_softmax_kernel_feature_creator`` adds to every feature after the exp.
 LRA_FAVOR_EPSILON = 1e-6
@@ -299,22 +325,9 @@ def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = N
   The normalizer's guard is the linear-attention core's (``feature_eps``), not LRA's ``R + 2e-6`` where
   ``|R| <= 1e-6`` (line 695): rows with so small a normalizer differ. The key maximum depends on every key, so the map has no causal form (its record's ``non_causal``).
   """
-  out_q, out_k = q.dtype, k.dtype
   dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
-  pq, pk = project(q, proj), project(k, proj)
-  if stabilize:
-    shift_q = jnp.max(pq, axis=-1, keepdims=True)
-    pk_valid = pk if mask is None else jnp.where(mask[..., None], pk, -jnp.inf)
-    shift_k = jnp.max(pk_valid, axis=(-2, -1), keepdims=True)
-    shift_k = jnp.where(jnp.isfinite(shift_k), shift_k, 0.0)     # every key padded: features are 0
-  else:
-    shift_q = shift_k = 0.0
-  sq, sk = _side_scales(proj, 1, dt)
-  phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + LRA_FAVOR_EPSILON) * sq
-  phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + LRA_FAVOR_EPSILON) * sk
-  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
+  return _max_shifted_favor(q.astype(dt), k.astype(dt), proj, mask, stabilize, (-2, -1),
+                            LRA_FAVOR_EPSILON, (q.dtype, k.dtype))
 
 
 # ``softmax_kernel``'s ``eps`` default in Skyformer's Performer (src/models/performer.py line 50), added to
@@ -350,23 +363,10 @@ def performer_skyformer(q: Array, k: Array, proj: Projection, *, mask: Optional[
   their K, so each still adds ``ratio * (exp(-max) + 1e-4)`` per feature to every normalizer, and its
   ``data_dash = 0`` enters the max); ``stabilize=False`` drops both maxima.
   """
-  out_q, out_k = q.dtype, k.dtype
   dt = compute_dtype(q)
   s = q.shape[-1] ** -0.5
-  q, k = q.astype(dt) * s, k.astype(dt) * s
-  mask = key_mask(mask, k)
-  pq, pk = project(q, proj), project(k, proj)
-  if stabilize:
-    shift_q = jnp.max(pq, axis=-1, keepdims=True)
-    pk_valid = pk if mask is None else jnp.where(mask[..., None], pk, -jnp.inf)
-    shift_k = jnp.max(pk_valid)
-    shift_k = jnp.where(jnp.isfinite(shift_k), shift_k, 0.0)     # every key padded: features are 0
-  else:
-    shift_q = shift_k = 0.0
-  sq, sk = _side_scales(proj, 1, dt)
-  phi_q = (jnp.exp(pq - 0.5 * _sq_norm(q) - shift_q) + SKYFORMER_FAVOR_EPSILON) * sq
-  phi_k = (jnp.exp(pk - 0.5 * _sq_norm(k) - shift_k) + SKYFORMER_FAVOR_EPSILON) * sk
-  return phi_q.astype(out_q), zero_masked(phi_k, mask).astype(out_k)
+  return _max_shifted_favor(q.astype(dt) * s, k.astype(dt) * s, proj, mask, stabilize, None,
+                            SKYFORMER_FAVOR_EPSILON, (q.dtype, k.dtype))
 
 
 def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,

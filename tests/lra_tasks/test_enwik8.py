@@ -50,6 +50,70 @@ def test_windows_are_next_byte_pairs(tmp_path):
   assert (last['targets'][real:] == 0).all() and (last['inputs'][real + 1:] == 0).all()
 
 
+def _stacked(src, idx):
+  examples = [src[int(i)] for i in idx]
+  return {k: np.stack([e[k] for e in examples]) for k in ('inputs', 'targets')}
+
+
+def _assert_batches_equal(src, idx):
+  batch, stacked = src.read_batch(np.asarray(idx, dtype=np.int64)), _stacked(src, idx)
+  assert set(batch) == {'inputs', 'targets'}
+  for k in stacked:
+    assert batch[k].dtype == np.int32 and batch[k].shape == stacked[k].shape, k
+    np.testing.assert_array_equal(batch[k], stacked[k], err_msg=k)
+
+
+@pytest.mark.parametrize('span,length,stride,pad_tail', [
+    (100, 16, None, False),   # training: full windows only
+    (100, 16, None, True),    # validation / disjoint: the last window padded
+    (100, 16, 8, True),       # sliding at L/2, the last window padded
+    (100, 16, 3, True),       # a stride that does not divide L
+    (100, 16, 1, True),       # every position
+    (97, 16, 16, True),       # the last window ends exactly at stop: none padded
+    (10, 16, None, True),     # a split shorter than one window: one padded window
+    (17, 16, None, False),    # exactly one full window
+])
+def test_read_batch_is_the_stacked_windows(span, length, stride, pad_tail):
+  """Every index set -- all windows, each alone (the last too), random multisets with repeats, an
+  empty one -- gives what stacking the per-window reads gives, byte for byte."""
+  rng = np.random.default_rng(span * length + (stride or 0))
+  mm = rng.integers(0, 256, size=span + 40, dtype=np.uint8)
+  src = enwik8.WindowSource(mm, 20, 20 + span, length, stride, pad_tail=pad_tail)
+  n = len(src)
+  assert n > 0
+  _assert_batches_equal(src, np.arange(n))
+  _assert_batches_equal(src, np.arange(n)[::-1])
+  for i in range(n):
+    _assert_batches_equal(src, [i])
+  for _ in range(20):
+    _assert_batches_equal(src, rng.integers(0, n, size=int(rng.integers(1, 2 * n + 2))))
+  empty = src.read_batch(np.zeros(0, np.int64))
+  assert empty['inputs'].shape == empty['targets'].shape == (0, length)
+  for bad in ([n], [-1], [0, n + 3]):
+    with pytest.raises(IndexError):
+      src.read_batch(np.asarray(bad))
+
+
+@pytest.mark.parametrize('split,context', [('train', 'disjoint'), ('val', 'disjoint'),
+                                           ('test', 'disjoint'), ('test', 'sliding')])
+def test_read_batch_of_the_task_sources(tmp_path, split, context):
+  """The memory-mapped splits as the task builds them, through the pipeline's ``read``: the training
+  windows, the padded validation ones, and the disjoint and sliding (stride L/2) test windows."""
+  from kernelformer.training import input_pipeline
+  enwik8.write_fixture(str(tmp_path), 2100)
+  data = _data(tmp_path)
+  data.eval_context = context
+  data.eval_stride = 0
+  src = lra_tasks.get('enwik8').source(data, split)
+  assert src.stride == (8 if context == 'sliding' else 16)
+  idx = np.random.default_rng(1).permutation(len(src))
+  for b in range(0, len(idx), 7):
+    batch, stacked = input_pipeline.read(src, idx[b:b + 7]), _stacked(src, idx[b:b + 7])
+    for k in stacked:
+      np.testing.assert_array_equal(batch[k], stacked[k])
+  _assert_batches_equal(src, [len(src) - 1, 0, len(src) - 1])
+
+
 def test_missing_and_short_data_name_path_and_command(tmp_path):
   task = lra_tasks.get('enwik8')
   (line,) = task.check(_data(tmp_path))

@@ -229,6 +229,30 @@ def test_zoology_fig2_sweep_plans_the_panel(tmp_path):
     assert r.point.get('model.pos_encoding') == ('none' if conv else None)
 
 
+def test_zoology_fig2_full_sweep_plans_the_panel_in_run_order(tmp_path):
+  """32 runs at the ``zoology`` preset, learning rates descending outermost, then kind, then d_model;
+  ``taylor`` with Based's 8-dim feature map, ``posrf-orf`` with M = d_model. The CPU-scale panel is
+  the same points for its three kernels on the ``cpu`` preset."""
+  from kernelformer.reproduce import sweeps
+  full = sweeps.load_sweep('zoology_fig2_full')
+  runs = sweeps.plan(full, str(tmp_path))
+  assert not [r.error for r in runs if r.error] and len(runs) == 32
+  assert {r.point.preset for r in runs} == {'zoology'}
+  order = [(r.point.get('optim.learning_rate'), r.kind, r.point.get('model.emb_dim')) for r in runs]
+  kinds = ('softmax', 'linear-elu', 'posrf-orf', 'taylor')
+  assert order == [(lr, k, d) for lr in sorted(np.logspace(-4, -2, 4).tolist(), reverse=True)
+                   for k in kinds for d in (64, 128)]
+  for r in runs:
+    d = r.point.get('model.emb_dim')
+    assert r.point.get('model.qkv_dim') == d
+    assert r.point.get('model.attention.map_dim') == (8 if r.kind == 'taylor' else None)
+    assert r.point.get('model.attention.num_features') == (d if r.kind == 'posrf-orf' else None)
+  cpu = sweeps.load_sweep('zoology_fig2')
+  assert [p.overrides for p in cpu.points] == [p.overrides for p in full.points
+                                               if p.get(sweeps.KIND_KEY) != 'taylor']
+  assert {p.preset for p in cpu.points} == {'cpu'}
+
+
 def test_resuming_a_pre_zoology_mqar_run_is_a_config_change():
   """A run recorded before MQAR followed Zoology's generator (data.task='mqar' meant today's mqar_legacy; no query_targets field)
   differs from today's mqar config, so its workdir is not silently continued on the new task."""

@@ -66,6 +66,27 @@ def test_image_tokens_and_mask(tmp_path):
     image.TASK.info(helpers.tiny_data(image_config, tmp_path / 'data', pixel_padding='LRA'))
 
 
+def test_lra_tokens_leave_the_decoded_tokens_alone(tmp_path):
+  """'lra' tokens are made from the pixel + 1 tokens a process keeps (CIFAR-10's split arrays, the
+  decoded Pathfinder images) without writing to them: 'none' read afterwards is still pixel + 1."""
+  base = helpers.tiny_data(image_config, tmp_path / 'data', tfds_check=False)
+  lra = helpers.tiny_data(image_config, tmp_path / 'data', tfds_check=False, pixel_padding='lra')
+  with tfds.testing.mock_data(num_examples=12):
+    for split in common.SPLITS:
+      before = image.build_arrays(base, split)['inputs'].copy()
+      image.build_arrays(lra, split)
+      np.testing.assert_array_equal(image.build_arrays(base, split)['inputs'], before)
+  fixtures.write_pathfinder_fixture(str(tmp_path / 'pf'), 32, 'hard', 8, seed=0)
+  pathfinder._cached_examples.cache_clear()
+  none, raw = (tiny_pathfinder(tmp_path / 'pf', pixel_padding=p) for p in ('none', 'lra'))
+  for split in common.SPLITS:
+    before = common.source_arrays(pathfinder.TASK.source(none, split))['inputs']
+    np.testing.assert_array_equal(common.source_arrays(pathfinder.TASK.source(raw, split))['inputs'],
+                                  before - 1)
+    np.testing.assert_array_equal(common.source_arrays(pathfinder.TASK.source(none, split))['inputs'],
+                                  before)
+
+
 def test_masked_black_pixels_do_not_reach_the_encoder():
   """Softmax attention, no positions, mean pooling: with 'lra' tokens the output is that of the lit
   pixels alone; with 'none' tokens (the same pixels + 1) it is not."""
