@@ -55,35 +55,38 @@ STEPS, BATCH = 600, 32
 SETTINGS = {(64, 4): 100_000, (128, 8): 20_000, (256, 16): 20_000}
 
 # label -> overrides of the attention config (model.attention.*); d-dependent entries filled below.
+# Based's own maps (the figure's legend, plot.py lines 11-19 at 325964b): taylor (TaylorExp), linear-elu
+# (PosELU), relu (ReLU), identity (Identity), square (Square), cosformer (CosFormer), performer-zoology
+# (Zoology's PerformerFeatureMap as Zoology computes it: 256 features, its row scaling). Ours, not in
+# the figure: softmax (the ceiling), posrf-orf (correctly scaled FAVOR+, M = d_model) with a fixed draw
+# and with redraws, hedgehog, dpfp. AllPoly is not implemented here.
 MAPS: dict[str, dict] = {
     'softmax': {'kind': 'softmax'},
     'taylor r=16': {'kind': 'taylor', 'map_dim': 16},
     'taylor r=8': {'kind': 'taylor', 'map_dim': 8},
     'linear-elu': {'kind': 'linear-elu'},
     'relu': {'kind': 'relu'},
-    'hedgehog': {'kind': 'hedgehog'},
-    'dpfp': {'kind': 'dpfp'},
+    'identity': {'kind': 'identity'},
+    'square': {'kind': 'square'},
+    'cosformer': {'kind': 'cosformer'},
+    'performer-zoology': {'kind': 'performer-zoology'},
     'posrf-orf fixed': {'kind': 'posrf-orf', 'redraw_every': 0},
     'posrf-orf redraw/100': {'kind': 'posrf-orf', 'redraw_every': 100},
-    'cosformer': {'kind': 'cosformer'},
+    'hedgehog': {'kind': 'hedgehog'},
+    'dpfp': {'kind': 'dpfp'},
 }
-# Run order inside a block: the maps most informative when a block is cut short come first.
-ORDER = ('softmax', 'taylor r=16', 'linear-elu', 'posrf-orf fixed', 'hedgehog', 'relu', 'dpfp',
-         'posrf-orf redraw/100', 'cosformer', 'taylor r=8')
+# Maps of Based's figure (the rest are this repository's additions).
+BASED_MAPS = ('taylor r=16', 'taylor r=8', 'linear-elu', 'relu', 'identity', 'square', 'cosformer',
+              'performer-zoology')
+# Run order inside a block: Based's maps first (the comparison), then the ceiling and our additions.
+ORDER = ('linear-elu', 'relu', 'performer-zoology', 'taylor r=16', 'cosformer', 'square', 'identity',
+         'softmax', 'posrf-orf fixed', 'taylor r=8', 'dpfp', 'hedgehog', 'posrf-orf redraw/100')
 # Block 2 (the second learning rate, 10^-2) runs only for the maps that block 1 left below 50 % (where
 # the learning rate may decide the point); read off block 1's results (docs/recall/based_fig3.md).
-# Block 1 (test accuracy %): softmax 18.7, taylor r=16 13.1, posrf-orf fixed 23.0, hedgehog 20.6,
-# posrf-orf redraw/100 21.7, taylor r=8 7.9; linear-elu 96.0, relu 89.0, dpfp 96.0 (not rerun).
-# cosformer reached main after block 1 had run: it takes both learning rates at (64, 4), d 64.
-LOW_LR_MAPS: tuple[str, ...] = ('softmax', 'taylor r=16', 'posrf-orf fixed', 'hedgehog',
-                                'posrf-orf redraw/100', 'taylor r=8', 'cosformer')
+LOW_LR_MAPS: tuple[str, ...] = ()
 # Learning rate per map for blocks 3-5: the better of the two on the (64, 4) d-64 panel (blocks 1-2);
 # a map not listed takes LR_HIGH.
-# Block 2 (test accuracy % at 10^-2): softmax 97.4, taylor r=16 19.3, posrf-orf fixed 19.7, hedgehog 24.5,
-# posrf-orf redraw/100 22.6: 10^-2 wins for all but posrf-orf fixed; cosformer 90.0 at 10^-1.5, 95.6 at
-# 10^-2.
-BEST_LR: dict[str, float] = {'softmax': LR_LOW, 'taylor r=16': LR_LOW, 'hedgehog': LR_LOW,
-                             'posrf-orf redraw/100': LR_LOW, 'cosformer': LR_LOW}
+BEST_LR: dict[str, float] = {}
 BLOCKS = (  # (length, pairs), d_model, lr (None: BEST_LR), maps run (None: every map but taylor r=8)
     ((64, 4), 64, LR_HIGH, ORDER),
     ((64, 4), 64, LR_LOW, LOW_LR_MAPS),
@@ -108,7 +111,8 @@ def point(label: str, length: int, pairs: int, d: int, lr: float) -> Point:
           'data.num_train': SETTINGS[(length, pairs)], 'model.emb_dim': d, 'model.qkv_dim': d,
           KIND_KEY: att.pop('kind'), LR_KEY: lr}
   if over[KIND_KEY] == 'posrf-orf':
-    att['num_features'] = d                     # the source's Performer: feature_dim = d_model
+    att['num_features'] = d                     # our FAVOR+ row: M = d_model, Based's state count
+  # performer-zoology fixes its own 256 features (Zoology's expanded_dim default): nothing to set.
   over.update({f'model.attention.{k}': v for k, v in att.items()})
   return Point(config=CONFIG, preset=PRESET, overrides=tuple(over.items()),
                label=f'{label}, L={length}/{pairs} pairs, d={d}, lr={lr:.3g}')
@@ -128,3 +132,4 @@ def get_sweep() -> Sweep:
   return Sweep(name='based_fig3', points=tuple(points), common=common,
                description=f'Based figure 3 at CPU scale: {STEPS} steps x batch {BATCH}, '
                            f'(L, pairs) in {sorted(SETTINGS)}, best of lr per point')
+
