@@ -46,12 +46,14 @@ Data is generated on the fly from ``data.seed`` (nothing on disk). ``data.task='
 the selective-copy task with the same fields (``num_pairs`` = tokens to copy).
 Pick the kernel with ``--config.model.attention.kind`` (causal kinds only: see docs/causal.md).
 
-Where our model differs from Zoology's (docs/recall.md, "Against Zoology's setup"): token embeddings
-are N(0, 1/d) scaled by sqrt(d) (Zoology: N(0, 0.02^2), unscaled), other layers keep this
-repository's initialisation, Zoology's embedding dropout 0.1 is not applied (``model.dropout_rate``
-is both the embedding and the residual dropout; Zoology's residual dropout is 0). Weight decay
-reaches every parameter (``optim.decay_mask='all'``), as Zoology's torch AdamW over
-``model.parameters()``.
+Where our model differs from Zoology's (docs/recall.md, "Where our model still differs from
+Zoology's"): token embeddings are N(0, 1/d) scaled by sqrt(d) (Zoology: N(0, 0.02^2), unscaled), other
+layers keep this repository's initialisation, Zoology's embedding dropout 0.1 is not applied
+(``model.dropout_rate`` is both the embedding and the residual dropout; Zoology's residual dropout is
+0), and the cosine schedule decays per step (Zoology: per epoch). Not a difference: weight decay 0.1
+on every parameter (``optim.decay_mask='all'``, set by ``zoology_optim`` for the zoology, cpu and
+based presets), as Zoology's torch AdamW over ``model.parameters()`` (``zoology/train.py`` 185-189 @
+d88d6f5).
 """
 from __future__ import annotations
 
