@@ -18,11 +18,11 @@ def test_sweep_plans_the_blocks(tmp_path):
   sweep = sweeps.load_sweep('based_fig3')
   runs = sweeps.plan(sweep, str(tmp_path))
   assert not [r.error for r in runs if r.error]
-  cos = any(r.kind == 'cosformer' for r in runs)
-  maps = [m for m in fig3.ORDER if m != 'cosformer' or cos]
-  low = [m for m in fig3.LOW_LR_MAPS if m in maps]
-  later = [m for m in maps if m != 'taylor r=8']        # blocks 3-5: every map but taylor r=8
-  assert len(runs) == len(maps) + len(low) + 3 * len(later)
+  assert any(r.kind == 'cosformer' for r in runs)            # registered: every map runs
+  main, extra = fig3.MAIN, fig3.EXTRA
+  assert set(main) | set(extra) == set(fig3.MAPS) and not set(main) & set(extra)
+  low = lambda maps: [m for m in maps if m in fig3.LOW_LR_MAPS]   # pylint: disable=unnecessary-lambda-assignment
+  later = [m for m in fig3.ORDER if m != 'taylor r=8']
   assert {r.task for r in runs} == {'mqar'}
 
   def key(r):
@@ -31,19 +31,23 @@ def test_sweep_plans_the_blocks(tmp_path):
 
   def label(r):
     return r.point.label.split(',')[0]
-  blocks = {}
-  for r in runs:
-    blocks.setdefault(key(r), []).append(r)
-  assert {k: len(v) for k, v in blocks.items()} == {
-      ((64, 4), 64): len(maps) + len(low), ((64, 4), 32): len(later), ((128, 8), 64): len(later),
-      ((256, 16), 64): len(later)}
-  # Block order = run order: the (64, 4) d-64 panel first (10^-1.5, then 10^-2), the longest last.
-  assert key(runs[0]) == ((64, 4), 64) and key(runs[-1]) == ((256, 16), 64)
+
+  def lr(r):
+    return dict(r.point.overrides)['optim.learning_rate']
+  # Run order: (64, 4) at d 64 (MAIN at 10^-1.5, then its low-lr maps at 10^-2), MAIN at d 32, the same
+  # for EXTRA, then (128, 8) and (256, 16) at d 64 with every map but taylor r=8.
+  expected = ([(((64, 4), 64), m, 10 ** -1.5) for m in main]
+              + [(((64, 4), 64), m, 1e-2) for m in low(main)]
+              + [(((64, 4), 32), m, fig3.BEST_LR.get(m, 10 ** -1.5)) for m in main]
+              + [(((64, 4), 64), m, 10 ** -1.5) for m in extra]
+              + [(((64, 4), 64), m, 1e-2) for m in low(extra)]
+              + [(((64, 4), 32), m, fig3.BEST_LR.get(m, 10 ** -1.5)) for m in extra if m in later]
+              + [(((128, 8), 64), m, fig3.BEST_LR.get(m, 10 ** -1.5)) for m in later]
+              + [(((256, 16), 64), m, fig3.BEST_LR.get(m, 10 ** -1.5)) for m in later])
+  assert [(key(r), label(r), lr(r)) for r in runs] == expected
+  # By hand: 9 MAIN + 4 EXTRA maps at (64, 4) d 64, 9 + 3 at d 32, 12 at each longer setting.
+  assert len(runs) == 9 + 4 + 9 + 3 + 12 + 12 + len(fig3.LOW_LR_MAPS)
   first = [r for r in runs if key(r) == ((64, 4), 64)]
-  assert [dict(r.point.overrides)['optim.learning_rate'] for r in first] == (
-      [10 ** -1.5] * len(maps) + [1e-2] * len(low))
-  assert [label(r) for r in first[:len(maps)]] == maps
-  assert sorted(label(r) for r in first[len(maps):]) == sorted(low)
   # Every map of Based's figure but AllPoly, Based's Performer as Zoology computes it.
   assert {'taylor', 'linear-elu', 'relu', 'identity', 'square', 'performer-zoology'} <= {
       r.kind for r in first}
@@ -51,16 +55,13 @@ def test_sweep_plans_the_blocks(tmp_path):
     o = dict(r.point.overrides)
     assert o['model.qkv_dim'] == o['model.emb_dim']
     assert o['data.num_train'] == (100_000 if o['data.max_length'] == 64 else 20_000)
-    if key(r) != ((64, 4), 64):     # later blocks: each map at its better learning rate
-      assert o['optim.learning_rate'] == fig3.BEST_LR.get(label(r), 10 ** -1.5)
-      assert label(r) != 'taylor r=8'
     if r.kind == 'posrf-orf':       # our FAVOR+ row: M = d_model
       assert o['model.attention.num_features'] == o['model.emb_dim']
       assert o['model.attention.redraw_every'] in (0, 100)
     if r.kind == 'performer-zoology':   # the kind fixes Zoology's 256 features: nothing overridden
       assert not [k for k in o if k.startswith('model.attention.') and k != sweeps.KIND_KEY]
-  assert sorted(dict(r.point.overrides)['model.attention.map_dim'] for r in first[:len(maps)]
-                if r.kind == 'taylor') == [8, 16]
+  assert sorted(dict(r.point.overrides)['model.attention.map_dim'] for r in first
+                if r.kind == 'taylor' and lr(r) == 10 ** -1.5) == [8, 16]
   # The preset: Based's layout (conv layer + mixer, no positions, no MLP), wd 0.1, the top lr,
   # random fillers (Based's configs keep MQARConfig's default random_non_queries=True).
   cfg = sweeps.point_config(runs[0].point, sweep.common)

@@ -500,15 +500,18 @@ def plot_state(rows: list[dict], path: str) -> bool:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   points = _points(done)
   settings = sorted(points)
-  maps_all = list(dict.fromkeys(r['map'] for r in done if r['kind'] != 'softmax'))
-  colors = {m: f'C{i % 10}' for i, m in enumerate(maps_all)}
+  # One colour per kind in every panel, Based's panel included (AllPoly, not run here: black, dotted).
+  kinds_all = list(dict.fromkeys([*BASED_KINDS.values(),
+                                  *(r['kind'] for r in done if r['kind'] != 'softmax')]))
+  colors = {k: f'C{i % 10}' for i, k in enumerate(kinds_all)}
   fig, axes = plt.subplots(1, 1 + len(settings), figsize=(5.2 * (1 + len(settings)), 4.4),
                            squeeze=False, sharey=True, sharex=True)
   ref = axes[0][0]                          # Based's own values, on the same axes
-  for i, (name, pts) in enumerate(BASED_FIG3.items()):
+  for name, pts in BASED_FIG3.items():
     kind = BASED_KINDS.get(name)
     ref.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker='o', ms=3, lw=1,
-             color=f'C{i % 10}', label=f'{name} ({kind or "not run here"})')
+             color=colors.get(kind, 'k'), ls='-' if kind else ':',
+             label=f'{name} ({kind or "not run here"})')
   ref.set_xscale('log', base=2)
   ref.set_xlabel("state size, bytes (Based's axis)")
   ref.set_title("Based's figure 3 (325964b): 256-pair test,\nd_model 64-512, 32 epochs", fontsize=9)
@@ -523,9 +526,10 @@ def plot_state(rows: list[dict], path: str) -> bool:
         ax.plot(xs, ys, marker='s', color='k', ls='none', label='softmax (KV cache)')
         ax.axhline(max(ys), color='k', ls=':', lw=1)
       else:
+        kind = by_state[xs[0]][0]['kind']
         style = '--' if 'redraw' in name else '-'
-        ax.plot(xs, ys, marker='o', ls=style, color=colors[name],
-                label=legend_label(name, by_state[xs[0]][0]['kind']))
+        marker = 'v' if name == 'taylor r=8' else '^' if 'redraw' in name else 'o'
+        ax.plot(xs, ys, marker=marker, ls=style, color=colors[kind], label=legend_label(name, kind))
     ax.axhline(100 / setting[1], color='0.6', ls='--', lw=0.8, label='chance: guess among the values')
     ax.set_xscale('log', base=2)
     ax.set_xlabel("state size, bytes (Based's axis: 4 x (3 d + (d_v + 1) E))")
