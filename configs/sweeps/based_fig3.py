@@ -44,10 +44,10 @@ r = 24, AllPoly, the training mixture and the long tests.
   python -m kernelformer.reproduce.recall_plot /work/runs/based_fig3 --out docs/recall/based_fig3_runs \\
       --vs_state
 
-Runtime (docs/recall/based_fig3.md, 2026-11-28): on the shared 2-core CPU at nice 19 (load 7-23) the
-first 8 runs took 47-127 s each; then the sweep got 2-5 % of a core and a run ~30 min. 10 of the 54
-points finished (block 1, and block 2's performer-zoology) before the study was stopped. Rerunning the
-command runs only the unfinished points.
+Runtime (docs/recall/based_fig3.md, 2026-11-28): on the shared 2-core CPU at nice 19 (load 6-23) the
+first 8 runs took 46-127 s each; then the sweep got 2-5 % of a core and a run ~30 min. 13 of the 54
+points finished (blocks 1-2 but posrf-orf fixed at 10^-2) before the study was stopped. Rerunning
+the command runs only the unfinished points.
 """
 from __future__ import annotations
 
@@ -96,10 +96,10 @@ MAIN, EXTRA = ORDER[:9], ORDER[9:]
 # 11.2, identity 1.8. EXTRA: not run yet (add its maps below 50 % here once they have).
 LOW_LR_MAPS: tuple[str, ...] = ('performer-zoology', 'taylor r=16', 'identity', 'softmax', 'posrf-orf fixed')
 # Learning rate per map for the other panels: the better of the two at (64, 4), d 64; a map not listed
-# takes LR_HIGH. So far (test accuracy % at 10^-1.5 / 10^-2): performer-zoology 17.5 / 16.9 (10^-1.5
-# wins); taylor r=16, identity, softmax and posrf-orf fixed have no 10^-2 point yet: fill this in from
-# block 2 before block 3 runs.
-BEST_LR: dict[str, float] = {}
+# takes LR_HIGH. So far (test accuracy % at 10^-1.5 / 10^-2): performer-zoology 17.5 / 16.9, taylor r=16
+# 13.6 / 11.8, identity 1.8 / 0.0 (10^-1.5 wins), softmax 12.9 / 90.2 (10^-2 wins); posrf-orf fixed has
+# no 10^-2 point yet: add it once it has, before block 3 runs.
+BEST_LR: dict[str, float] = {'softmax': LR_LOW}
 
 
 def _low(maps: tuple[str, ...]) -> tuple[str, ...]:
