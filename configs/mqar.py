@@ -36,18 +36,24 @@ Presets (``--config configs/mqar.py:<preset>``):
                 131). Training examples as the source (100,000 at length 64; the sweep sets 20,000 at 128
                 and 256, lines 15-17) but 600 steps x batch 32 (19,200 examples: every one fresh), not 32
                 epochs at batch 256; 1,000 test examples per setting (lines 22-28), 200 for validation.
+                **Random fillers** (``data.random_non_queries=True``): Based's configs leave
+                ``MQARConfig.random_non_queries`` at its default, True (``zoology/data/multiquery_ar.py``
+                line 12; applied at lines 135-137: every 0 of the inputs becomes a uniform id in [0, V));
+                Zoology's figure-2 configs set it False (``zoology`` and ``cpu`` presets).
   tiny          seconds; the smoke tests: Zoology's task and model options (BaseConv + attention,
                 identity state mixer, no positions) at vocabulary 16, length 16, 2 pairs.
 Data is generated on the fly from ``data.seed`` (nothing on disk). ``data.task='selective_copy'`` runs
 the selective-copy task with the same fields (``num_pairs`` = tokens to copy).
 Pick the kernel with ``--config.model.attention.kind`` (causal kinds only: see docs/causal.md).
 
-Where our model differs from Zoology's (docs/recall.md, "Against Zoology's setup"): token embeddings
-are N(0, 1/d) scaled by sqrt(d) (Zoology: N(0, 0.02^2), unscaled), other layers keep this
-repository's initialisation, Zoology's embedding dropout 0.1 is not applied (``model.dropout_rate``
-is both the embedding and the residual dropout; Zoology's residual dropout is 0). Weight decay
-reaches every parameter (``optim.decay_mask='all'``), as Zoology's torch AdamW over
-``model.parameters()``.
+Where our model differs from Zoology's (docs/recall.md, "Where our model still differs from
+Zoology's"): token embeddings are N(0, 1/d) scaled by sqrt(d) (Zoology: N(0, 0.02^2), unscaled), other
+layers keep this repository's initialisation, Zoology's embedding dropout 0.1 is not applied
+(``model.dropout_rate`` is both the embedding and the residual dropout; Zoology's residual dropout is
+0), and the cosine schedule decays per step (Zoology: per epoch). Not a difference: weight decay 0.1
+on every parameter (``optim.decay_mask='all'``, set by ``zoology_optim`` for the zoology, cpu and
+based presets), as Zoology's torch AdamW over ``model.parameters()`` (``zoology/train.py`` 185-189 @
+d88d6f5).
 """
 from __future__ import annotations
 
@@ -141,6 +147,8 @@ def get_config(preset: str = 'cpu'):
     zoology_model(c, dim=64, short_conv=3)
     c.model.attention.attention_dropout = 0.0   # Based's mixer: dropout = nn.Identity (based.py line 101)
     zoology_optim(c, learning_rate=BASED_LR, num_train_steps=600, batch_size=32)
+    # Based's figure-3 configs keep MQARConfig's default random_non_queries=True (multiquery_ar.py l. 12).
+    c.data.random_non_queries = True
     c.eval_every = 600
     c.checkpoint_every = 600
     c.log_every = 100

@@ -6,8 +6,10 @@ hidden, 2 heads, mean pooling, 128 features or landmarks; AdamW (0.9, 0.999) eps
 to [-1, 1], torch OneCycleLR with linear phases, 50k steps, validation on the task's number of batches,
 the best validation checkpoint after 20 % of the steps tested; configs/common.py skyformer_setting).
 Rows this repository implements: Self-Attention (``softmax``), Kernelized Attention (``gaussian``),
-Nystromformer, Linformer, Performer (``posrf-orf``: FAVOR+ redrawn every 100 steps, not Skyformer's own
-fixed-draw Performer of src/models/attention_performer.py) and Skyformer; the paper's Informer, Reformer
+Nystromformer, Linformer, Performer (``performer-skyformer``: Skyformer's own Performer, pkuzengqi/Skyformer
+@ 1a677cb src/models/attention_performer.py 9-25 and src/models/performer.py 174-227 -- one ORF draw kept
+as a buffer, 128 features, d^-1/4 applied twice, one key maximum over the whole tensor, +1e-4; the kind
+kernelformer/reproduce/paper_numbers.csv names for the row) and Skyformer; the paper's Informer, Reformer
 and BigBird rows appear in the report as paper-only rows.
 
 Seeds: "all experiment results are averaged across three runs with different random seeds" (section 5),
@@ -20,7 +22,7 @@ from __future__ import annotations
 from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
 
 TASKS = ('text', 'listops', 'retrieval', 'pathfinder', 'image')
-KINDS = ('softmax', 'gaussian', 'nystromformer', 'linformer', 'posrf-orf', 'skyformer')
+KINDS = ('softmax', 'gaussian', 'nystromformer', 'linformer', 'performer-skyformer', 'skyformer')
 SEEDS = (0, 1, 2)
 
 

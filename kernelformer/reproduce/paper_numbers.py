@@ -28,8 +28,11 @@ kernel-learning paper's baselines are "due to Tay et al. (2021b)", i.e. LRA's ru
 LRA's Performer -- ``performer-relu-det`` for Text, Retrieval and Image (LRA's ``performer_base.py`` keep
 ``make_fast_generalized_attention``'s defaults: relu(x) + 1e-3, no projection) and
 ``performer-lra-listops`` for ListOps (``listops/configs/performer_base.py`` @ 093bfc6: softmax FAVOR+,
-2 features) -- not FAVOR+ (``posrf-orf``), which stays the kernel of Skyformer's and Spectraformer's
-Performer rows (their own FAVOR+ runs). Caveat: the kernel-learning paper's ListOps column is not LRA's
+2 features) -- not FAVOR+ (``posrf-orf``), which stays the kernel of Spectraformer's Performer rows (its
+own FAVOR+ runs). Skyformer's table-1 Performer rows name ``performer-skyformer`` (kind and
+source_kernel): the Performer of Skyformer's own code (pkuzengqi/Skyformer @ 1a677cb
+src/models/attention_performer.py 9-25, src/models/performer.py 174-227: one ORF draw kept as a buffer,
+d^-1/4 applied twice, one key maximum over the whole tensor, +1e-4), which is what produced them. Caveat: the kernel-learning paper's ListOps column is not LRA's
 published one (LRA README @ cd31e5c: Performer 18.01, Linear Trans. 16.13, Sparse Trans. 17.07; the paper
 prints 36.00, 17.15, 35.78), so where its ListOps baselines come from is not stated; the ListOps
 Performer is attributed to the only ListOps Performer LRA's repository defines.
@@ -50,8 +53,8 @@ number at the commit it was published with, empty where no preset does:
   not settled; the preset column follows the publication commit, and configs/listops.py says so.
   LRA's other models had no config files in the repository at 211e07d: no preset.
 * Skyformer's rows -> ``skyformer`` (its src/config.py and src/main.py @ cfe8c8c). Their ``kind`` for
-  Performer is ``posrf-orf`` (FAVOR+ redrawn by our schedule); Skyformer's own Performer is a fixed
-  draw with its own scaling, not a registered kind here.
+  Performer is ``performer-skyformer`` (its fixed draw, scaling, key maximum and floor; 128 features);
+  ``configs/sweeps/skyformer.py`` runs that kind for the row.
 * Spectraformer's rows -> ``skyformer``, the setting its table 5 lists (Skyformer's, batch 32 for Text
   as Skyformer's code); its own code was not compared.
 * The kernel-learning paper's own kernels -> ``kernel_learning``; its other baselines, copied from LRA,

@@ -26,8 +26,10 @@ run; the figure plots the best accuracy against the column, a line per kernel, a
 
 ``--vs_state`` (Based's figure 3, ``configs/sweeps/based_fig3.py``): per (length, pairs) a row per (feature
 map, state size) with the best test accuracy over the learning rates, each run's accuracy and wall time,
-and the maps ranked; the figure plots it against Based's state-size count (``based_state_size``), one
-panel per (length, pairs); ``<out>.csv`` lists every run.
+and the maps ranked; the figure plots it against the state in Based's unit, **bytes** (4 x the element
+count of ``based_state_size``: Zoology's ``state_size`` returns ``state_size * 4``), one panel per
+(length, pairs), after a first panel with Based's own plotted values (``BASED_FIG3``) on the same axis;
+``<out>.csv`` lists every run.
 
   python -m kernelformer.reproduce.recall_plot runs/sweeps/based_fig3 --out docs/recall/based_fig3_runs \
       --vs_state
@@ -283,6 +285,40 @@ def plot_best_of(rows: list[dict], path: str, column: str) -> bool:
 # Based's figure 3 (configs/sweeps/based_fig3.py): accuracy against recurrent state size per feature map.
 
 CONV_TAPS = 3   # Based's BaseConv kernel_size (arxiv24_based_figure3/configs.py line 54)
+# Based's state axis is in bytes: Zoology's model ``state_size`` returns the summed element count times 4
+# (float32), HazyResearch/zoology ``zoology/model.py`` line 291 @ d88d6f5 (``_compute_state_size``) and
+# ``states/model.py`` line 406 @ 325964b, the commit holding the figure's plot. The figure's own x values
+# confirm it (``BASED_FIG3``: ReLU at d_model 64 sits at 17,408 = 4 x 4,352).
+BYTES_PER_ELEMENT = 4
+
+# Based's figure 3 as plotted: map -> ((state in bytes, accuracy), ...) for d_model 64, 128, ..., 512
+# (Taylor: feature_dim 24), the accuracy being ``valid/num_kv_pairs/accuracy-256`` (the 256-pair test
+# at length 1,024) at the best of the four learning rates. Read from the vector coordinates of
+# ``states/experiments/arxiv24_based_figure3/outputs/results_state_size.pdf`` at HazyResearch/zoology
+# 325964b (committed with ``results_state_size.png`` and reverted by b603008 the same day): exact to the
+# 3 decimals kept; the PNG beside it shows the same curves.
+BASED_FIG3 = {
+    'Taylor': ((85268, 0.803), (169236, 0.938), (253204, 0.976), (337172, 0.987), (421140, 0.988),
+               (505108, 0.989), (589076, 0.991), (673044, 0.992)),
+    'PosELU': ((17408, 0.246), (67584, 0.820), (150528, 0.937), (266240, 0.944), (414720, 0.951),
+               (595968, 0.963), (809984, 0.967), (1056768, 0.959)),
+    'ReLU': ((17408, 0.238), (67584, 0.913), (150528, 0.945), (266240, 0.965), (414720, 0.975),
+             (595968, 0.983), (809984, 0.979), (1056768, 0.977)),
+    'All Poly': ((17408, 0.076), (67584, 0.743), (150528, 0.923), (266240, 0.949), (414720, 0.942),
+                 (595968, 0.953), (809984, 0.944), (1056768, 0.946)),
+    'Square': ((17408, 0.044), (67584, 0.408), (150528, 0.693), (266240, 0.867), (414720, 0.914),
+               (595968, 0.943), (809984, 0.938), (1056768, 0.939)),
+    'CosFormer': ((34048, 0.163), (133632, 0.604), (298752, 0.764), (529408, 0.805), (825600, 0.859),
+                  (1187328, 0.877), (1614592, 0.895), (2107392, 0.914)),
+    'Identity': ((17408, 0.001), (67584, 0.001), (150528, 0.248), (266240, 0.681), (414720, 0.628),
+                 (595968, 0.646), (809984, 0.574), (1056768, 0.689)),
+    'Performer': ((17408, 0.001), (67584, 0.008), (150528, 0.009), (266240, 0.012), (414720, 0.010),
+                  (595968, 0.026), (809984, 0.025), (1056768, 0.031)),
+}
+BASED_D_MODELS = (64, 128, 192, 256, 320, 384, 448, 512)   # arxiv24_based_figure3/configs.py 60-69
+# Our kind for each map of Based's figure (AllPoly is not implemented here).
+BASED_KINDS = {'Taylor': 'taylor', 'PosELU': 'linear-elu', 'ReLU': 'relu', 'Square': 'square',
+               'CosFormer': 'cosformer', 'Identity': 'identity', 'Performer': 'performer-zoology'}
 
 
 def based_expanded_size(kind: str, head_dim: int, *, num_features: int = 0, map_dim: int = 0,
@@ -292,10 +328,12 @@ def based_expanded_size(kind: str, head_dim: int, *, num_features: int = 0, map_
   HazyResearch/zoology d88d6f5: ``TaylorExp.expanded_size`` = r(r+1)/2 + r + 1 (``mixers/feature_maps/
   taylor.py`` lines 40-41: the symmetric x x^T counted once; this repository's ``taylor`` holds all
   r^2 products, M' = 1 + r + r^2), ``CosFormerFeatureMap`` 2 d (``cosformer.py`` lines 57-58), PosELU /
-  ReLU / Identity / Square d (``base.py`` lines 31-32). Maps not in Based's figure: hedgehog 2d, dpfp
-  2 nu d, t2r M, the random-feature kinds M (Based's Performer computes ``expanded_dim`` = 256 features
-  but counts d, ``performer.py`` lines 78-93, as it inherits ``expanded_size``; the sweep sets M = d).
-  ``map_dim`` > 0: Taylor's projected dimension r (else r = ``head_dim``).
+  ReLU / Identity / Square d (``base.py`` lines 31-32), and ``PerformerFeatureMap`` d as well
+  (``performer-zoology``): it computes ``expanded_dim`` = 256 features (``performer.py`` lines 78-93) but
+  inherits ``expanded_size`` = d from ``FeatureMap``, so Based counts, and plots, d (the figure's
+  Performer points sit at ReLU's x). Maps not in Based's figure: hedgehog 2d, dpfp 2 nu d, t2r M, the
+  random-feature kinds M (the sweep's posrf-orf has M = d). ``map_dim`` > 0: Taylor's projected
+  dimension r (else r = ``head_dim``).
   """
   from kernelformer.features import maps  # pylint: disable=g-import-not-at-top
   d = head_dim
@@ -311,16 +349,17 @@ def based_expanded_size(kind: str, head_dim: int, *, num_features: int = 0, map_
   if kind.startswith('dpfp'):
     nu = int(kind[len('dpfp-nu'):]) if kind.startswith('dpfp-nu') else 1
     return 2 * nu * d
-  if kind in ('linear-elu', 'relu') or kind.replace('-', '_') in maps.ELEMENTWISE:
+  if kind in ('linear-elu', 'relu', 'performer-zoology') or kind.replace('-', '_') in maps.ELEMENTWISE:
     return d
   return num_features            # t2r and the random-feature kinds: M rows of W, one feature each
 
 
 def based_state_size(kind: str, d_model: int, head_dim: int, length: int, *, num_heads: int = 1,
                      num_features: int = 0, map_dim: int = 0, conv_taps: int = CONV_TAPS) -> int:
-  """The state Based's figure 3 plots, for our 2-layer layout (BaseConv layer, then the mixer layer).
+  """The element count behind Based's state axis, for our 2-layer layout (BaseConv layer, then the
+  mixer layer); ``based_state_bytes`` is what the figure plots.
 
-  Zoology's ``_compute_state_size`` (``zoology/model.py`` lines 266-286) sums each layer's mixer
+  Zoology's ``_compute_state_size`` (``zoology/model.py`` lines 266-291) sums each layer's mixer
   ``state_size``: the BaseConv layer's short convolution holds ``d_model x kernel_size``
   (``mixers/convolution.py`` lines 64-65; ``base_conv.py`` lines 65-66), the Based mixer
   ``num_kv_heads x head_dim x E + num_kv_heads x E`` (``mixers/based.py`` lines 228-231: S = sum
@@ -334,6 +373,11 @@ def based_state_size(kind: str, d_model: int, head_dim: int, length: int, *, num
   return conv + num_heads * (head_dim + 1) * e
 
 
+def based_state_bytes(kind: str, d_model: int, head_dim: int, length: int, **kwargs) -> int:
+  """Based's x axis: ``BYTES_PER_ELEMENT`` x ``based_state_size`` (Zoology returns ``state_size * 4``)."""
+  return BYTES_PER_ELEMENT * based_state_size(kind, d_model, head_dim, length, **kwargs)
+
+
 def map_label(kind: str, map_dim: int = 0, redraw_every: Optional[int] = None) -> str:
   """The figure's line for a run: Taylor by its r, the random-feature kinds by fixed draw / redraws."""
   if kind == 'taylor':
@@ -343,8 +387,20 @@ def map_label(kind: str, map_dim: int = 0, redraw_every: Optional[int] = None) -
   return kind
 
 
+def legend_label(name: str, kind: str) -> str:
+  """A map's line in the figure, with the name Based's figure gives it (or "not in Based")."""
+  based = {v: k for k, v in BASED_KINDS.items()}.get(kind)
+  if based:
+    return f"{name} (Based's {based})"
+  if kind == 'softmax':
+    return name
+  return f'{name} (not in Based; FAVOR+)' if kind == 'posrf-orf' else f'{name} (not in Based)'
+
+
 def collect_state(sweep_dir: str, plan: Optional[set[str]] = None) -> list[dict]:
   """One dict per run of a based_fig3-style sweep: map, setting, d_model, lr, state, accuracy.
+
+  ``state`` is in Based's unit, bytes (``based_state_bytes``); ``state_elements`` the element count.
 
   Every finished run is kept; an unfinished one only when ``plan`` is None or names it (as ``collect``).
   """
@@ -376,8 +432,10 @@ def collect_state(sweep_dir: str, plan: Optional[set[str]] = None) -> list[dict]
     rows.append(dict(
         map=map_label(kind, r_dim, redraw), kind=kind, length=length,
         pairs=val('data.num_pairs'), d=d, lr=val('optim.learning_rate'), seed=val('seed', 0),
-        state=based_state_size(kind, d, head_dim, length, num_heads=heads, num_features=m,
-                               map_dim=r_dim),
+        state=based_state_bytes(kind, d, head_dim, length, num_heads=heads, num_features=m,
+                                map_dim=r_dim),
+        state_elements=based_state_size(kind, d, head_dim, length, num_heads=heads, num_features=m,
+                                        map_dim=r_dim),
         mprime=(None if kind == 'softmax' else
                 state_features(kind, m or 1, head_dim, heads, r_dim)[0]),
         accuracy=r.accuracy, seconds=res.get('wall_time_s'), workdir=r.workdir))
@@ -408,7 +466,7 @@ def state_markdown(rows: list[dict]) -> str:
     lines += [f'**Length {length}, {pairs} key-value pairs** — test accuracy (%) on the queries; '
               f'chance {100 / pairs:g} % guessing among the example\'s {pairs} values, '
               f'{100 * 2 / 8192:.3f} % uniform over the 4,096 values', '',
-              "| map | d_model | state (Based's count) | M' held here | best [lr] | "
+              "| map | d_model | state, bytes (Based's axis) | M' held here | best [lr] | "
               + ' | '.join(f'lr {v:.3g}' for v in lrs) + ' | wall (s) |',
               '|---|---|---|---|---|' + '---|' * len(lrs) + '---|']
     ranking = []
@@ -442,11 +500,25 @@ def plot_state(rows: list[dict], path: str) -> bool:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   points = _points(done)
   settings = sorted(points)
-  maps_all = list(dict.fromkeys(r['map'] for r in done if r['kind'] != 'softmax'))
-  colors = {m: f'C{i % 10}' for i, m in enumerate(maps_all)}
-  fig, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 4.4), squeeze=False,
-                           sharey=True)
-  for ax, setting in zip(axes[0], settings):
+  # One colour per kind in every panel, Based's panel included (AllPoly, not run here: black, dotted).
+  kinds_all = list(dict.fromkeys([*BASED_KINDS.values(),
+                                  *(r['kind'] for r in done if r['kind'] != 'softmax')]))
+  colors = {k: f'C{i % 10}' for i, k in enumerate(kinds_all)}
+  fig, axes = plt.subplots(1, 1 + len(settings), figsize=(5.2 * (1 + len(settings)), 4.4),
+                           squeeze=False, sharey=True, sharex=True)
+  ref = axes[0][0]                          # Based's own values, on the same axes
+  for name, pts in BASED_FIG3.items():
+    kind = BASED_KINDS.get(name)
+    ref.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker='o', ms=3, lw=1,
+             color=colors.get(kind, 'k'), ls='-' if kind else ':',
+             label=f'{name} ({kind or "not run here"})')
+  ref.set_xscale('log', base=2)
+  ref.set_xlabel("state size, bytes (Based's axis)")
+  ref.set_title("Based's figure 3 (325964b): 256-pair test,\nd_model 64-512, 32 epochs", fontsize=9)
+  ref.set_ylim(-2, 102)
+  ref.grid(alpha=0.3)
+  ref.legend(fontsize=6, loc='lower right')
+  for ax, setting in zip(axes[0][1:], settings):
     for name, by_state in points[setting].items():
       xs = sorted(by_state)
       ys = [_best(by_state[x])['accuracy'] for x in xs]
@@ -454,17 +526,19 @@ def plot_state(rows: list[dict], path: str) -> bool:
         ax.plot(xs, ys, marker='s', color='k', ls='none', label='softmax (KV cache)')
         ax.axhline(max(ys), color='k', ls=':', lw=1)
       else:
+        kind = by_state[xs[0]][0]['kind']
         style = '--' if 'redraw' in name else '-'
-        ax.plot(xs, ys, marker='o', ls=style, color=colors[name], label=name)
+        marker = 'v' if name == 'taylor r=8' else '^' if 'redraw' in name else 'o'
+        ax.plot(xs, ys, marker=marker, ls=style, color=colors[kind], label=legend_label(name, kind))
     ax.axhline(100 / setting[1], color='0.6', ls='--', lw=0.8, label='chance: guess among the values')
-    ax.set_xscale('log')
-    ax.set_xlabel("state size (Based's count: 3 d + (d_v + 1) E)")
+    ax.set_xscale('log', base=2)
+    ax.set_xlabel("state size, bytes (Based's axis: 4 x (3 d + (d_v + 1) E))")
     ax.set_title(f'MQAR, length {setting[0]}, {setting[1]} pairs')
     ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
   axes[0][0].set_ylabel('test accuracy on queries (%), best lr')
   legend = {}
-  for ax in axes[0]:                       # every map once, whichever panels it reached
+  for ax in axes[0][1:]:                   # every map once, whichever panels it reached
     for h, lab in zip(*ax.get_legend_handles_labels()):
       legend.setdefault(lab, h)
   fig.tight_layout()
@@ -477,8 +551,8 @@ def plot_state(rows: list[dict], path: str) -> bool:
 
 def write_state_csv(rows: list[dict], path: str) -> None:
   import csv  # pylint: disable=g-import-not-at-top
-  keys = ('map', 'kind', 'length', 'pairs', 'd', 'lr', 'seed', 'state', 'mprime', 'accuracy',
-          'seconds', 'workdir')
+  keys = ('map', 'kind', 'length', 'pairs', 'd', 'lr', 'seed', 'state', 'state_elements', 'mprime',
+          'accuracy', 'seconds', 'workdir')
   with open(path, 'w', newline='', encoding='utf-8') as f:
     w = csv.DictWriter(f, fieldnames=keys)
     w.writeheader()

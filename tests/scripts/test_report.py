@@ -135,9 +135,13 @@ def test_paper_numbers_are_consistent_with_the_registry():
       'text': ('performer-relu-det', 'performer-relu-det', 65.40),
       'retrieval': ('performer-relu-det', 'performer-relu-det', 53.82),
       'image': ('performer-relu-det', 'performer-relu-det', 42.77)}
-  # ... while the papers that ran FAVOR+ keep posrf-orf.
+  # ... Skyformer's Performer rows are its own code's Performer (fixed draw, its scaling) ...
   sky = [n for n in paper_numbers.for_paper('skyformer') if n.model == 'Performer']
-  assert len(sky) == 5 and {n.source_kernel for n in sky} == {'posrf-orf'}
+  assert len(sky) == 5 and {(n.kind, n.source_kernel) for n in sky} == {
+      ('performer-skyformer', 'performer-skyformer')}
+  assert paper_numbers.lookup('skyformer', 'performer-skyformer', 'listops').accuracy == 38.02
+  assert paper_numbers.lookup('skyformer', 'posrf-orf', 'listops') is None
+  # ... while the paper that ran FAVOR+ keeps posrf-orf.
   assert paper_numbers.lookup('spectraformer', 'posrf-orf', 'text').source_kernel == 'posrf-orf'
   # Each paper's Table rows: the sweep of that name covers every implemented kind it printed.
   from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
