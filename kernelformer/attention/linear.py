@@ -633,14 +633,24 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
     (``-inf`` before any valid key), and the prefix sums ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]``,
     ``z = sum_{j < chunk} phi(k_j) [1, F]`` relative to it;
   * chunk n: each row's running max ``beta_i = max(gamma, max_{j <= i in n} zk_j)`` (0 where no valid
-    key yet), ``phi(k_j) = s_k exp(zk_j - beta_j)``, ``phi(q_i) = s_q exp(zq_i + beta_i - a_i)`` with
-    ``a_i = max_r (zq_ir + beta_ir)``; ``num_i = phi(q_i) e^{gamma - beta_i} S`` plus the in-chunk sums
-    of ``_shifted_blocks``, ``den`` alike with ``z``; then ``S, z`` move to the chunk's last shift and
-    take the chunk's keys (``phi(k_j) e^{beta_j - beta_last}``). Every factor is ``<= 1``.
-  * Backward (``jax.custom_vjp``): the forward saves per chunk only the incoming ``S [F, Dv]``, ``z``
-    and ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv); a reverse scan recomputes the
-    chunk's features and its sums and differentiates through both with ``jax.vjp``, carrying
-    ``dS, dz``.
+    key yet) and ``a_i = max_r (zq_ir + beta_ir)``, the row's largest term (it cancels in ``num / den``).
+    If ``beta`` rises by at most ``span`` inside the chunk (every feature and leading index; the chunk
+    is then formed on one shift ``rho = beta`` of its first row): ``phi(q_i) = s_q exp(zq_i + rho -
+    a_i) <= 1``, ``phi(k_j) = s_k exp(zk_j - rho) <= e^span``, ``num = phi(Q) S' + tril(phi(Q)
+    phi(K)^T) V`` with ``S' = S e^{gamma - rho}``, ``den`` alike with ``z``, then ``S, z`` take the
+    chunk's keys and move to its last row's shift. Every product is the unshifted one relative to
+    ``a_i``; a term is lost only below ``e^{span - 87}`` times its row's largest. Otherwise (a key in
+    the chunk far above the earlier ones), per row: ``phi(k_j) = s_k exp(zk_j - beta_j)``, ``phi(q_i) =
+    s_q exp(zq_i + beta_i - a_i)``, ``num_i = phi(q_i) e^{gamma - beta_i} S`` plus the in-chunk sums of
+    ``_shifted_blocks`` (every factor ``<= 1``, log2 C levels of small products). Both forms give the
+    same value; the one-shift form costs what the masked product costs. ``span=0`` takes the per-row
+    form for every chunk. Under ``vmap`` (over heads) a chunk takes one form for the whole batch
+    (``_cond_every``).
+  * Backward (``jax.custom_vjp``): the forward saves per chunk the incoming ``S [F, Dv]``, ``z`` and
+    ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv), the output and the normalizer; a
+    reverse scan recomputes the chunk's shifts and features and carries ``dS, dz``: by hand in the
+    one-shift form (as ``_causal_feature_attention_fn``), through ``jax.vjp`` of the chunk's sums in
+    the per-row form.
 
   The shifts get no gradient (``stop_gradient`` in the stored path as well: they cancel), and
   ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size does not change any shift,
@@ -673,17 +683,17 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
 
   def chunk_shifts(zk, gamma):
-    """``(shift, ref, last, quick)`` from the chunk's key logits ``zk`` (``-inf`` for masked keys):
-    each row's running key max (0 where no valid key yet), the chunk's first finite one per feature (0
-    if none), the last row's (``-inf`` if none: the next chunk's ``gamma``), and whether the running
-    max rises by at most ``span`` inside the chunk (every feature and leading index)."""
+    """``(shift, ref, last, near, quick)`` from the chunk's key logits ``zk`` (``-inf`` for masked
+    keys): each row's running key max (0 where no valid key yet), the chunk's first finite one per
+    feature (0 if none), the last row's (``-inf`` if none: the next chunk's ``gamma``), whether each
+    row's running max is within ``span`` of ``ref`` (every feature), and whether every row's is (every
+    leading index too)."""
     rows = jax.lax.stop_gradient(_running_max(jnp.maximum(zk, gamma)))
     finite = jnp.isfinite(rows)
     ref = jnp.min(jnp.where(finite, rows, jnp.inf), axis=-2, keepdims=True)
     ref = jnp.where(jnp.isfinite(ref), ref, 0.0)
-    last = rows[..., -1:, :]
-    rise = jnp.where(jnp.isfinite(last), last - ref, 0.0)
-    return jnp.where(finite, rows, 0.0), ref, last, jnp.all(rise <= span)
+    near = jnp.all(jnp.where(finite, rows - ref, 0.0) <= span, axis=-1)       # [..., C]
+    return jnp.where(finite, rows, 0.0), ref, rows[..., -1:, :], near, jnp.all(near)
 
   def query_features(qc, p, shift, ref=None):
     """``phi(q_i)`` on its row's ``shift`` (and the row max ``a_i``); with ``ref``, times
@@ -736,20 +746,26 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     ksum = (ksum + jnp.sum(phi_k, axis=-2, keepdims=True)) * back
     return out, den, state, ksum
 
-  def chunk(quick, qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, gamma, zk=None):
-    """``(out, den, state, ksum)`` of one chunk in either form (the same value)."""
+  def chunk(quick, qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, near, gamma,
+            zk=None):
+    """``(out, den, state, ksum)`` of one chunk in either form. The per-row form (``quick`` False)
+    takes the one-shift form's rows wherever ``near`` (they are exact there), so no row's value
+    depends on which form its chunk took, i.e. on later keys of the chunk or other leading indices."""
     p = rebuild(diff, nondiff)
+    one = quick_sums(query_features(qc, p, shift, ref), key_features(kc, mc, p, ref, cap=span, zk=zk),
+                     vc, state, ksum, ref, last, gamma)
     if quick:
-      return quick_sums(query_features(qc, p, shift, ref),
-                        key_features(kc, mc, p, ref, cap=span, zk=zk), vc, state, ksum, ref, last, gamma)
-    return exact_sums(query_features(qc, p, shift), key_features(kc, mc, p, shift, zk=zk), vc, state,
-                      ksum, shift, gamma)
+      return one
+    out, den, state, ksum = exact_sums(query_features(qc, p, shift),
+                                       key_features(kc, mc, p, shift, zk=zk), vc, state, ksum, shift,
+                                       gamma)
+    return jnp.where(near[..., None], one[0], out), jnp.where(near, one[1], den), state, ksum
 
   forms = tuple(functools.partial(lambda quick, ops: chunk(quick, *ops), quick) for quick in (True, False))
 
   def exact_grads(ops):
     """Cotangents ``(dq, dk, dv, dstate, dksum, dw)`` of one chunk in the per-row form (``jax.vjp``)."""
-    args, rest, cts = ops[:6], ops[6:12], ops[-3:]
+    args, rest, cts = ops[:6], ops[6:13], ops[-3:]
     _, vjp = jax.vjp(lambda *a: (lambda o, d, s, z: (o, s, z))(*chunk(False, *a, *rest)), *args)
     return vjp(cts)
 
@@ -758,7 +774,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     are not formed again): with ``gn = g / D`` and ``gd = -(g . out) / D`` (0 where the guard acts),
     ``dphi(q) = gn S^T + gd z + dA phi(k)``, ``dphi(k) = dA^T phi(q) + v dS'^T + dz'`` with
     ``dA = tril(gn v^T + gd)`` and ``dS', dz'`` the cotangents of the chunk's sums after it."""
-    qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last, gm, oc, denc, gc, d_state, d_ksum = ops
+    qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last, _, gm, oc, denc, gc, d_state, d_ksum = ops
     phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), shift, ref),
                            qc, diff)
     phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), ref, cap=span),
@@ -792,9 +808,9 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
       gamma, state, ksum = carry
       qc, kc, vc, mc = xs
       zk = key_logits(kc, mc, p)
-      shift, ref, last, quick = chunk_shifts(zk, gamma)
+      shift, ref, last, near, quick = chunk_shifts(zk, gamma)
       out, den, new_state, new_ksum = _cond_every(
-          quick, *forms, (qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, gamma, zk))
+          quick, *forms, (qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, near, gamma, zk))
       ys = (out, den, state, ksum, gamma) if save else (out,)
       return (last, new_state, new_ksum), ys
 
@@ -820,10 +836,10 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     def step(carry, xs):
       d_state, d_ksum, dw = carry
       qc, kc, vc, mc, gc, oc, denc, sc, zc, gm = xs
-      shift, ref, last, quick = chunk_shifts(key_logits(kc, mc, rebuild(diff, nondiff)), gm)
+      shift, ref, last, near, quick = chunk_shifts(key_logits(kc, mc, rebuild(diff, nondiff)), gm)
       dq, dk, dv, d_prev, d_z, dwc = _cond_every(
-          quick, quick_grads, exact_grads,
-          (qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last, gm, oc, denc, gc, d_state, d_ksum))
+          quick, quick_grads, exact_grads, (qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last,
+                                            near, gm, oc, denc, gc, d_state, d_ksum))
       return (d_prev, d_z, add(dw, dwc)), (dq, dk, dv)
 
     split = lambda x: _split_chunks(x, c, -2)
