@@ -711,7 +711,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     chunk's key logits if already formed (the forward's)."""
     z = (key_logits(kc, mc, p) if zk is None else zk) - shift
     if cap is not None:
-      z = jnp.minimum(z, cap)
+      z = jnp.where(z > cap, cap, z)     # not minimum: its gradient at z == cap is halved
     return jnp.where(mc[..., None], jnp.exp(z), 0.0) * form.scales(p, kc.dtype)[1]
 
   def exact_sums(phi_q, phi_k, vc, state, ksum, shift, gamma):
