@@ -163,6 +163,27 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   return num, den
 
 
+def _running_max(x: Array) -> Array:
+  """The running maximum of ``x [..., n, F]`` along its rows: blocks of 8 rows by doubling, then the
+  maxima of the blocks before each (cheaper than ``lax.cummax`` on CPU for n = 64: 2.8 vs 8.2 ms per
+  32 chunks of [4, 64, 128], CPU time, interleaved)."""
+  def doubling(z):
+    s = 1
+    while s < z.shape[-2]:
+      pad = [(0, 0)] * (z.ndim - 2) + [(s, 0), (0, 0)]
+      z = jnp.maximum(z, jnp.pad(z[..., :-s, :], pad, constant_values=-jnp.inf))
+      s *= 2
+    return z
+
+  n, b = x.shape[-2], 8
+  if n <= b or n % b:
+    return doubling(x)
+  blocks = doubling(x.reshape(x.shape[:-2] + (n // b, b, x.shape[-1])))
+  before = doubling(blocks[..., -1, :])
+  before = jnp.concatenate([jnp.full_like(before[..., :1, :], -jnp.inf), before[..., :-1, :]], axis=-2)
+  return jnp.maximum(blocks, before[..., None, :]).reshape(x.shape)
+
+
 # A shift factor exp(min(x, 0)): 1 where a column had no valid key yet (its shift is the placeholder 0
 # and its features are 0), never above 1, so no inf * 0.
 _down = lambda x: jnp.exp(jnp.minimum(x, 0.0))
@@ -555,6 +576,42 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
   return primal, fwd, bwd
 
 
+# The largest rise of the running key max inside one chunk (every feature) for which the chunk's in-chunk
+# product is formed on one shift (``causal_exp_feature_attention``): keys then carry factors up to
+# e^span, and a term is lost only below e^(span - 87) times its row's largest.
+FAST_SPAN = 40.0
+MAX_SPAN = 64.0
+
+
+def _cond_every(pred: Array, if_all, otherwise, operands):
+  """``lax.cond(pred, if_all, otherwise, operands)`` that stays one branch under ``jax.vmap``.
+
+  ``lax.cond`` with a batched predicate evaluates both branches and selects. Here a batched ``pred``
+  is reduced to ``all(pred)`` and one branch runs for the whole batch: ``if_all`` where the predicate
+  holds for every element, ``otherwise`` for every element if one fails. Both branches must compute
+  the same function (they differ in cost or range, not in value), and close over no traced values:
+  everything traced goes through ``operands``.
+  """
+  @jax.custom_batching.custom_vmap
+  def branch(pred, operands):
+    return jax.lax.cond(pred, if_all, otherwise, operands)
+
+  @branch.def_vmap
+  def rule(axis_size, in_batched, pred, operands):
+    del axis_size
+    pred_batched, batched = in_batched
+    pred = jnp.all(pred) if pred_batched else pred
+    if not any(jax.tree.leaves(batched)):
+      out = _cond_every(pred, if_all, otherwise, operands)
+      return out, jax.tree.map(lambda _: False, out)
+    axes = (jax.tree.map(lambda b: 0 if b else None, batched),)
+    out = _cond_every(pred, jax.vmap(if_all, in_axes=axes), jax.vmap(otherwise, in_axes=axes),
+                      operands)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return branch(pred, operands)
+
+
 # ----------------------------------------------------------------------------------------------
 # Causal exp-feature attention: features formed inside a scan over chunks.
 # ----------------------------------------------------------------------------------------------
@@ -562,7 +619,7 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
 
 def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
                                  mask: Array | None = None, eps: float = DEFAULT_EPS,
-                                 chunk_size: int = 64) -> Array:
+                                 chunk_size: int = 64, span: float = FAST_SPAN) -> Array:
   """Causal ``D^-1 phi(Q) (phi(K)^T V)`` for an exp-map, one ``lax.scan`` over chunks of the sequence.
 
   ``form`` is a ``components.LogSpaceForm``; ``q, k [..., L, d]``, ``v [..., L, Dv]``, ``mask``
@@ -576,20 +633,33 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
     (``-inf`` before any valid key), and the prefix sums ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]``,
     ``z = sum_{j < chunk} phi(k_j) [1, F]`` relative to it;
   * chunk n: each row's running max ``beta_i = max(gamma, max_{j <= i in n} zk_j)`` (0 where no valid
-    key yet), ``phi(k_j) = s_k exp(zk_j - beta_j)``, ``phi(q_i) = s_q exp(zq_i + beta_i - a_i)`` with
-    ``a_i = max_r (zq_ir + beta_ir)``; ``num_i = phi(q_i) e^{gamma - beta_i} S`` plus the in-chunk sums
-    of ``_shifted_blocks``, ``den`` alike with ``z``; then ``S, z`` move to the chunk's last shift and
-    take the chunk's keys (``phi(k_j) e^{beta_j - beta_last}``). Every factor is ``<= 1``.
-  * Backward (``jax.custom_vjp``): the forward saves per chunk only the incoming ``S [F, Dv]``, ``z``
-    and ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv); a reverse scan recomputes the
-    chunk's features and its sums and differentiates through both with ``jax.vjp``, carrying
-    ``dS, dz``.
+    key yet) and ``a_i = max_r (zq_ir + beta_ir)``, the row's largest term (it cancels in ``num / den``).
+    If ``beta`` rises by at most ``span`` inside the chunk (every feature and leading index; the chunk
+    is then formed on one shift ``rho = beta`` of its first row): ``phi(q_i) = s_q exp(zq_i + rho -
+    a_i) <= 1``, ``phi(k_j) = s_k exp(zk_j - rho) <= e^span``, ``num = phi(Q) S' + tril(phi(Q)
+    phi(K)^T) V`` with ``S' = S e^{gamma - rho}``, ``den`` alike with ``z``, then ``S, z`` take the
+    chunk's keys and move to its last row's shift. Every product is the unshifted one relative to
+    ``a_i``; a term is lost only below ``e^{span - 87}`` times its row's largest. Otherwise (a key in
+    the chunk far above the earlier ones), per row: ``phi(k_j) = s_k exp(zk_j - beta_j)``, ``phi(q_i) =
+    s_q exp(zq_i + beta_i - a_i)``, ``num_i = phi(q_i) e^{gamma - beta_i} S`` plus the in-chunk sums of
+    ``_shifted_blocks`` (every factor ``<= 1``, log2 C levels of small products). Both forms give the
+    same value; the one-shift form costs what the masked product costs. ``span=0`` takes the per-row
+    form for every chunk. Under ``vmap`` (over heads) a chunk takes one form for the whole batch
+    (``_cond_every``).
+  * Backward (``jax.custom_vjp``): the forward saves per chunk the incoming ``S [F, Dv]``, ``z`` and
+    ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv), the output and the normalizer; a
+    reverse scan recomputes the chunk's shifts and features and carries ``dS, dz``: by hand in the
+    one-shift form (as ``_causal_feature_attention_fn``), through ``jax.vjp`` of the chunk's sums in
+    the per-row form.
 
   The shifts get no gradient (``stop_gradient`` in the stored path as well: they cancel), and
   ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size does not change any shift,
   only how the sums are grouped (the value is the same to float32 rounding). Gradients flow to every
   floating leaf of ``proj``.
   """
+  if not 0.0 <= span <= MAX_SPAN:
+    raise ValueError(f'span must be in [0, {MAX_SPAN:g}] (a rise of the running key max in nats); '
+                     f'got {span}')
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)
   length = q.shape[-2]
@@ -598,32 +668,55 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   if pad:
     # Padded positions are masked keys (no shift, zero features) and queries cut off below.
     q, k, v, mask = (_pad_rows(x, pad, lead) for x in (q, k, v, mask))
-  out = _causal_exp_attention_fn(form, treedef, is_float, float(eps), c)(q, k, v, diff, nondiff, mask)
+  out = _causal_exp_attention_fn(form, treedef, is_float, float(eps), c, float(span))(q, k, v, diff,
+                                                                               nondiff, mask)
   return out[..., :length, :].astype(out_dtype)
 
 
 @_lean_vjp
-def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
-  """``causal_exp_feature_attention`` for one (form, W structure, eps, chunk)."""
+def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
+  """``causal_exp_feature_attention`` for one (form, W structure, eps, chunk, span)."""
   rebuild = _rebuilder(treedef, is_float)
+  tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
 
-  def row_shifts(kc, mc, p, gamma):
-    """Each row's running key max (``-inf`` kept where no valid key yet) and the usable shift."""
-    zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
-    rows = jax.lax.stop_gradient(jax.lax.cummax(jnp.maximum(zk, gamma), axis=zk.ndim - 2))
-    return rows, jnp.where(jnp.isfinite(rows), rows, 0.0)
+  def key_logits(kc, mc, p):
+    return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
 
-  def key_features(kc, mc, p, shift):
-    zk = jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
-    return jnp.where(mc[..., None], jnp.exp(zk - shift), 0.0) * form.scales(p, kc.dtype)[1]
+  def chunk_shifts(zk, gamma):
+    """``(shift, ref, last, near, quick)`` from the chunk's key logits ``zk`` (``-inf`` for masked
+    keys): each row's running key max (0 where no valid key yet), the chunk's first finite one per
+    feature (0 if none), the last row's (``-inf`` if none: the next chunk's ``gamma``), whether each
+    row's running max is within ``span`` of ``ref`` (every feature), and whether every row's is (every
+    leading index too)."""
+    rows = jax.lax.stop_gradient(_running_max(jnp.maximum(zk, gamma)))
+    finite = jnp.isfinite(rows)
+    ref = jnp.min(jnp.where(finite, rows, jnp.inf), axis=-2, keepdims=True)
+    ref = jnp.where(jnp.isfinite(ref), ref, 0.0)
+    near = jnp.all(jnp.where(finite, rows - ref, 0.0) <= span, axis=-1)       # [..., C]
+    return jnp.where(finite, rows, 0.0), ref, rows[..., -1:, :], near, jnp.all(near)
 
-  def query_features(qc, p, shift):
+  def query_features(qc, p, shift, ref=None):
+    """``phi(q_i)`` on its row's ``shift`` (and the row max ``a_i``); with ``ref``, times
+    ``e^{min(ref - shift_i, 0)} <= 1`` in the same exponential."""
     zq = form.logits(qc, p) + shift
     a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
-    return jnp.exp(zq - jnp.where(jnp.isfinite(a), a, 0.0)) * form.scales(p, qc.dtype)[0]
+    a = jnp.where(jnp.isfinite(a), a, 0.0)
+    if ref is not None:
+      zq = zq + jnp.minimum(ref - shift, 0.0)
+    return jnp.exp(zq - a) * form.scales(p, qc.dtype)[0]
 
-  def sums(phi_q, phi_k, vc, state, ksum, shift, gamma):
-    """One chunk's output and the sums after it, from its features (shifted per row by ``shift``)."""
+  def key_features(kc, mc, p, shift, cap=None, zk=None):
+    """``phi(k_j)`` on ``shift``: its row's, or the chunk's ``ref`` with the exponent capped at ``cap``
+    (reached only by keys after every query that would see them at a larger value). ``zk``: the
+    chunk's key logits if already formed (the forward's)."""
+    z = (key_logits(kc, mc, p) if zk is None else zk) - shift
+    if cap is not None:
+      z = jnp.where(z > cap, cap, z)     # not minimum: its gradient at z == cap is halved
+    return jnp.where(mc[..., None], jnp.exp(z), 0.0) * form.scales(p, kc.dtype)[1]
+
+  def exact_sums(phi_q, phi_k, vc, state, ksum, shift, gamma):
+    """One chunk's output and the sums after it, from features on their own row's ``shift``: the
+    in-chunk part by ``_shifted_blocks`` (every factor ``<= 1``, whatever the rise in the chunk)."""
     prev = jnp.where(jnp.isfinite(gamma), gamma, 0.0)
     qg = phi_q * _down(prev - shift)
     num_in, den_in = _shifted_blocks(phi_q, phi_k, vc, shift)
@@ -635,7 +728,76 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     kg = phi_k * _down(shift - last)
     state = state * jnp.swapaxes(back, -1, -2) + jnp.einsum('...jf,...jd->...fd', kg, vc)
     ksum = ksum * back + jnp.sum(kg, axis=-2, keepdims=True)
-    return out, state, ksum
+    return out, den, state, ksum
+
+  def quick_sums(phi_q, phi_k, vc, state, ksum, ref, last, gamma):
+    """The same from features on the chunk's one shift ``ref`` (queries times factors ``<= 1``, keys
+    ``<= e^span``): the carried sums move to ``ref``, the in-chunk part is one masked C x C product,
+    and the sums after the chunk move to its last row's shift."""
+    prev = jnp.where(jnp.isfinite(gamma), gamma, 0.0)
+    into = _down(prev - ref)
+    state, ksum = state * jnp.swapaxes(into, -1, -2), ksum * into
+    scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+    num = jnp.einsum('...if,...fd->...id', phi_q, state) + jnp.einsum('...ij,...jd->...id', scores, vc)
+    den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
+    out = num / safe_normalizer(den, eps)[..., None]
+    back = _down(ref - jnp.where(jnp.isfinite(last), last, 0.0))
+    state = (state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)) * jnp.swapaxes(back, -1, -2)
+    ksum = (ksum + jnp.sum(phi_k, axis=-2, keepdims=True)) * back
+    return out, den, state, ksum
+
+  def chunk(quick, qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, near, gamma,
+            zk=None):
+    """``(out, den, state, ksum)`` of one chunk in either form. The per-row form (``quick`` False)
+    takes the one-shift form's rows wherever ``near`` (they are exact there), so no row's value
+    depends on which form its chunk took, i.e. on later keys of the chunk or other leading indices."""
+    p = rebuild(diff, nondiff)
+    one = quick_sums(query_features(qc, p, shift, ref), key_features(kc, mc, p, ref, cap=span, zk=zk),
+                     vc, state, ksum, ref, last, gamma)
+    if quick:
+      return one
+    out, den, state, ksum = exact_sums(query_features(qc, p, shift),
+                                       key_features(kc, mc, p, shift, zk=zk), vc, state, ksum, shift,
+                                       gamma)
+    return jnp.where(near[..., None], one[0], out), jnp.where(near, one[1], den), state, ksum
+
+  forms = tuple(functools.partial(lambda quick, ops: chunk(quick, *ops), quick) for quick in (True, False))
+
+  def exact_grads(ops):
+    """Cotangents ``(dq, dk, dv, dstate, dksum, dw)`` of one chunk in the per-row form (``jax.vjp``)."""
+    args, rest, cts = ops[:6], ops[6:13], ops[-3:]
+    _, vjp = jax.vjp(lambda *a: (lambda o, d, s, z: (o, s, z))(*chunk(False, *a, *rest)), *args)
+    return vjp(cts)
+
+  def quick_grads(ops):
+    """The same in the one-shift form, by hand from the forward's output and normalizer (the sums
+    are not formed again): with ``gn = g / D`` and ``gd = -(g . out) / D`` (0 where the guard acts),
+    ``dphi(q) = gn S^T + gd z + dA phi(k)``, ``dphi(k) = dA^T phi(q) + v dS'^T + dz'`` with
+    ``dA = tril(gn v^T + gd)`` and ``dS', dz'`` the cotangents of the chunk's sums after it."""
+    qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last, _, gm, oc, denc, gc, d_state, d_ksum = ops
+    phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), shift, ref),
+                           qc, diff)
+    phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), ref, cap=span),
+                           kc, diff)
+    t = lambda x: jnp.swapaxes(x, -1, -2)
+    into = _down(jnp.where(jnp.isfinite(gm), gm, 0.0) - ref)
+    back = _down(ref - jnp.where(jnp.isfinite(last), last, 0.0))
+    sden = safe_normalizer(denc, eps)
+    gn = gc / sden[..., None]
+    gd = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)
+    scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+    d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gd[..., None], 0.0)
+    d_x, d_y = d_state * t(back), d_ksum * back
+    d_phi_q = (jnp.einsum('...id,...fd->...if', gn, sc * t(into)) + gd[..., None] * (zc * into)
+               + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
+    d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
+               + jnp.einsum('...jd,...fd->...jf', vc, d_x) + d_y)
+    dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_x)
+    d_prev = (jnp.einsum('...if,...id->...fd', phi_q, gn) + d_x) * t(into)
+    d_z = (jnp.einsum('...if,...i->...f', phi_q, gd)[..., None, :] + d_y) * into
+    dq, dwq = vjp_q(d_phi_q.astype(phi_q.dtype))
+    dk, dwk = vjp_k(d_phi_k.astype(phi_k.dtype))
+    return dq, dk, dv, d_prev, d_z, tuple(a + b for a, b in zip(dwq, dwk))
 
   def forward(q, k, v, diff, nondiff, mask, save):
     p = rebuild(diff, nondiff)
@@ -645,11 +807,12 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     def step(carry, xs):
       gamma, state, ksum = carry
       qc, kc, vc, mc = xs
-      rows, shift = row_shifts(kc, mc, p, gamma)
-      out, new_state, new_ksum = sums(query_features(qc, p, shift), key_features(kc, mc, p, shift),
-                                      vc, state, ksum, shift, gamma)
-      ys = (out, state, ksum, gamma) if save else (out,)
-      return (rows[..., -1:, :], new_state, new_ksum), ys
+      zk = key_logits(kc, mc, p)
+      shift, ref, last, near, quick = chunk_shifts(zk, gamma)
+      out, den, new_state, new_ksum = _cond_every(
+          quick, *forms, (qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, near, gamma, zk))
+      ys = (out, den, state, ksum, gamma) if save else (out,)
+      return (last, new_state, new_ksum), ys
 
     init = (jnp.full(lead + (1, f_dim), -jnp.inf, q.dtype),
             jnp.zeros(lead + (f_dim, v.shape[-1]), jnp.float32), jnp.zeros(lead + (1, f_dim), jnp.float32))
@@ -662,30 +825,26 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c):
     return _join_chunks(forward(*args, False)[0], -2)
 
   def fwd(*args):
-    out, *saved = forward(*args, True)
-    return _join_chunks(out, -2), (*args, *saved)
+    ys = forward(*args, True)
+    return _join_chunks(ys[0], -2), (*args, *ys)
 
   def bwd(res, g):
-    q, k, v, diff, nondiff, mask, state, ksum, gamma = res
+    q, k, v, diff, nondiff, mask, out, den, state, ksum, gamma = res
     zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
     add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
     def step(carry, xs):
       d_state, d_ksum, dw = carry
-      qc, kc, vc, mc, gc, sc, zc, gm = xs
-      _, shift = row_shifts(kc, mc, rebuild(diff, nondiff), gm)
-      phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), shift), qc, diff)
-      phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), shift), kc, diff)
-      _, vjp_sums = jax.vjp(lambda a, b, vv, s, z: sums(a, b, vv, s, z, shift, gm), phi_q, phi_k, vc,
-                            sc, zc)
-      d_phi_q, d_phi_k, dv, d_prev, d_z = vjp_sums((gc, d_state, d_ksum))
-      dq, dwq = vjp_q(d_phi_q)
-      dk, dwk = vjp_k(d_phi_k)
-      return (d_prev, d_z, add(dw, add(dwq, dwk))), (dq, dk, dv)
+      qc, kc, vc, mc, gc, oc, denc, sc, zc, gm = xs
+      shift, ref, last, near, quick = chunk_shifts(key_logits(kc, mc, rebuild(diff, nondiff)), gm)
+      dq, dk, dv, d_prev, d_z, dwc = _cond_every(
+          quick, quick_grads, exact_grads, (qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last,
+                                            near, gm, oc, denc, gc, d_state, d_ksum))
+      return (d_prev, d_z, add(dw, dwc)), (dq, dk, dv)
 
     split = lambda x: _split_chunks(x, c, -2)
     xs = (split(q), split(k), split(v), _split_chunks(mask, c, -1), split(g.astype(jnp.float32)),
-          state, ksum, gamma)
+          out, den, state, ksum, gamma)
     init = (jnp.zeros_like(state[0]), jnp.zeros_like(ksum[0]), zeros_diff)
     (_, _, dw), (dq, dk, dv) = jax.lax.scan(step, init, xs, reverse=True,
                                             unroll=state.shape[0] == 1)

@@ -5,9 +5,11 @@ with ``causal_chunk``), and the core forms each product on a shift both rows may
 (``linear._shifted_causal_num_den``, ``linear._shifted_blocks``, ``linear.causal_exp_feature_attention``).
 Checked here:
 
-* stored path (component features + ``linear_attention``) and lean scan against a float64 evaluation of
-  the same estimator (log space, below), keys x1, x10, x30, chunks 1, 3 and 64 at L = 80 (chunk 64: a
-  full and a partial chunk; 3: a ragged end), every shifted component, with padded keys;
+* stored path (component features + ``linear_attention``) and lean scan (chunks whose running max
+  rises by at most ``span`` on one shift; with ``span=0`` every chunk per row) against a float64
+  evaluation of the same estimator (log space, below), keys x1, x10, x30, chunks 1, 3 and 64 at
+  L = 80 (chunk 64: a full and a partial chunk; 3: a ragged end), every shifted component, with padded
+  keys (under the vmap over scales the x10 / x30 chunks that rise further put the x1 ones per row too);
 * gradients of the lean scan equal those of the stored path at chunks 3 and 64, keys x10;
 * a decoder's full forward at chunk 64 and 3 equals step-by-step decoding at keys x10 and x30 (L = 70).
 
@@ -110,10 +112,16 @@ def _lean(name, q, k, v, proj, mask, chunk):
                                              mask=mask, chunk_size=chunk, eps=EPS)
 
 
+def _lean_blocks(name, q, k, v, proj, mask, chunk):
+  """The lean scan with every chunk in the per-row form (``span=0``): no chunk takes one shift."""
+  return linear.causal_exp_feature_attention(catalog.get(name).log_space, q, k, v, proj,
+                                             mask=mask, chunk_size=chunk, eps=EPS, span=0.0)
+
+
 @pytest.mark.parametrize('name', sorted(r.name for r in catalog.records() if r.causal_shift))
 def test_stored_and_lean_equal_float64_estimator(name):
   q, k, v, proj, mask = _inputs()
-  paths = [_stored] + ([_lean] if catalog.get(name).log_space is not None else [])
+  paths = [_stored] + ([_lean, _lean_blocks] if catalog.get(name).log_space is not None else [])
 
   def outputs(k):
     return [path(name, q, k, v, proj, mask, c) for path in paths for c in CHUNKS]
@@ -148,7 +156,8 @@ def test_lean_gradients_equal_stored_at_large_keys(name):
     out = jax.grad(loss, argnums=(0, 1, 2, 3), allow_int=True)(q, k, v, proj)
     return [x for x in jax.tree.leaves(out) if x.dtype != jax.dtypes.float0]
 
-  every = fast_jit(lambda: [grads(_stored, 1)] + [grads(p, c) for p in (_stored, _lean) for c in (3, 64)])()
+  every = fast_jit(lambda: [grads(_stored, 1)] + [grads(p, c) for p in (_stored, _lean, _lean_blocks)
+                                                   for c in (3, 64)])()
   reference = every[0]
   assert len(reference) >= 4
   for other in every[1:]:

@@ -240,3 +240,23 @@ def test_shifted_normalizer_is_not_clamped_by_a_fixed_eps():
     outs[eps_opt] = np.asarray(module.apply(variables, qm, km, vm, causal=True,
                                             rngs={'features': rngs['features']}))
   np.testing.assert_array_equal(outs[None], outs[1e-30])
+
+
+def test_cond_every_keeps_one_branch_under_vmap():
+  """``linear._cond_every``: one branch for the whole batch (the first only if every predicate holds),
+  nested vmaps and unbatched predicates included, and a ``cond`` in the batched program, not a select
+  of both branches."""
+  f = lambda pred, x: linear._cond_every(pred, lambda x: x + 1.0, lambda x: x + 2.0, x)
+  x = jnp.zeros(3)
+  assert float(f(jnp.bool_(True), 0.0)) == 1.0 and float(f(jnp.bool_(False), 0.0)) == 2.0
+  np.testing.assert_array_equal(jax.vmap(f)(jnp.array([True, True, True]), x), [1.0, 1.0, 1.0])
+  np.testing.assert_array_equal(jax.vmap(f)(jnp.array([True, False, True]), x), [2.0, 2.0, 2.0])
+  np.testing.assert_array_equal(jax.vmap(f, in_axes=(None, 0))(jnp.bool_(True), x), [1.0, 1.0, 1.0])
+  np.testing.assert_array_equal(jax.vmap(f, in_axes=(0, None))(jnp.array([True, False]), 0.0),
+                                [2.0, 2.0])
+  preds = jnp.array([[True, True], [True, False]])
+  np.testing.assert_array_equal(jax.jit(jax.vmap(jax.vmap(f)))(preds, jnp.zeros((2, 2))),
+                                [[2.0, 2.0], [2.0, 2.0]])
+  np.testing.assert_array_equal(jax.vmap(jax.vmap(f))(preds[:1], jnp.zeros((1, 2))), [[1.0, 1.0]])
+  program = str(jax.make_jaxpr(jax.vmap(f))(jnp.array([True, False]), jnp.zeros(2)))
+  assert 'cond[' in program and 'select_n' not in program, program
