@@ -31,7 +31,7 @@ LISTOPS = [('data.max_length', 32), ('data.min_gen_length', 8), ('data.max_gen_l
 # A constant learning rate that float32 resolves: the literal difference quotient is then accurate.
 # Adam's eps 1e-3: gradients that are rounding noise (softmax's key bias has an exact zero gradient)
 # would otherwise become +-lr updates that differ between two compilations of the same step.
-RESOLVED = [('optim.schedule', 'constant'), ('optim.warmup_steps', 1), ('optim.learning_rate', 1e-3),
+RESOLVED = [('optim.schedule', 'constant'), ('optim.warmup_steps', 1), ('optim.learning_rate', 1e-4),
             ('optim.eps', 1e-3)]
 
 
@@ -86,13 +86,15 @@ def test_tau_is_the_formula_on_the_trainers_trajectory(tmp_path, kind):
                            traj[i]['encoder'], traj[i - 1]['encoder']))
     direct = num / den
     np.testing.assert_allclose(trace.tau_difference[i - 1], direct, rtol=2e-3)
-    # The first-order form (the reported one) equals the formula up to O(step) terms.
-    np.testing.assert_allclose(trace.tau[i - 1], direct, rtol=3e-2)
+    # The first-order form (the reported one) equals the formula up to O(step) terms: 3 % here at lr
+    # 1e-4 with Skyformer's layers (26 % at lr 1e-3: the embeddings are N(0, 0.02), so the same update
+    # is a larger relative move than under flax's N(0, 1)).
+    np.testing.assert_allclose(trace.tau[i - 1], direct, rtol=5e-2)
     # The denominator is the encoder's: with every parameter it is measurably smaller.
     den_all = _sq(jax.tree.map(lambda a, b: np.asarray(a, np.float64) - np.asarray(b, np.float64),
                                traj[i], traj[i - 1]))
     assert den_all > 1.1 * den
-    np.testing.assert_allclose(trace.tau_all[i - 1], num / den_all, rtol=3e-2)
+    np.testing.assert_allclose(trace.tau_all[i - 1], num / den_all, rtol=5e-2)
 
 
 def test_kinds_start_from_the_reference_and_ratios_are_per_step(tmp_path):
