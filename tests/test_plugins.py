@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 
+from tests import procs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -27,10 +29,7 @@ def write_plugin(folder) -> str:
 
 
 def env():
-  flags_ = [f for f in os.environ.get('XLA_FLAGS', '').split()
-            if not f.startswith('--xla_force_host_platform_device_count')]
-  return {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ' '.join(flags_), 'PYTHONPATH': ROOT,
-          'MPLBACKEND': 'Agg'}
+  return procs.env(1, PYTHONPATH=ROOT, MPLBACKEND='Agg')
 
 
 def kf(tmp_path, *args):

@@ -290,6 +290,9 @@ class _Bench:
                       list(self.pipeline_rates), peak_resident_gib(), list(self.pipeline_examples))
 
   def close(self) -> None:
+    """Ends the loop's watchdog thread (a run's own end does this in ``train_and_evaluate``) and
+    removes the scratch folder: a process that benchmarks keeps no thread or run alive after."""
+    self.loop.setup.watch.watchdog.close()
     shutil.rmtree(self.tmp, ignore_errors=True)
 
 

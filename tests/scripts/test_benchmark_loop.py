@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+import threading
 
 import pytest
 
@@ -120,10 +121,17 @@ def test_bad_flags_are_one_line(argv, words, capsys, tmp_path):
   assert not (tmp_path / 'loop.md').exists()
 
 
+def _run_threads():
+  return {t for t in threading.enumerate() if t.name in ('kernelformer-watchdog', 'kernelformer-input')}
+
+
 def test_with_pipeline_reports_its_ratio_and_the_pipeline_alone(tmp_path):
+  before = _run_threads()
   rc = benchmark.run(['loop', '--settings', 'tiny', '--steps', '4', '--rounds', '2', '--with_pipeline',
                       '--out_dir', str(tmp_path)])
   assert rc == 0
+  # The benchmark leaves no thread of the loops it ran (their watchdog, the input pipeline's reader).
+  assert not _run_threads() - before, _run_threads() - before
   table = (tmp_path / 'loop.md').read_text()
   (row,) = [line for line in table.splitlines() if line.startswith('| tiny')]
   cells = [c.strip() for c in row.strip('|').split('|')]

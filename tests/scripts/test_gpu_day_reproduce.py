@@ -16,6 +16,7 @@ import pytest
 
 from kernelformer import registry
 from kernelformer.reproduce import gpu_table
+from tests import procs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,8 +36,8 @@ def test_reproduce_dry_run_writes_results_and_table(tmp_path):
          'KF_GPU_DATA': str(tmp_path / 'data'), 'KF_REPRODUCE_RUNS': str(tmp_path / 'runs'),
          'KF_REPRODUCE_ZOOLOGY_LRS': '0.01', 'KF_REPRODUCE_KINDS': 'performer-skyformer skyformer',
          'KF_REPRODUCE_INSTABILITY': '1', 'KF_REPRODUCE_INSTABILITY_SEEDS': '1',
-         'KF_REPRODUCE_LISTOPS_SECONDS': '1200', 'JAX_PLATFORMS': 'cpu'}
-  env.pop('XLA_FLAGS', None)   # one CPU device per process, as on the GPU machine
+         'KF_REPRODUCE_LISTOPS_SECONDS': '1200', 'XLA_FLAGS': procs.xla_flags(1),
+         'JAX_PLATFORMS': 'cpu'}   # one CPU device per process, as on the GPU machine
   proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce', str(out)], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

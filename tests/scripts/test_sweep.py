@@ -13,6 +13,7 @@ from ml_collections import config_flags
 
 from kernelformer import registry
 from kernelformer.reproduce import sweeps
+from tests import procs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LISTOPS = 'configs/listops.py'
@@ -208,10 +209,7 @@ def test_emitted_commands_parse_as_train_py_flags(tmp_path):
 
 
 def _cli(*args, cwd):
-  # One CPU device (the tiny batch splits over any count), the suite's fast-compile flags kept.
-  flags_ = [f for f in os.environ.get('XLA_FLAGS', '').split()
-            if not f.startswith('--xla_force_host_platform_device_count')]
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ' '.join(flags_)}
+  env = procs.env(1)   # one CPU device (the tiny batch splits over any count)
   return subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'sweep.py'), *args],
                         capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 

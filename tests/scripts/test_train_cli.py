@@ -7,11 +7,13 @@ import sys
 
 import pytest
 
+from tests import procs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_train(tmp_path, *args):
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ''}
+  env = procs.env(1)
   cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
          '--config', os.path.join(ROOT, 'configs', 'listops.py') + ':tiny',
          '--workdir', str(tmp_path / 'run'), '--config.progress=False', *args]
@@ -66,7 +68,7 @@ def test_unknown_kernel_one_line(tmp_path):
 
 def test_indivisible_batch_one_line(tmp_path):
   env_flags = ['--config.batch_size=7']
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  env = procs.env(2)
   cmd = [sys.executable, os.path.join(ROOT, 'scripts', 'train.py'),
          '--config', os.path.join(ROOT, 'configs', 'listops.py') + ':tiny',
          '--workdir', str(tmp_path / 'run'), '--config.progress=False',

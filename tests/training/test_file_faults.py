@@ -118,7 +118,10 @@ def test_file_size_limit_ends_in_one_line(tmp_path):
   p = subprocess.run(_with_fsize_limit(20_000, [
       '-m', 'kernelformer', 'train', '--config', 'listops:tiny', f'--workdir={tmp_path / "run"}',
       f'--config.data.data_dir={data}', '--config.progress=False']),
-                     capture_output=True, text=True, cwd=ROOT, env={**os.environ, 'PYTHONPATH': ROOT},
+                     capture_output=True, text=True, cwd=ROOT,
+                     # without the suite's compilation cache (tests/conftest.py), whose writes the
+                     # limit would also refuse, each with a warning of jax's
+                     env={**os.environ, 'PYTHONPATH': ROOT, 'JAX_ENABLE_COMPILATION_CACHE': 'false'},
                      timeout=300)
   assert p.returncode == 1, p.stderr[-3000:]
   lines = p.stderr.strip().splitlines()

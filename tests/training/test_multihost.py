@@ -20,6 +20,7 @@ import numpy as np
 
 import lra_tasks
 from configs import listops
+from tests import procs as procs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS = 6
@@ -96,15 +97,8 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def xla_flags(devices: int) -> str:
-  """``devices`` CPU devices, plus the test suite's other XLA flags (fast compilation)."""
-  others = [f for f in os.environ.get('XLA_FLAGS', '').split()
-            if not f.startswith('--xla_force_host_platform_device_count')]
-  return ' '.join([f'--xla_force_host_platform_device_count={devices}', *others])
-
-
 def launch(driver, args, devices, log):
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT, 'XLA_FLAGS': xla_flags(devices)}
+  env = procs_lib.env(devices, PYTHONPATH=ROOT)
   return subprocess.Popen([sys.executable, str(driver), *map(str, args)], env=env, cwd=ROOT,
                           stdout=open(log, 'w'), stderr=subprocess.STDOUT)
 

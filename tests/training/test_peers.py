@@ -17,7 +17,8 @@ import time
 import lra_tasks
 from configs import listops
 from kernelformer.training import peers
-from tests.training.test_multihost import ROOT, free_port, xla_flags
+from tests import procs
+from tests.training.test_multihost import ROOT, free_port
 
 
 class FakeStore:
@@ -93,7 +94,7 @@ def test_lost_coordinator_and_clean_shutdown():
 
 
 def _launch(args, log):
-  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'PYTHONPATH': ROOT, 'XLA_FLAGS': xla_flags(1)}
+  env = procs.env(1, PYTHONPATH=ROOT)
   return subprocess.Popen([sys.executable, '-m', 'kernelformer', 'train', *map(str, args)], env=env,
                           cwd=ROOT, stdout=open(log, 'w'), stderr=subprocess.STDOUT)
 

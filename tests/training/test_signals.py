@@ -270,7 +270,8 @@ def test_second_sigint_while_jax_imports_exits_at_once(tmp_path):
 
 def test_second_sigint_while_compiling_exits_at_once_naming_no_checkpoint(tmp_path):
   workdir = tmp_path / 'run'
-  proc = Proc(workdir, tmp_path / 'data')
+  # A real compilation to interrupt: not a load from the suite's compilation cache (tests/conftest.py).
+  proc = Proc(workdir, tmp_path / 'data', env={'JAX_ENABLE_COMPILATION_CACHE': 'false'})
   wait_for(lambda: 'compiling\n' in proc.out, proc)
   proc.p.send_signal(signal.SIGINT)
   time.sleep(0.1)
