@@ -126,7 +126,6 @@ REGISTRY_SUITES = frozenset({
     'test_same_real_outputs_padded_to_l_or_4l',            # tests/attention/test_padding_invariance.py
     'test_padding_invariance_and_finite_edge_cases',       # tests/attention/test_masking_all.py
     'test_single_valid_key',                               # tests/attention/test_degenerate_rows.py
-    'test_every_name_forward_and_grad_under_jit',          # tests/attention/test_random_features.py
 })
 GRID_COMPONENTS_IN_SECOND_COMMAND = ('trigrf', 'rks', 'hyperbolic', 'oprf', 'saderf', 'grelu')
 GRID_KINDS_IN_FIRST_COMMAND = frozenset({'trigrf-orf', 'rks-orf', 'hyperbolic-orf',

@@ -142,10 +142,13 @@ def test_blocks_with_carried_state_equal_full_forward(kind):
   tokens = jax.random.randint(jax.random.key(3), (2, length), 1, VOCAB)
   fkey = jax.random.key(4)
   params = model.init({'params': jax.random.key(5), 'features': fkey}, tokens)['params']
+  forward = jax.jit(lambda ps: model.apply({'params': ps}, tokens, rngs={'features': fkey}))
+  in_blocks = {sizes: jax.jit(lambda ps, sizes=sizes: _blocks(model, ps, tokens, sizes, fkey))
+               for sizes in ((5, 7), (6, 6))}
   for scale, sizes in ((1.0, (5, 7)), (1.0, (6, 6)), (30.0, (6, 6)), (30.0, (5, 7))):
     ps = _scale_keys(params, scale)
-    full = model.apply({'params': ps}, tokens, rngs={'features': fkey})
-    blocks = _blocks(model, ps, tokens, sizes, fkey)
+    full = forward(ps)
+    blocks = in_blocks[sizes](ps)
     assert np.isfinite(np.asarray(blocks)).all()
     np.testing.assert_allclose(np.asarray(blocks), np.asarray(full), rtol=2e-4,
                                atol=2e-4 * max(1.0, float(jnp.abs(full).max())),

@@ -6,7 +6,10 @@ projection length or chunk size used here divides:
 * padding invariance: rewriting the contents of padded positions (q, k and v) changes no output of a
   valid query, with one sequence partly padded and one where all but one token is padded;
 * no NaN/Inf in the forward pass or in the gradient with respect to q, k, v and the parameters, at that
-  length and at length 1.
+  length and at length 1;
+* the gradient: q, k and v each reach the output; a kind with learnable parameters (learned samplers,
+  learned feature maps) gives every parameter of every head a gradient, and a kind without has none.
+  The forward runs at training step 7 with redraws every 5 steps (a later redraw window).
 
 Mechanisms that need a relative-position bias get one. Randomness is fixed (``rngs={'features',
 'dropout'}``), so both calls of a pair see the same random features / landmarks.
@@ -20,14 +23,24 @@ import pytest
 
 import kernelformer
 from kernelformer import registry
+from kernelformer.attention import random_features as rf
+from kernelformer.features import learned
 
 B, H, D = 2, 2, 4
 LENGTH = 7
 # Small options every mechanism reads (the rest are ignored by build): 3 landmarks / projected keys so
 # that 7 is not a multiple; 9 random features (SGQ needs >= 2 * head_dim + 1).
 OPTIONS = {'num_features': 9, 'num_landmarks': 3, 'linformer_k': 3, 'max_length': LENGTH,
-           'chunk_size': 4, 'num_mixture_components': 2}
+           'chunk_size': 4, 'num_mixture_components': 2, 'redraw_every': 5}
 NAMES = kernelformer.list_kernels()
+STEP = 7
+
+
+def _learnable(spec) -> bool:
+  """Whether the kind owns trained parameters: a learned sampler, or a learned feature map (taylor's
+  only with ``map_dim`` > 0, not set here)."""
+  weights = spec.fixed.get('weights')
+  return weights in learned.LEARNED or (weights == 'map' and spec.fixed.get('component') != 'taylor')
 
 
 def _inputs(length: int, seed: int):
@@ -79,7 +92,7 @@ def test_padding_invariance_and_finite_edge_cases(name):
 
   def forward(variables, q, k, v, mask):
     return module.apply(variables, q, k, v, mask=mask, deterministic=True, rngs=rngs,
-                        **bias_for(q.shape[1]))
+                        step=jnp.int32(STEP), **bias_for(q.shape[1]))
 
   def loss(params, state, q, k, v, mask):
     y = forward({**state, 'params': params} if params else state, q, k, v, mask)
@@ -125,3 +138,15 @@ def test_padding_invariance_and_finite_edge_cases(name):
                              err_msg=f'{name}: padded positions changed a valid query\'s output')
   assert _finite_tree(grads), f'{name}: non-finite gradient (length {LENGTH}, padded)'
   assert _finite_tree(out1) and _finite_tree(grads1), f'{name}: non-finite at length 1'
+  assert out.dtype == qkv[2].dtype
+  param_grads, *qkv_grads = grads
+  for what, g in zip('qkv', qkv_grads):
+    assert float(jnp.max(jnp.abs(g))) > 0, f'{name}: {what} does not reach the output'
+  if spec.module is rf.RandomFeatureAttention:
+    # Every learnable parameter of every head receives a gradient (sampler / map params: [H, ...]).
+    assert bool(jax.tree.leaves(param_grads)) == _learnable(spec), name
+    for path, leaf in jax.tree_util.tree_leaves_with_path(param_grads):
+      leaf = np.asarray(leaf)
+      assert leaf.shape[0] == H, (name, jax.tree_util.keystr(path))
+      for h in range(H):
+        assert np.any(leaf[h] != 0), (name, jax.tree_util.keystr(path), h)

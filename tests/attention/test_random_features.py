@@ -17,7 +17,6 @@ from kernelformer.attention import linear
 from kernelformer.attention import random_features as rf
 from kernelformer.attention import rpe
 from kernelformer.attention import softmax
-from kernelformer.features import learned
 from kernelformer.features import maps
 from kernelformer.features import weights as weights_lib
 
@@ -80,44 +79,6 @@ def test_registry_grid_and_aliases():
     assert spec.supports_position_bias and spec.paper and spec.complexity and spec.approximates
   assert 'num_features' in registry.option_names('posrf-orf')
   assert 'component' not in registry.option_names('posrf-orf')
-
-
-@pytest.mark.parametrize('name', _rf_names())
-def test_every_name_forward_and_grad_under_jit(name):
-  """Builds from the registry, init + apply + grad under jit; learned samplers get per-head grads."""
-  module = registry.build({'kind': name, 'num_features': _num_features(name), 'redraw_every': 5})
-  q, k, v, mask = _inputs()
-  weights = registry.get(name).fixed['weights']
-  # Learned samplers, and the learned feature maps (features/maps.py; taylor only with map_dim > 0).
-  learnable = weights in learned.LEARNED or (weights == 'map' and registry.get(name).fixed['component'] != 'taylor')
-  has_init = weights in learned.LEARNED or weights == 'map'
-
-  def run(q, k, v):
-    # Fixed samplers own no parameters: skip tracing ``init`` (tracing is a large part of the cost).
-    params = module.init(RNGS, q, k, v, mask=mask).get('params', {}) if has_init else {}
-
-    def loss(params, q, k, v):
-      out = module.apply({'params': params}, q, k, v, mask=mask, step=jnp.int32(7),
-                         rngs={'features': RNGS['features']})
-      return jnp.sum(out * jnp.cos(jnp.arange(D, dtype=out.dtype))), out
-
-    return jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(params, q, k, v)
-
-  (value, out), grads = _jit_fast(run, q, k, v)
-  assert out.shape == (B, L, H, D) and out.dtype == v.dtype
-  assert np.isfinite(float(value)) and np.all(np.isfinite(np.asarray(out)))
-  for g in jax.tree.leaves(grads):
-    assert np.all(np.isfinite(np.asarray(g)))
-  # q, k and v all influence the output (v always; q, k through the kernel).
-  for g in grads[1:]:
-    assert float(jnp.max(jnp.abs(g))) > 0
-  # Every learnable parameter of every head receives a gradient (sampler params: [H, ...]).
-  assert bool(jax.tree.leaves(grads[0])) == learnable
-  for path, leaf in jax.tree_util.tree_leaves_with_path(grads[0]):
-    leaf = np.asarray(leaf)
-    assert leaf.shape[0] == H
-    for h in range(H):
-      assert np.any(leaf[h] != 0), (jax.tree_util.keystr(path), h)
 
 
 def _apply_with_features(module, q, k, v, mask, causal, step=None):
