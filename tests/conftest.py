@@ -27,12 +27,13 @@ if 'KERNELFORMER_DATA' not in os.environ:
   os.environ['KERNELFORMER_DATA'] = tempfile.mkdtemp(prefix='kernelformer-test-data-')
   atexit.register(shutil.rmtree, os.environ['KERNELFORMER_DATA'], True)
 
-# One persistent XLA compilation cache for the whole run, shared by the xdist workers and the
-# subprocesses the tests start (inherited like KERNELFORMER_DATA): a program that another test, worker or
-# CLI run already compiled -- the same tiny model trained by many end-to-end tests -- loads instead of
-# compiling (about half of a tiny CLI run). A hit loads the very executable a compile would produce
-# (the key covers the program, XLA_FLAGS and the backend), so no number a test asserts on can change. A
-# test about compilation itself turns it off in its subprocess (JAX_ENABLE_COMPILATION_CACHE=false).
+# One persistent XLA compilation cache for the subprocesses the tests start (inherited like
+# KERNELFORMER_DATA): a program that another CLI run of the suite already compiled -- the same tiny
+# model, trained by many end-to-end tests -- loads instead of compiling (about half of a tiny CLI run's
+# 10 s). A hit loads the very executable a compile would produce (the key covers the program, XLA_FLAGS
+# and the backend), so no number a test asserts on can change. The test processes themselves do not use
+# it (below): their programs are nearly all distinct, and computing every program's key cost them ~7 %.
+# A test about compilation itself turns it off in its subprocess (JAX_ENABLE_COMPILATION_CACHE=false).
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   import atexit  # noqa: E402
   import shutil  # noqa: E402
@@ -45,6 +46,7 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 import jax  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
+jax.config.update('jax_enable_compilation_cache', False)   # in this process; subprocesses use it
 
 from absl import flags  # noqa: E402
 
