@@ -149,7 +149,7 @@ class LoopTiming:
 def get_config(setting: str, kind: Optional[str] = None, batch: Optional[int] = None):
   import importlib  # pylint: disable=g-import-not-at-top
   s = SETTINGS[setting]
-  c = importlib.import_module(f'configs.{s.module}').get_config(s.preset)
+  c = importlib.import_module(f'kernelformer.configs.{s.module}').get_config(s.preset)
   with c.unlocked():
     c.progress = False
     c.eval_every = c.checkpoint_every = 1 << 30
@@ -170,7 +170,8 @@ def source(setting: str, kind: Optional[str], batch: int) -> str:
   if kind and kind != s.kind:
     text = f'{text.split(" with ")[0]} with attention {kind}'
   import importlib  # pylint: disable=g-import-not-at-top
-  preset_batch = int(importlib.import_module(f'configs.{s.module}').get_config(s.preset).batch_size)
+  preset = importlib.import_module(f'kernelformer.configs.{s.module}').get_config(s.preset)
+  preset_batch = int(preset.batch_size)
   if batch != preset_batch:
     text += f', **batch {batch}** (the preset\'s: {preset_batch})'
   return text

@@ -1,7 +1,10 @@
 """`kernelformer benchmark loop` times the trainer's loop and the bare loop and reports both."""
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -150,3 +153,15 @@ def test_mqar_setting_is_zoology_at_batch_512_on_its_generated_data():
   assert (c.data.task, c.data.max_length, c.data.num_pairs, c.data.vocab_size, c.batch_size) == (
       'mqar', 64, 4, 8192, 512)
   assert loop.SETTINGS['mqar'].task_data and not loop.SETTINGS['quick'].task_data
+
+
+def test_settings_load_outside_the_repository(tmp_path):
+  """The command as installed: from any folder, the settings' configs come from the package (not from
+  a ``configs`` folder that only the repository root has on the path)."""
+  code = ('from kernelformer.bench import loop\n'
+          'print(*(loop.get_config(s).batch_size for s in ("tiny", "quick", "mqar")))')
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+  p = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert p.stdout.split() == ['8', '64', '512']
