@@ -190,3 +190,17 @@ def test_skyformer_presets_build_the_torch_layers():
   sky = trainer.build_model(listops.get_config('skyformer'), info)
   assert (sky.encoder['param_init'], sky.encoder['layer_norm_eps'], sky.encoder['gelu_approximate']) == (
       'skyformer', 1e-5, False)
+
+
+def test_a_run_recorded_before_the_options_resumes_only_under_their_old_values():
+  """A workdir recorded before these options existed ran flax's layers: resuming it under the defaults
+  is the same run; under Skyformer's layers (any one option) it is a difference the workdir refuses."""
+  from kernelformer.training import fingerprint as fp  # pylint: disable=g-import-not-at-top
+  new = fp.config_fields(listops.get_config('quick'))
+  options = ('model.param_init', 'model.layer_norm_eps', 'model.gelu_approximate')
+  old = {k: v for k, v in new.items() if k not in options}
+  assert fp.differences(old, new) == []
+  sky = fp.config_fields(listops.get_config('skyformer'))
+  for name in options:
+    changed = {**new, name: sky[name]}
+    assert fp.differences(old, changed) == [f'{name}: {new[name]} -> {sky[name]}']

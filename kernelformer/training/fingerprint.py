@@ -115,6 +115,10 @@ ADDED_FIELDS: dict[str, Any] = {
     'model.retrieval_head': 'nli',
     'optim.grad_clip_value': 0.0,
     'eval.test_checkpoint': 'best',
+    # The layers' initialisation and numerics (kernelformer/layers.py LayerDefaults): flax's.
+    'model.param_init': 'lra',
+    'model.layer_norm_eps': 1e-6,
+    'model.gelu_approximate': True,
 }
 
 
