@@ -228,6 +228,36 @@ def test_watchdog_restarts_its_deadline_while_steps_finish():
   assert elapsed > 2.4, elapsed   # not before the last step + 0.5 s (a 0.5 s limit from arm: ~0.5 s)
 
 
+WATCHDOG_PAUSED = """
+import sys, time
+from kernelformer.training import signals
+w = signals.Watchdog(pause_s=1.0)
+w.arm('training step 1', 3.0)
+print('armed', flush=True)
+t = time.process_time()
+while time.process_time() - t < 1.0:   # a 1 s step (CPU time: it does not pass while stopped)
+  pass
+w.disarm()
+w.close()
+print('finished', flush=True)
+"""
+
+
+def test_a_stopped_process_is_not_hung():
+  """SIGSTOP for 5 s in the middle of a 1 s step under a 3 s limit: when the process continues the
+  step finishes and the watchdog does not fire (the stopped time does not count; a hung step never
+  stops the watchdog's own thread)."""
+  p = subprocess.Popen([sys.executable, '-c', WATCHDOG_PAUSED], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  assert p.stdout.readline() == 'armed\n'
+  time.sleep(0.3)
+  p.send_signal(signal.SIGSTOP)
+  time.sleep(5)
+  p.send_signal(signal.SIGCONT)
+  out, err = p.communicate(timeout=60)
+  assert p.returncode == 0 and out == 'finished\n', (p.returncode, err[-2000:])
+
+
 # A sitecustomize for the child below: the first ``import jax`` writes a marker and then takes 60 s, so
 # the test signals a process that is certainly importing jax (a fixed sleep was before jax on a loaded
 # machine and past it, in data preparation, on a quiet one).
