@@ -106,7 +106,7 @@ def test_incremental_equals_full_forward(kind):
       return (chunked.apply({'params': ps}, t, rngs={'features': fkey}),
               one_chunk.apply({'params': ps}, t, rngs={'features': fkey}),
               decoder.teacher_forced_logits(chunked, ps, t, features_key=fkey))
-    return jax.vmap(at)(jnp.asarray(KEY_SCALES))
+    return jax.lax.map(at, jnp.asarray(KEY_SCALES))
 
   full3, full64, steps = (np.asarray(x) for x in run(params, tokens))
   assert steps.shape == (len(KEY_SCALES), 2, LENGTH, VOCAB)
