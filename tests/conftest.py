@@ -27,13 +27,14 @@ if 'KERNELFORMER_DATA' not in os.environ:
   os.environ['KERNELFORMER_DATA'] = tempfile.mkdtemp(prefix='kernelformer-test-data-')
   atexit.register(shutil.rmtree, os.environ['KERNELFORMER_DATA'], True)
 
-# One persistent XLA compilation cache for the subprocesses the tests start (inherited like
-# KERNELFORMER_DATA): a program that another CLI run of the suite already compiled -- the same tiny
-# model, trained by many end-to-end tests -- loads instead of compiling (about half of a tiny CLI run's
-# 10 s). A hit loads the very executable a compile would produce (the key covers the program, XLA_FLAGS
-# and the backend), so no number a test asserts on can change. The test processes themselves do not use
-# it (below): their programs are nearly all distinct, and computing every program's key cost them ~7 %.
-# A test about compilation itself turns it off in its subprocess (JAX_ENABLE_COMPILATION_CACHE=false).
+# One persistent XLA compilation cache for the whole run: the test processes (xdist workers) and the
+# subprocesses they start (inherited like KERNELFORMER_DATA). A program that another test already
+# compiled -- the same tiny model, trained by many end-to-end tests, in-process or as a CLI run -- loads
+# instead of compiling (about half of a tiny CLI run's 10 s; a quarter of the trainer tests' time). A hit
+# loads the very executable a compile would produce (the key covers the program, XLA_FLAGS and the
+# backend), so no number a test asserts on can change. The kernel-level tests are the exception
+# (``_compilation_cache`` below): each compiles programs of its own, so a key would only cost. A test
+# about compilation itself turns it off in its subprocess (JAX_ENABLE_COMPILATION_CACHE=false).
 if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   import atexit  # noqa: E402
   import shutil  # noqa: E402
@@ -44,9 +45,9 @@ os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update('jax_default_matmul_precision', 'highest')
-jax.config.update('jax_enable_compilation_cache', False)   # in this process; subprocesses use it
 
 from absl import flags  # noqa: E402
 
@@ -166,8 +167,35 @@ ISA_FILES = frozenset({
 })
 
 
+_cache_state = {'on': None}
+
+
+def _use_compilation_cache(on: bool) -> None:
+  if _cache_state['on'] is not on:
+    from jax.experimental.compilation_cache import compilation_cache  # pylint: disable=g-import-not-at-top
+    jax.config.update('jax_enable_compilation_cache', on)
+    compilation_cache.reset_cache()       # jax decides whether to use the cache once, until reset
+    _cache_state['on'] = on
+
+
+# Tests that compile programs no other test compiles: the kernel-level directories and the
+# registry-wide suites. Measured (single process, back to back): the trainer tests of
+# training/test_run_record.py, test_trainer.py and test_selection.py 100 s -> 77 s with the cache; the
+# kernel-level files 0-20 % slower with it.
+_DISTINCT_PROGRAM_DIRS = ('attention', 'features', 'pallas')
+
+
+@pytest.fixture(autouse=True)
+def _compilation_cache(request):
+  """The persistent cache in this process, except where every program is distinct."""
+  folder = os.path.relpath(str(request.node.path), os.path.dirname(os.path.abspath(__file__)))
+  distinct = (folder.split(os.sep)[0] in _DISTINCT_PROGRAM_DIRS
+              or getattr(request.node, 'originalname', request.node.name) in REGISTRY_SUITES)
+  _use_compilation_cache(not distinct)
+  yield
+
+
 def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-  import pytest  # pylint: disable=g-import-not-at-top
   tests_dir = os.path.dirname(os.path.abspath(__file__))
   for item in items:
     if os.path.relpath(str(item.path), tests_dir).replace(os.sep, '/') in ISA_FILES:
