@@ -19,8 +19,9 @@ DESCENDING learning rate (outermost), then kind, then d_model: a panel stopped e
 (kind, d_model) at the rates already run, and the best over those is a lower bound on the plotted
 value (the report says which rates ran). 32 runs; each resumes from its checkpoint when re-run.
 
-Runtime: measured on the shared 2-core CPU (docs/reproduce.md, "Reproduced"); a run that reaches 0.99
-stops at the end of that epoch. Not sized for this machine: the lead decides when it runs.
+Runtime (docs/reproduce.md, "Reproduced"): ~1 h 50 min per run at d_model 64 and ~3 h at 128 on two
+idle x86-64 cores without early stopping (a run that reaches 0.99 stops at the end of that epoch), ~70 h
+for the panel; minutes per run on a GPU.
 
   nice -n 10 kernelformer sweep --sweep zoology_fig2_full --sweep_dir runs/sweeps/zoology_fig2_full
   python -m kernelformer.reproduce.recall_plot runs/sweeps/zoology_fig2_full \\
