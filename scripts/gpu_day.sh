@@ -90,20 +90,30 @@ causal)
   echo "causal b1h2 rc ${PIPESTATUS[0]}"
   ;;
 reproduce)
-  # Time line on an H100 (posrf-orf: 196 steps/s alone at this preset): the ListOps data is generated
-  # (~2 min, CPU) while the four Zoology runs share the GPU; then the ListOps kinds train side by side
-  # for at most KF_REPRODUCE_LISTOPS_SECONDS. A run its limit stops (SIGINT: the trainer checkpoints)
-  # is tested at the step it reached and its row says "truncated", never a full-schedule number.
+  # One call, one deadline (KF_REPRODUCE_DEADLINE seconds from here, default 540: the device's 600 s
+  # command limit less the margin). Time line: the ListOps data is generated (CPU, ~100 s) while the
+  # four Zoology runs share the GPU; they are stopped (SIGINT: the trainer checkpoints) when the data
+  # is ready, at the earliest KF_REPRODUCE_ZOOLOGY_MIN_SECONDS (90) and at the latest
+  # KF_REPRODUCE_ZOOLOGY_SECONDS (150) after the start; then the ListOps kinds train side by side until
+  # KF_REPRODUCE_RESERVE_SECONDS (60) before the deadline (or KF_REPRODUCE_LISTOPS_SECONDS, if
+  # shorter). A run its limit stops is tested at the step it reached (the best-validation checkpoint)
+  # and its row says "truncated", never a full-schedule number. The test re-runs go side by side.
   py=${KF_PYTHON:-python3}
+  t0=$SECONDS
   kinds=${KF_REPRODUCE_KINDS:-performer-skyformer skyformer}
-  sky_secs=${KF_REPRODUCE_LISTOPS_SECONDS:-300}
+  sky_secs=${KF_REPRODUCE_LISTOPS_SECONDS:-100000}
   zoo_secs=${KF_REPRODUCE_ZOOLOGY_SECONDS:-150}
+  zoo_min=${KF_REPRODUCE_ZOOLOGY_MIN_SECONDS:-90}
+  deadline=${KF_REPRODUCE_DEADLINE:-540}
+  reserve=${KF_REPRODUCE_RESERVE_SECONDS:-60}
   # np.logspace(-4, -2, 4), descending (configs/sweeps/zoology_fig2_full.py)
   zlrs=${KF_REPRODUCE_ZOOLOGY_LRS:-0.01 0.0021544346900318843 0.00046415888336127773 0.0001}
   runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
   zcfg=configs/mqar.py:zoology
   lo_tiny=(); zo_tiny=(); in_tiny=()
   if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # tiny sizes: the same commands in seconds on a CPU
+    deadline=${KF_REPRODUCE_DEADLINE:-100000}   # runs end by themselves
+    zoo_min=${KF_REPRODUCE_ZOOLOGY_MIN_SECONDS:-$zoo_secs}
     cfg=${KF_GPU_CONFIG:-configs/listops.py:tiny}
     lo_tiny=(--config.num_train_steps=4 --config.eval_every=2 --config.checkpoint_every=2)
     # the skyformer preset on listops:tiny's data, a 16-dim model, 3 steps, 2 seeds
@@ -115,6 +125,9 @@ reproduce)
              --config.batch_size=16 --config.num_train_steps=4 --config.eval_every=2
              --config.checkpoint_every=2 --config.model.emb_dim=16 --config.model.qkv_dim=16)
   fi
+  # Fail in seconds, not minutes, where the device's software cannot run the trainer.
+  $py -c "import grain, ml_collections, tensorboardX, kernelformer.training.trainer, jax; print('jax', jax.__version__, jax.devices())" \
+    || { echo "reproduce: the trainer does not import here"; exit 3; }
   rm -rf "$runs"; mkdir -p "$runs"
   cmds=(); table=(); skipped=()
   ok=()
@@ -136,7 +149,7 @@ reproduce)
   start_run() {
     local wd=$1 frac=$2 secs=$3 row=$4; shift 4
     printf '%s\n' "$@" > "$wd.cmd"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$frac timeout -s INT "$secs" $py "$@" > "$wd.log" 2>&1 &
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$frac timeout -k 60 -s INT "$secs" $py "$@" > "$wd.log" 2>&1 &
     pids+=($!); cmds+=("timeout -s INT $secs python3 $*")
     table+=(--run "$row=$wd")
   }
@@ -148,8 +161,16 @@ reproduce)
       --config "$zcfg" --workdir "$wd" --config.optim.learning_rate="$lr" --config.progress=False \
       "${zo_tiny[@]}"
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+  # The data first; the Zoology runs go on until zoo_min, then stop (or end by themselves, or at zoo_secs).
   wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
+  while [ $((SECONDS - t0)) -lt "$zoo_min" ] && [ -n "$(jobs -rp)" ]; do sleep 1; done
+  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null; done
+  for p in "${pids[@]}"; do wait "$p"; done
+  echo "reproduce: Zoology runs done at $((SECONDS - t0)) s"
+  left=$((deadline - reserve - (SECONDS - t0)))
+  [ "$left" -lt "$sky_secs" ] && sky_secs=$left
+  [ "$sky_secs" -lt 30 ] && sky_secs=30
+  echo "reproduce: ListOps runs get $sky_secs s"
   # Skyformer table 1, ListOps: the kinds side by side on the one GPU.
   pids=()
   if [ -n "${KF_REPRODUCE_INSTABILITY:-}" ]; then
@@ -172,7 +193,10 @@ reproduce)
     start_run "$wd" 0.4 "$sky_secs" "skyformer-table1-listops:$kind" "${sc[@]}"
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  # Runs stopped by their limit: tested at the step they reached (best-validation checkpoint).
+  echo "reproduce: ListOps runs done at $((SECONDS - t0)) s"
+  # Runs stopped by their limit: tested at the step they reached (best-validation checkpoint), side by
+  # side (a tenth of the card each).
+  pids=(); rerun_wds=()
   for arg in "${table[@]}"; do
     case "$arg" in --run) continue ;; esac
     wd=${arg#*=}
@@ -181,10 +205,12 @@ reproduce)
     if [ -z "$step" ]; then echo "$wd: no checkpoint"; tail -n 5 "$wd.log"; continue; fi
     mapfile -t rerun < "$wd.cmd"
     rerun+=(--config.num_train_steps="$step" --config.allow_config_change=True)
-    timeout 120 $py "${rerun[@]}" >> "$wd.log" 2>&1
-    echo "$wd: stopped at step $step, tested there (rc $?)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout -k 10 "${KF_REPRODUCE_TEST_SECONDS:-120}" $py "${rerun[@]}" >> "$wd.log" 2>&1 &
+    pids+=($!); rerun_wds+=("$wd stopped at step $step, tested there")
     cmds+=("python3 ${rerun[*]}")
   done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}"; echo "${rerun_wds[$i]} (rc $?)"; done
+  echo "reproduce: tests done at $((SECONDS - t0)) s"
   $py - "$out/env.json" "${skipped[@]}" <<'PYEOF' || echo "environment record failed"
 import json, platform, subprocess, sys
 import jax, flax, optax, numpy

@@ -14,6 +14,11 @@ compilation to return. The thread acts at once, whatever the main thread is doin
   without saving, naming the last checkpoint on disk; during a checkpoint write it is deferred until
   the write is complete (an interrupt never leaves a half-written checkpoint), then acted on.
 
+A repeat of the same signal within ``REPEAT_WINDOW_S`` of the first is the same request, not a second
+one: GNU ``timeout -s INT`` sends its signal to the command and then to the command's whole process
+group (coreutils timeout.c ``cleanup``, unless ``--foreground``), so a run it stops receives SIGINT
+twice within microseconds, and taking that as "Ctrl-C twice" stopped it without its checkpoint.
+
 ``Watchdog`` is a daemon thread: when no progress (a train step, an evaluation batch) is reported
 within the armed time limit, it prints one line naming the step and what it was doing and ends the
 process with ``os._exit`` (a hung XLA call cannot be interrupted from Python). It saves nothing.
@@ -33,6 +38,9 @@ from kernelformer.training import workdir as workdir_lib
 _NAMES = {signal.SIGINT: 'SIGINT', signal.SIGTERM: 'SIGTERM'}
 EXIT_CODES = {signal.SIGINT: workdir_lib.EXIT_SIGINT, signal.SIGTERM: workdir_lib.EXIT_SIGTERM}
 _STOP_READER = 0   # a byte that is no signal number: tells the reader thread to end
+# A person pressing Ctrl-C twice is 0.1 s apart or more; a signal delivered twice (GNU timeout, a process
+# group) is microseconds apart, or in the same read of the wakeup pipe.
+REPEAT_WINDOW_S = 0.05
 
 
 class _Reader:
@@ -79,15 +87,20 @@ class _Reader:
     os.close(r)
 
   def _read(self, r: int) -> None:
+    last: dict[int, float] = {}   # signal number -> when it was last acted on
     while True:
       try:
         data = os.read(r, 64)
       except OSError:
         return
+      now = time.monotonic()
       for b in data:
         if b == _STOP_READER:
           return
         if b in _NAMES:
+          if now - last.get(b, -float('inf')) < REPEAT_WINDOW_S:
+            continue   # the same delivery twice (module docstring)
+          last[b] = now
           self._dispatch(signal.Signals(b))
 
   def _dispatch(self, signum: int) -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 import orbax.checkpoint as ocp
 
 from kernelformer.training import fingerprint as fp
@@ -40,9 +42,10 @@ SAVE_SLEEP_S = 0.4
 class Proc:
   """A driver process whose stdout ``step N`` lines are collected by a thread."""
 
-  def __init__(self, workdir, data_dir, *extra, env=None):
+  def __init__(self, workdir, data_dir, *extra, env=None, prefix=()):
     args = [f'--config.{k}={v!r}' for k, v in OVERRIDES.items()]
-    self.p = subprocess.Popen([sys.executable, DRIVER, str(workdir), str(data_dir), *args, *extra],
+    self.p = subprocess.Popen([*prefix, sys.executable, DRIVER, str(workdir), str(data_dir), *args,
+                               *extra],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                               env={**os.environ, **(env or {})})
     self.steps: list[int] = []
@@ -336,3 +339,45 @@ def test_second_sigint_during_a_checkpoint_write_stops_once_it_is_complete(tmp_p
   assert numbered(ckpt) == [8] and os.listdir(ckpt) == ['8']
   assert len(restore_state(str(ckpt / '8'))) > 0    # complete: it restores
   assert not (workdir / 'lock').exists()
+
+
+@pytest.mark.skipif(shutil.which('timeout') is None, reason='needs GNU coreutils timeout')
+def test_a_run_stopped_by_gnu_timeout_saves_its_checkpoint(tmp_path):
+  """``timeout -s INT`` signals the command and then its process group: one request, delivered twice
+  within microseconds, must stop the run after its checkpoint, not as a second Ctrl-C."""
+  workdir = tmp_path / 'run'
+  proc = Proc(workdir, tmp_path / 'data', '--step_sleep', '0.03', prefix=('timeout', '-s', 'INT', '600'))
+  wait_for(lambda: len(proc.steps) >= 3, proc)
+  proc.p.send_signal(signal.SIGINT)   # to timeout itself: it forwards as when its time is up
+  rc = proc.wait(timeout=120)
+  line = last_line(proc.stderr)
+  assert rc == 130, (rc, proc.stderr[-3000:])
+  assert 'SIGINT again' not in proc.stderr, proc.stderr[-3000:]
+  assert 'checkpoint saved at step' in line, line
+  saved = int(line.split('checkpoint saved at step ')[1].split(';')[0])
+  assert numbered(workdir / 'checkpoints')[-1] == saved >= 3
+
+
+def test_a_signal_repeated_within_the_window_is_one_request():
+  """The reader thread's rule, deterministic (the kernel merges the two deliveries of ``timeout`` when
+  the first is still pending, so the process test above sees both only some of the time)."""
+  from kernelformer.training import signals   # pylint: disable=import-outside-toplevel
+  seen = []
+
+  class Reader(signals._Reader):  # pylint: disable=protected-access
+    def _dispatch(self, signum):
+      seen.append(signum)
+
+  r, w = os.pipe()
+  thread = threading.Thread(target=Reader()._read, args=(r,), daemon=True)  # pylint: disable=protected-access
+  thread.start()
+  os.write(w, bytes([signal.SIGINT, signal.SIGINT]))        # one read: the same delivery twice
+  time.sleep(0.2)
+  os.write(w, bytes([signal.SIGINT]))                        # later: a second request
+  os.write(w, bytes([signal.SIGINT, signal.SIGTERM]))        # within the window of the one before
+  time.sleep(0.2)
+  os.write(w, bytes([0]))                                    # ends the reader
+  thread.join(5)
+  os.close(r)
+  os.close(w)
+  assert seen == [signal.SIGINT, signal.SIGINT, signal.SIGTERM]
