@@ -41,7 +41,9 @@ if [ -z "${KF_NO_WHL:-}" ] && [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
-data=${KF_GPU_DATA:-$PWD/.gpudata}
+# Outside the repository: a warm machine keeps /tmp between calls, while the repository copy is refreshed
+# (a second call would generate the data again).
+data=${KF_GPU_DATA:-/tmp/kf_gpudata}
 cfg=${KF_GPU_CONFIG:-configs/listops.py:skyformer}
 
 case "$mode" in
@@ -98,6 +100,11 @@ reproduce)
   # KF_REPRODUCE_RESERVE_SECONDS (60) before the deadline (or KF_REPRODUCE_LISTOPS_SECONDS, if
   # shorter). A run its limit stops is tested at the step it reached (the best-validation checkpoint)
   # and its row says "truncated", never a full-schedule number. The test re-runs go side by side.
+  # Measured on an H200 (docs/benchmarks/gpu-h200-2026-11-28-reproduce.md, KF_REPRODUCE_DEADLINE=550,
+  # 530 s): data 115 s; the four Zoology runs 300-380 steps/s each side by side, all four done (two by
+  # Zoology's stop) in 131 s; the ListOps pair 110-117 steps/s each side by side, so 359 s reached steps
+  # 31,494 / 32,832 of 50,000. The full ListOps schedule needs ~450 s of training: a second call on the
+  # warm machine (same /tmp) continues each run with its command plus --config.allow_config_change=True.
   py=${KF_PYTHON:-python3}
   t0=$SECONDS
   kinds=${KF_REPRODUCE_KINDS:-performer-skyformer skyformer}
