@@ -55,13 +55,14 @@ def test_identical_documents_give_identical_embeddings(kind):
   variables = model.init({'params': jax.random.PRNGKey(0), 'features': jax.random.PRNGKey(7),
                           'dropout': jax.random.PRNGKey(8)}, batch)
 
-  def all_modes(variables):
-    # Training at step 0, at step 3 (a later redraw window) and evaluation.
-    return [_embeddings(model, variables, batch, train=True, step=jnp.int32(0)),
-            _embeddings(model, variables, batch, train=True, step=jnp.int32(3)),
+  def all_modes(variables, steps):
+    # Training at step 0 and at step 3 (a later redraw window): the step an input, as in the trainer,
+    # and the training forward compiled once (a loop over the two steps); and evaluation.
+    train = jax.lax.map(lambda s: _embeddings(model, variables, batch, train=True, step=s), steps)
+    return [jax.tree.map(lambda x: x[0], train), jax.tree.map(lambda x: x[1], train),
             _embeddings(model, variables, batch, train=False, step=None)]
 
-  for u, v in fast_jit(all_modes)(variables):
+  for u, v in fast_jit(all_modes)(variables, jnp.asarray([0, 3], jnp.int32)):
     u, v = np.asarray(u), np.asarray(v)
     assert np.all(np.isfinite(u))
     np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6, err_msg=kind)
