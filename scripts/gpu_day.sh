@@ -93,7 +93,7 @@ causal)
   ;;
 reproduce)
   # One call, one deadline (KF_REPRODUCE_DEADLINE seconds from here, default 540: the device's 600 s
-  # command limit less the margin). Time line: the ListOps data is generated (CPU, ~100 s) while the
+  # command limit less the margin). Time line: the ListOps data is generated (CPU, ~115 s) while the
   # four Zoology runs share the GPU; they are stopped (SIGINT: the trainer checkpoints) when the data
   # is ready, at the earliest KF_REPRODUCE_ZOOLOGY_MIN_SECONDS (90) and at the latest
   # KF_REPRODUCE_ZOOLOGY_SECONDS (150) after the start; then the ListOps kinds train side by side until
@@ -157,7 +157,7 @@ reproduce)
     local wd=$1 frac=$2 secs=$3 row=$4; shift 4
     printf '%s\n' "$@" > "$wd.cmd"
     XLA_PYTHON_CLIENT_MEM_FRACTION=$frac timeout -k 60 -s INT "$secs" $py "$@" > "$wd.log" 2>&1 &
-    pids+=($!); cmds+=("timeout -s INT $secs python3 $*")
+    pids+=($!); cmds+=("timeout -k 60 -s INT $secs python3 $*")
     table+=(--run "$row=$wd")
   }
   # Zoology figure 2 (64, 4), attention, d_model 64: the four learning rates side by side.
