@@ -15,6 +15,10 @@
 #                                                          #   CPU dry run at tiny sizes (the test suite's);
 #                                                          #   KF_REPRODUCE_INSTABILITY=1 adds Skyformer table
 #                                                          #   3's ListOps column beside the ListOps pair
+#   bash scripts/gpu_day.sh reproduce-continue OUT_DIR     # the next call on the same warm machine:
+#                                                          #   the runs reproduce's time limit stopped
+#                                                          #   continue toward their schedule; the table
+#                                                          #   again, over every run of both calls
 #   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
@@ -30,7 +34,7 @@
 # Python packages the device image lacks travel as wheels in .whl/ (see docs/reproduce.md, "GPU day");
 # the image's own jax/flax/optax/orbax are used and their versions printed first.
 set -u
-mode=${1:?usage: gpu_day.sh check|listops|all|reproduce|causal OUT_DIR ...}
+mode=${1:?usage: gpu_day.sh check|listops|all|reproduce|reproduce-continue|causal OUT_DIR ...}
 out=${2:?OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -45,6 +49,68 @@ fi
 # (a second call would generate the data again).
 data=${KF_GPU_DATA:-/tmp/kf_gpudata}
 cfg=${KF_GPU_CONFIG:-configs/listops.py:skyformer}
+
+# The reproduce modes' common tail, on the globals py, runs, out, table (--run ROW=WD ...), cmds, skipped.
+# test_where_stopped: every run whose newest checkpoint is past its results.json (stopped by its time
+# limit: SIGINT saves a checkpoint) is re-run with num_train_steps = that step (allow_config_change),
+# which trains no further and tests the best-validation checkpoint there; side by side, a tenth of the
+# card each. Its row then says "truncated", never a full-schedule number.
+test_where_stopped() {
+  local pids=() what=() arg wd step tested rerun i
+  for arg in "${table[@]}"; do
+    [ "$arg" = --run ] && continue
+    wd=${arg#*=}
+    step=$(ls "$wd/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
+    if [ -z "$step" ]; then echo "$wd: no checkpoint"; tail -n 5 "$wd.log"; continue; fi
+    tested=$($py -c "import json, sys; print(json.load(open(sys.argv[1]))['final_step'])" \
+             "$wd/results.json" 2>/dev/null || echo -1)
+    [ "$tested" -ge "$step" ] && continue
+    mapfile -t rerun < "$wd.cmd"
+    rerun+=(--config.num_train_steps="$step" --config.allow_config_change=True)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout -k 10 "${KF_REPRODUCE_TEST_SECONDS:-120}" $py "${rerun[@]}" >> "$wd.log" 2>&1 &
+    pids+=($!); what+=("$wd stopped at step $step, tested there")
+    cmds+=("python3 ${rerun[*]}")
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}"; echo "${what[$i]} (rc $?)"; done
+}
+# write_record: OUT/env.json (device, versions, commit, commands, skipped kinds), OUT/results.{json,md}
+# (kernelformer.reproduce.gpu_table), the logs and each run's results.json.
+write_record() {
+  $py - "$out/env.json" "${skipped[@]}" <<'PYEOF' || echo "environment record failed"
+import json, platform, subprocess, sys
+import jax, flax, optax, numpy
+try:
+  import orbax.checkpoint as ocp
+  orbax = getattr(ocp, '__version__', '?')
+except Exception:  # pylint: disable=broad-except
+  orbax = 'absent'
+def sh(*a):
+  try:
+    return subprocess.run(a, capture_output=True, text=True, timeout=20).stdout.strip()
+  except Exception:  # pylint: disable=broad-except
+    return ''
+gpu = sh('nvidia-smi', '--query-gpu=name,driver_version,memory.total', '--format=csv,noheader')
+env = {'device': gpu or f'{jax.devices()[0].device_kind} ({platform.processor() or platform.machine()})',
+       'versions': f'jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, '
+                   f'orbax {orbax}, numpy {numpy.__version__}, python {platform.python_version()}',
+       'git_commit': sh('git', 'rev-parse', 'HEAD'), 'skipped': sys.argv[2:]}
+with open(sys.argv[1], 'w') as f:
+  json.dump(env, f)
+PYEOF
+  $py - "$out/env.json" "${cmds[@]}" <<'PYEOF'
+import json, sys
+env = json.load(open(sys.argv[1])) if __import__('os').path.exists(sys.argv[1]) else {}
+env['commands'] = sys.argv[2:]
+json.dump(env, open(sys.argv[1], 'w'))
+PYEOF
+  $py -m kernelformer.reproduce.gpu_table --out "$out" --env "$out/env.json" "${table[@]}"
+  if [ -f "$out/instability-listops.md" ]; then
+    { echo; cat "$out/instability-listops.md"; } >> "$out/results.md"
+    cat "$out/instability-listops.md"
+  fi
+  for f in "$runs"/*.log; do cp "$f" "$out/" 2>/dev/null; done
+  for d in "$runs"/*/; do n=$(basename "$d"); [ -f "$d/results.json" ] && cp "$d/results.json" "$out/results-$n.json"; done
+}
 
 case "$mode" in
 all)
@@ -103,8 +169,8 @@ reproduce)
   # Measured on an H200 (docs/benchmarks/gpu-h200-2026-11-28-reproduce.md, KF_REPRODUCE_DEADLINE=550,
   # 530 s): data 115 s; the four Zoology runs 300-380 steps/s each side by side, all four done (two by
   # Zoology's stop) in 131 s; the ListOps pair 110-117 steps/s each side by side, so 359 s reached steps
-  # 31,494 / 32,832 of 50,000. The full ListOps schedule needs ~450 s of training: a second call on the
-  # warm machine (same /tmp) continues each run with its command plus --config.allow_config_change=True.
+  # 31,494 / 32,832 of 50,000. The full ListOps schedule needs ~450 s of training: the next call, on
+  # the warm machine (the same /tmp), is reproduce-continue.
   py=${KF_PYTHON:-python3}
   t0=$SECONDS
   kinds=${KF_REPRODUCE_KINDS:-performer-skyformer skyformer}
@@ -201,57 +267,50 @@ reproduce)
   done
   for p in "${pids[@]}"; do wait "$p"; done
   echo "reproduce: ListOps runs done at $((SECONDS - t0)) s"
-  # Runs stopped by their limit: tested at the step they reached (best-validation checkpoint), side by
-  # side (a tenth of the card each).
-  pids=(); rerun_wds=()
-  for arg in "${table[@]}"; do
-    case "$arg" in --run) continue ;; esac
-    wd=${arg#*=}
-    [ -f "$wd/results.json" ] && continue
-    step=$(ls "$wd/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
-    if [ -z "$step" ]; then echo "$wd: no checkpoint"; tail -n 5 "$wd.log"; continue; fi
-    mapfile -t rerun < "$wd.cmd"
-    rerun+=(--config.num_train_steps="$step" --config.allow_config_change=True)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.1 timeout -k 10 "${KF_REPRODUCE_TEST_SECONDS:-120}" $py "${rerun[@]}" >> "$wd.log" 2>&1 &
-    pids+=($!); rerun_wds+=("$wd stopped at step $step, tested there")
-    cmds+=("python3 ${rerun[*]}")
-  done
-  for i in "${!pids[@]}"; do wait "${pids[$i]}"; echo "${rerun_wds[$i]} (rc $?)"; done
+  test_where_stopped
   echo "reproduce: tests done at $((SECONDS - t0)) s"
-  $py - "$out/env.json" "${skipped[@]}" <<'PYEOF' || echo "environment record failed"
-import json, platform, subprocess, sys
-import jax, flax, optax, numpy
-try:
-  import orbax.checkpoint as ocp
-  orbax = getattr(ocp, '__version__', '?')
-except Exception:  # pylint: disable=broad-except
-  orbax = 'absent'
-def sh(*a):
-  try:
-    return subprocess.run(a, capture_output=True, text=True, timeout=20).stdout.strip()
-  except Exception:  # pylint: disable=broad-except
-    return ''
-gpu = sh('nvidia-smi', '--query-gpu=name,driver_version,memory.total', '--format=csv,noheader')
-env = {'device': gpu or f'{jax.devices()[0].device_kind} ({platform.processor() or platform.machine()})',
-       'versions': f'jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, '
-                   f'orbax {orbax}, numpy {numpy.__version__}, python {platform.python_version()}',
-       'git_commit': sh('git', 'rev-parse', 'HEAD'), 'skipped': sys.argv[2:]}
-with open(sys.argv[1], 'w') as f:
-  json.dump(env, f)
-PYEOF
-  $py - "$out/env.json" "${cmds[@]}" <<'PYEOF'
-import json, sys
-env = json.load(open(sys.argv[1])) if __import__('os').path.exists(sys.argv[1]) else {}
-env['commands'] = sys.argv[2:]
-json.dump(env, open(sys.argv[1], 'w'))
-PYEOF
-  $py -m kernelformer.reproduce.gpu_table --out "$out" --env "$out/env.json" "${table[@]}"
-  if [ -f "$out/instability-listops.md" ]; then
-    { echo; cat "$out/instability-listops.md"; } >> "$out/results.md"
-    cat "$out/instability-listops.md"
+  # What a next call (reproduce-continue) needs: the table's rows, the commands so far, what was skipped.
+  printf '%s\n' "${table[@]}" > "$runs/table.args"
+  printf '%s\n' "${cmds[@]}" > "$runs/commands.txt"
+  printf '%s\n' "${skipped[@]}" | grep -v '^$' > "$runs/skipped.txt"
+  write_record
+  ;;
+reproduce-continue)
+  # The next call on the same machine while it is warm (/tmp stays: the runs and the data): every run of
+  # the last reproduce call that its time limit stopped ("truncated") continues from its newest
+  # checkpoint toward its planned schedule -- its own command plus --config.allow_config_change=True --
+  # all side by side until KF_REPRODUCE_RESERVE_SECONDS (60) before KF_REPRODUCE_DEADLINE (540); a run
+  # stopped again is tested where it stands; OUT/results.{json,md} then cover every run of both calls.
+  py=${KF_PYTHON:-python3}
+  t0=$SECONDS
+  deadline=${KF_REPRODUCE_DEADLINE:-540}
+  reserve=${KF_REPRODUCE_RESERVE_SECONDS:-60}
+  runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
+  if [ ! -f "$runs/table.args" ]; then
+    echo "reproduce-continue: $runs holds no runs of a reproduce call (this machine was not the last call's, or it was given back); run reproduce first"
+    exit 2
   fi
-  for f in "$runs"/*.log; do cp "$f" "$out/" 2>/dev/null; done
-  for d in "$runs"/*/; do n=$(basename "$d"); [ -f "$d/results.json" ] && cp "$d/results.json" "$out/results-$n.json"; done
+  mapfile -t table < "$runs/table.args"
+  mapfile -t cmds < "$runs/commands.txt"
+  skipped=(); [ -s "$runs/skipped.txt" ] && mapfile -t skipped < "$runs/skipped.txt"
+  secs=$((deadline - reserve - (SECONDS - t0)))
+  pids=()
+  for arg in "${table[@]}"; do
+    [ "$arg" = --run ] && continue
+    wd=${arg#*=}
+    status=$($py -c "import sys; from kernelformer.reproduce import gpu_table; print(gpu_table.row('', '', sys.argv[1])['status'])" "$wd")
+    [ "$status" = truncated ] || continue
+    mapfile -t more < "$wd.cmd"
+    more+=(--config.allow_config_change=True)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=${KF_REPRODUCE_MEM_FRACTION:-0.4} timeout -k 60 -s INT "$secs" $py "${more[@]}" >> "$wd.log" 2>&1 &
+    pids+=($!); cmds+=("timeout -k 60 -s INT $secs python3 ${more[*]}")
+    echo "reproduce-continue: $wd continues (at most $secs s)"
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  echo "reproduce-continue: runs done at $((SECONDS - t0)) s"
+  test_where_stopped
+  printf '%s\n' "${cmds[@]}" > "$runs/commands.txt"
+  write_record
   ;;
 listops)
   secs=${3:?SECONDS}; shift 3

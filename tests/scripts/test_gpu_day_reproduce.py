@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -82,3 +85,61 @@ def test_a_run_stopped_by_its_limit_is_truncated_not_finished(tmp_path):
   missing = gpu_table.row('zoology-fig2-L64-d64', 'x', str(tmp_path / 'absent'))
   assert missing['status'].startswith('no results.json')
   assert gpu_table.main(['--out', str(tmp_path / 'o'), '--run', 'no-separator']) == 2
+
+
+def _numbered(directory):
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
+
+
+@pytest.mark.slow
+def test_continue_takes_a_stopped_run_to_its_schedule(tmp_path):
+  """``reproduce-continue`` (the next call on the warm machine): a run the first call's time limit
+  stopped and tested where it stood goes on to its planned steps and its row becomes "finished".
+  The first call's state is made here as that call makes it: SIGINT once a checkpoint exists, then the
+  test re-run at the step reached."""
+  runs, out, data = tmp_path / 'runs', tmp_path / 'out', tmp_path / 'data'
+  runs.mkdir()
+  wd = runs / 'listops-skyformer'
+  cmd = ['-m', 'kernelformer', 'train', '--config', 'configs/listops.py:tiny', f'--workdir={wd}',
+         f'--config.data.data_dir={data}', '--config.num_train_steps=200', '--config.checkpoint_every=2',
+         '--config.eval_every=50', '--config.progress=False']
+  (runs / 'listops-skyformer.cmd').write_text('\n'.join(cmd) + '\n')
+  env = procs.env(1)
+  first = subprocess.Popen([sys.executable, *cmd], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 300
+  while not _numbered(wd / 'checkpoints') and first.poll() is None and time.monotonic() < deadline:
+    time.sleep(0.01)
+  first.send_signal(signal.SIGINT)
+  _, err = first.communicate(timeout=120)
+  assert first.returncode == 130, err[-2000:]
+  step = _numbered(wd / 'checkpoints')[-1]
+  assert step < 200
+  subprocess.run([sys.executable, *cmd, f'--config.num_train_steps={step}',
+                  '--config.allow_config_change=True'], cwd=REPO, env=env, check=True,
+                 capture_output=True, timeout=300)
+  assert gpu_table.row('g', 'skyformer', str(wd))['status'] == 'truncated'
+  (runs / 'table.args').write_text(f'--run\nskyformer-table1-listops:skyformer={wd}\n')
+  (runs / 'commands.txt').write_text('the first call\n')
+
+  script_env = {**env, 'KF_NO_WHL': '1', 'KF_PYTHON': sys.executable, 'KF_REPRODUCE_RUNS': str(runs)}
+  proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce-continue', str(out)], cwd=REPO,
+                        env=script_env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  res = json.loads((out / 'results.json').read_text())
+  (row,) = res['runs']
+  assert row['status'] == 'finished' and row['final_step'] == row['planned_steps'] == 200, row
+  commands = res['environment']['commands']
+  assert commands[0] == 'the first call'
+  # The run's own command (its schedule: num_train_steps=200), continued: no test re-run was needed.
+  (more,) = commands[1:]
+  assert re.fullmatch(r'timeout -k 60 -s INT \d+ python3 ' + re.escape(' '.join(cmd))
+                      + ' --config.allow_config_change=True', more), commands
+  md = (out / 'results.md').read_text()
+  assert '| skyformer-table1-listops | skyformer |' in md and '| 200 of 200 |' in md, md
+
+  # No earlier call on this machine: one line, exit 2.
+  proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce-continue', str(out)], cwd=REPO,
+                        env={**script_env, 'KF_REPRODUCE_RUNS': str(tmp_path / 'none')},
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and 'run reproduce first' in proc.stdout, proc.stdout + proc.stderr
