@@ -226,13 +226,16 @@ reproduce)
     pids+=($!); cmds+=("timeout -k 60 -s INT $secs python3 $*")
     table+=(--run "$row=$wd")
   }
-  # Zoology figure 2 (64, 4), attention, d_model 64: the four learning rates side by side.
+  # Zoology figure 2 (64, 4), attention, d_model KF_REPRODUCE_ZOOLOGY_D (64; 128 is the panel's other
+  # column): the four learning rates side by side.
+  zd=${KF_REPRODUCE_ZOOLOGY_D:-64}
+  zdim=(); [ "$zd" != 64 ] && zdim=(--config.model.emb_dim="$zd" --config.model.qkv_dim="$zd")
   pids=()
   for lr in $zlrs; do
-    wd=$runs/zoology-d64-lr$lr
-    start_run "$wd" 0.2 "$zoo_secs" "zoology-fig2-L64-d64:softmax lr $lr" -m kernelformer train \
+    wd=$runs/zoology-d$zd-lr$lr
+    start_run "$wd" 0.2 "$zoo_secs" "zoology-fig2-L64-d$zd:softmax lr $lr" -m kernelformer train \
       --config "$zcfg" --workdir "$wd" --config.optim.learning_rate="$lr" --config.progress=False \
-      "${zo_tiny[@]}"
+      "${zdim[@]}" "${zo_tiny[@]}"
   done
   # The data first; the Zoology runs go on until zoo_min, then stop (or end by themselves, or at zoo_secs).
   wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
