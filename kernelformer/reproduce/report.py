@@ -185,7 +185,15 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
     records[e['workdir']] = RunRecord(e['workdir'], e.get('label') or e.get('kind', ''),
                                       canonical_kind(e.get('kind', '')), e.get('task', ''),
                                       e.get('seed'), preset=e.get('preset'))
-  for root, dirs, files in os.walk(sweep_dir):
+  # Linked run directories count (a sweep directory assembled from runs kept elsewhere, as the sweep
+  # itself finds them); a link back up the tree is entered once.
+  seen = set()
+  for root, dirs, files in os.walk(sweep_dir, followlinks=True):
+    real = os.path.realpath(root)
+    if real in seen:
+      dirs[:] = []
+      continue
+    seen.add(real)
     dirs.sort()
     if sweeps.RESULTS_FILE not in files:
       continue

@@ -345,3 +345,17 @@ def test_an_unreadable_results_json_is_named_and_not_finished(tmp_path):
                         capture_output=True, text=True, timeout=300, env={**os.environ,
                                                                           'MPLBACKEND': 'Agg'})
   assert proc.returncode == 0 and str(beside / 'torn' / 'results.json') in proc.stderr, proc.stderr
+
+
+def test_linked_run_directories_are_read_once(tmp_path):
+  """A sweep directory assembled from runs kept elsewhere (links, as ``kernelformer sweep`` finds them):
+  each linked run is read; a link back up the tree neither loops nor counts a run twice."""
+  elsewhere, sweep = tmp_path / 'runs', tmp_path / 'sweep'
+  _results_dir(elsewhere, 'a', steps=400, seed=0, acc=0.3)
+  _results_dir(elsewhere, 'b', steps=400, seed=1, acc=0.5)
+  os.makedirs(sweep)
+  os.symlink(elsewhere / 'a', sweep / 'a')
+  os.symlink(elsewhere / 'b', sweep / 'b')
+  os.symlink(sweep, sweep / 'loop')
+  rep = report_lib.build(str(sweep))
+  assert rep.cells[('posrf-orf', 'listops')].text() == '40.00 ± 14.14 (2/2)'
