@@ -441,7 +441,8 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
                                                       for t in report.tasks]) + ' |')
 
   lines += ['', '## Runs', '']
-  head = ['run', 'task', 'kernel', 'seed', 'test acc', 'best val acc (step)', 'steps/s', 'MiB', 'status']
+  head = ['run', 'task', 'kernel', 'seed', 'test acc', 'best val acc (step)', 'steps', 'wall min',
+          'steps/s', 'MiB', 'status']
   lines += ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   for r in sorted(report.runs, key=lambda r: (report.tasks.index(r.task) if r.task in report.tasks
                                               else 99, report.labels.index(r.label), str(r.seed))):
@@ -451,17 +452,34 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
     status = 'finished' if r.results else (f'failed: {r.error}' if r.error else 'not finished')
     lines.append('| ' + ' | '.join([
         f'`{r.workdir}`', r.task, f'`{r.label}`', str(r.seed), _fmt(r.accuracy, '.2f'), best,
-        _fmt(r.steps_per_sec, '.2f'), _fmt(_mib(r.memory_bytes), '.1f'),
+        _steps(res), _fmt(_minutes(res), '.1f'), _fmt(r.steps_per_sec, '.2f'), _fmt(_mib(r.memory_bytes), '.1f'),
         status.replace('|', '/')]) + ' |')
   return '\n'.join(lines) + '\n'
+
+
+def _steps(results: dict) -> str:
+  """The steps a finished run trained, and why it ended there when an accuracy threshold stopped it."""
+  if 'final_step' not in results:
+    return MISSING
+  stop = results.get('stopped_early')
+  if isinstance(stop, dict) and 'threshold' in stop:
+    return f'{results["final_step"]} (val > {stop["threshold"]:g})'
+  return str(results['final_step'])
+
+
+def _minutes(results: dict) -> Optional[float]:
+  """The run's wall time in minutes (results.json ``wall_time_s``: every stretch of it, compiling,
+  evaluation and the test included; time between stretches not)."""
+  seconds = results.get('wall_time_s')
+  return None if seconds is None else seconds / 60.0
 
 
 CELL_FIELDS = ('kernel', 'kind', 'task', 'finished', 'planned', 'failed', 'accuracy_mean',
                'accuracy_std', 'accuracies', 'paper_accuracy', 'paper_kernel', 'paper_table',
                'steps_per_sec', 'compiled_memory_bytes')
 RUN_FIELDS = ('workdir', 'kernel', 'kind', 'task', 'seed', 'test_accuracy', 'best_val_accuracy',
-              'best_step', 'steps_per_sec', 'compiled_memory_bytes', 'num_devices', 'backend', 'status',
-              'error')
+              'best_step', 'final_step', 'stopped_early_step', 'wall_time_s', 'steps_per_sec',
+              'compiled_memory_bytes', 'num_devices', 'backend', 'status', 'error')
 
 
 def _blank(v: Any) -> Any:
@@ -489,7 +507,10 @@ def write_csv(report: Report, path: str) -> None:
       res = r.results or {}
       w.writerow([r.workdir, r.label, r.kind, r.task, _blank(r.seed), _blank(r.accuracy),
                   _blank(100 * res['best_val_accuracy'] if 'best_val_accuracy' in res else None),
-                  _blank(res.get('best_step')), _blank(r.steps_per_sec), _blank(r.memory_bytes),
+                  _blank(res.get('best_step')), _blank(res.get('final_step')),
+                  _blank((res.get('stopped_early') or {}).get('step')
+                         if isinstance(res.get('stopped_early'), dict) else None),
+                  _blank(res.get('wall_time_s')), _blank(r.steps_per_sec), _blank(r.memory_bytes),
                   _blank(res.get('num_devices')), _blank(res.get('backend')),
                   'finished' if r.results else ('failed' if r.error else 'not finished'), r.error])
 

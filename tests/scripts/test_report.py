@@ -359,3 +359,24 @@ def test_linked_run_directories_are_read_once(tmp_path):
   os.symlink(sweep, sweep / 'loop')
   rep = report_lib.build(str(sweep))
   assert rep.cells[('posrf-orf', 'listops')].text() == '40.00 ± 14.14 (2/2)'
+
+
+def test_runs_table_gives_steps_early_stops_and_wall_time(tmp_path):
+  """Each run's steps, "(val > 0.99)" where an accuracy threshold ended it, and its wall time."""
+  root = tmp_path / 'runs'
+  _results_dir(root, 'stopped', steps=12544, seed=0, acc=0.99)
+  _results_dir(root, 'full', steps=12544, seed=1, acc=0.98)
+  for name, extra in (('stopped', {'final_step': 2352, 'wall_time_s': 1320.0, 'stopped_early': {
+      'step': 2352, 'val_accuracy': 0.9914, 'threshold': 0.99}}),
+                      ('full', {'final_step': 12544, 'wall_time_s': 6600.0, 'stopped_early': None})):
+    path = root / name / 'results.json'
+    path.write_text(json.dumps({**json.loads(path.read_text()), **extra}))
+  rep = report_lib.build(str(root))
+  rows = {line.split(' | ')[0][3:-1]: line.split(' | ') for line in report_lib.markdown(rep).splitlines()
+          if line.startswith('| `stopped`') or line.startswith('| `full`')}
+  assert rows['stopped'][6:8] == ['2352 (val > 0.99)', '22.0'] and rows['full'][6:8] == ['12544', '110.0']
+  report_lib.write_csv(rep, str(tmp_path / 'rep.csv'))
+  with open(tmp_path / 'rep_runs.csv', encoding='utf-8') as f:
+    runs = {r['workdir']: r for r in csv.DictReader(f)}
+  assert runs['stopped']['stopped_early_step'] == '2352' and runs['full']['stopped_early_step'] == ''
+  assert runs['full']['final_step'] == '12544' and runs['full']['wall_time_s'] == '6600.0'
