@@ -84,8 +84,11 @@ def test_best_of_learning_rate_table(tmp_path):
       os.makedirs(tmp_path / wd)
       cfg = {'seed': 0, 'model': {'emb_dim': d, 'attention': {'kind': kind}},
              'optim': {'learning_rate': lr}}
+      stop = {'step': 40, 'val_accuracy': 0.995, 'threshold': 0.99} if wd == 'b' else None
       (tmp_path / wd / 'results.json').write_text(json.dumps(
-          {'test_accuracy': acc, 'config': cfg, 'attention': kind, 'task': 'mqar'}))
+          {'test_accuracy': acc, 'config': cfg, 'attention': kind, 'task': 'mqar',
+           'best_val_accuracy': acc, 'best_step': 40, 'final_step': 40 if stop else 100,
+           'stopped_early': stop, 'wall_time_s': 90.0}))
   (tmp_path / 'sweep.json').write_text(json.dumps({'name': 'zoology_fig2', 'runs': runs}))
   out = tmp_path / 'out' / 'z'
   assert recall_plot.main([str(tmp_path), '--out', str(out), '--best_of', 'optim.learning_rate']) == 0
@@ -93,4 +96,9 @@ def test_best_of_learning_rate_table(tmp_path):
   assert '| softmax | 90.0 [0.01] | 25.0 [0.001] (1 of 2 runs) |' in md
   assert '| linear-elu | 12.5 [0.01] |  |' in md
   assert '| softmax | 128 | 25.0 | — |' in md
+  # Every finished run with its steps (an accuracy stop named) and wall time; unfinished ones not.
+  finished = md.split('Finished runs')[1]
+  assert '| softmax | 64 | 0.01 | 90.00 | 90.00 (40) | 40 (val > 0.99) | 2 |' in finished
+  assert '| softmax | 64 | 0.001 | 50.00 | 50.00 (40) | 100 | 2 |' in finished
+  assert finished.count('| softmax | 128 |') == 1
   assert (tmp_path / 'out' / 'z.png').stat().st_size > 1000

@@ -218,7 +218,8 @@ def collect_best_of(sweep_dir: str, key: str, column: str) -> list[dict]:
     col = _get(cfg, column) if cfg else None
     val = _get(cfg, key) if cfg else None
     rows.append(dict(kind=r.kind, column=over.get(column, col), value=over.get(key, val),
-                     accuracy=r.accuracy, seconds=res.get('wall_time_s'), workdir=r.workdir))
+                     accuracy=r.accuracy, seconds=res.get('wall_time_s'), workdir=r.workdir,
+                     results=res))
   return rows
 
 
@@ -253,6 +254,19 @@ def best_of_markdown(rows: list[dict], key: str, column: str) -> str:
       if mine:
         lines.append(f'| {kind} | {c} | ' + ' | '.join(
             _cell(mine[v]) if v in mine else '' for v in vals) + ' |')
+  finished = [r for r in rows if r['accuracy'] is not None]
+  if finished:
+    lines += ['', 'Finished runs: the steps each trained (and the accuracy stop that ended it) and its '
+              'wall time', '', f'| kernel | {short} | {key} | test acc | best val acc (step) | steps | '
+              'wall min |', '|---|---|---|---|---|---|---|']
+    order = {kind: i for i, kind in enumerate(kinds)}
+    for r in sorted(finished, key=lambda r: (order[r['kind']], r['column'], -r['value'])):
+      res = r['results']
+      best = (f"{100 * res['best_val_accuracy']:.2f} ({res.get('best_step')})"
+              if 'best_val_accuracy' in res else MISSING)
+      minutes = report.wall_minutes(res)
+      lines.append(f"| {r['kind']} | {r['column']} | {r['value']:.3g} | {r['accuracy']:.2f} | {best} | "
+                   f"{report.steps_text(res)} | {MISSING if minutes is None else f'{minutes:.0f}'} |")
   return '\n'.join(lines) + '\n'
 
 

@@ -452,12 +452,12 @@ def markdown(report: Report, sweep_dir: str = '') -> str:
     status = 'finished' if r.results else (f'failed: {r.error}' if r.error else 'not finished')
     lines.append('| ' + ' | '.join([
         f'`{r.workdir}`', r.task, f'`{r.label}`', str(r.seed), _fmt(r.accuracy, '.2f'), best,
-        _steps(res), _fmt(_minutes(res), '.1f'), _fmt(r.steps_per_sec, '.2f'), _fmt(_mib(r.memory_bytes), '.1f'),
+        steps_text(res), _fmt(wall_minutes(res), '.1f'), _fmt(r.steps_per_sec, '.2f'), _fmt(_mib(r.memory_bytes), '.1f'),
         status.replace('|', '/')]) + ' |')
   return '\n'.join(lines) + '\n'
 
 
-def _steps(results: dict) -> str:
+def steps_text(results: dict) -> str:
   """The steps a finished run trained, and why it ended there when an accuracy threshold stopped it."""
   if 'final_step' not in results:
     return MISSING
@@ -467,7 +467,7 @@ def _steps(results: dict) -> str:
   return str(results['final_step'])
 
 
-def _minutes(results: dict) -> Optional[float]:
+def wall_minutes(results: dict) -> Optional[float]:
   """The run's wall time in minutes (results.json ``wall_time_s``: every stretch of it, compiling,
   evaluation and the test included; time between stretches not)."""
   seconds = results.get('wall_time_s')
