@@ -174,6 +174,29 @@ def test_finished_skipped_failed_recorded_and_retried(tmp_path):
   assert len(planned['runs']) == 3
 
 
+def test_runs_linked_into_a_sweep_directory_count_as_its_points(tmp_path):
+  """Runs trained elsewhere, linked under their points' names (docs/reproduce.md, Zoology's panel): the
+  sweep counts them done and trains only the rest; the report reads each linked run once."""
+  from kernelformer.reproduce import report  # pylint: disable=g-import-not-at-top
+  sweep = sweeps.expand(sweeps.sweep_from_flags(
+      [f'{LISTOPS}:tiny'], ['model.attention.kind=softmax,linear-elu', 'seed=0'], ['num_train_steps=5']))
+  train, _ = _fake_trainer()
+  sweeps.run_sweep(sweep, str(tmp_path / 'elsewhere'), train_fn=train, log=lambda s: None)
+  linked = tmp_path / 'linked'
+  os.makedirs(linked / 'listops-tiny')
+  name = 'kind=softmax__seed=0'
+  os.symlink(tmp_path / 'elsewhere' / 'listops-tiny' / name, linked / 'listops-tiny' / name)
+  assert {r.kind: r.status() for r in sweeps.plan(sweep, str(linked))} == {'softmax': 'done',
+                                                                           'linear-elu': 'new'}
+  train2, calls = _fake_trainer()
+  assert sweeps.run_sweep(sweep, str(linked), train_fn=train2, log=lambda s: None) == {
+      'done': 1, 'ran': 1, 'failed': 0}
+  assert [c[0] for c in calls] == ['linear-elu']
+  _, runs = report.collect(str(linked))
+  assert sorted((r.kind, r.results is not None) for r in runs) == [('linear-elu', True),
+                                                                   ('softmax', True)]
+
+
 def test_reusing_a_workdir_with_other_settings_is_refused(tmp_path):
   def make(steps):
     return sweeps.expand(sweeps.sweep_from_flags(
