@@ -46,6 +46,32 @@ def safe_normalizer(den: Array, eps: float = DEFAULT_EPS) -> Array:
   return jnp.where(jnp.abs(den) < eps, jnp.where(den < 0, -eps, eps), den)
 
 
+@jax.custom_jvp
+def divide_rows(num: Array, den: Array) -> Array:
+  """``num [..., Dv] / den [...]``, differentiated as ``d out = (d num - out d den) / den``.
+
+  The normalization of linear attention (Katharopoulos et al. 2020, eq. 6: ``phi(q)^T S / phi(q)^T z``).
+  Autodiff of ``/`` forms ``num / den^2``, which overflows in float32 once ``den`` < ~5e-20 (normalizers
+  of rows whose features underflowed, clamped at ``eps`` = 1e-30 by ``safe_normalizer``): ``0 * inf``
+  then puts NaN into every gradient, even through a branch ``jnp.where`` discards. ``out / den`` is the
+  same derivative with no such product.
+  """
+  return num / den[..., None]
+
+
+@divide_rows.defjvp
+def _divide_rows_jvp(primals, tangents):
+  num, den = primals
+  d_num, d_den = tangents
+  out = num / den[..., None]
+  return out, (d_num - out * d_den[..., None]) / den[..., None]
+
+
+def normalize(num: Array, den: Array, eps: float = DEFAULT_EPS) -> Array:
+  """``num / den`` per row with ``den`` kept off zero (``safe_normalizer``): ``divide_rows``."""
+  return divide_rows(num, safe_normalizer(den, eps))
+
+
 def mask_keys(phi_k: Array, mask: Array | None) -> Array:
   """Zeroes the feature rows of padded keys, so they drop out of numerator and normalizer."""
   if mask is None:
@@ -76,7 +102,7 @@ def linear_attention(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None
     ksum = jnp.sum(phi_k.astype(jnp.float32), axis=1)             # [B, H, M]
     num = einsum_f32('blhm,bhmd->blhd', phi_q, kv)
     den = einsum_f32('blhm,bhm->blh', phi_q, ksum)
-  out = num / safe_normalizer(den, eps)[..., None]
+  out = normalize(num, den, eps)
   return out.astype(v.dtype)
 
 
@@ -99,7 +125,7 @@ def causal_linear_attention(phi_q: Array, phi_k: Array, v: Array, state, *, chun
   block is a token.
   """
   num, den, new_state = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
-  out = num / safe_normalizer(den, eps)[..., None]
+  out = normalize(num, den, eps)
   return out.astype(v.dtype), new_state
 
 
@@ -553,7 +579,7 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
       phi = query_features(qc, p, beta)
       num = jnp.einsum('...cf,...fd->...cd', phi, kv)
       den = jnp.einsum('...cf,...f->...c', phi, ksum)
-      return None, (num / safe_normalizer(den, eps)[..., None], den)
+      return None, (normalize(num, den, eps), den)
 
     qcs = _split_chunks(q, cq, -2)
     _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
@@ -722,7 +748,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     num_in, den_in = _shifted_blocks(phi_q, phi_k, vc, shift)
     num = jnp.einsum('...if,...fd->...id', qg, state) + num_in
     den = jnp.einsum('...if,...xf->...i', qg, ksum) + den_in
-    out = num / safe_normalizer(den, eps)[..., None]
+    out = normalize(num, den, eps)
     last = shift[..., -1:, :]
     back = _down(prev - last)
     kg = phi_k * _down(shift - last)
@@ -740,7 +766,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
     num = jnp.einsum('...if,...fd->...id', phi_q, state) + jnp.einsum('...ij,...jd->...id', scores, vc)
     den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
-    out = num / safe_normalizer(den, eps)[..., None]
+    out = normalize(num, den, eps)
     back = _down(ref - jnp.where(jnp.isfinite(last), last, 0.0))
     state = (state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)) * jnp.swapaxes(back, -1, -2)
     ksum = (ksum + jnp.sum(phi_k, axis=-2, keepdims=True)) * back
@@ -955,7 +981,7 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
       phi = query_features(qc, diff)
       num = jnp.einsum('...cf,...fd->...cd', phi, kv)
       den = jnp.einsum('...cf,...f->...c', phi, ksum)
-      return None, (num / safe_normalizer(den, eps)[..., None], den)
+      return None, (normalize(num, den, eps), den)
 
     qcs = _split_chunks(q, cq, -2)
     _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
@@ -1046,7 +1072,7 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
       num = (jnp.einsum('...if,...fd->...id', phi_q, state)
              + jnp.einsum('...ij,...jd->...id', scores, vc))
       den = jnp.einsum('...if,...f->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
-      out = num / safe_normalizer(den, eps)[..., None]
+      out = normalize(num, den, eps)
       state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
       ksum = ksum + jnp.sum(phi_k, axis=-2)
       return (state, ksum), ((out, den) if save else out)

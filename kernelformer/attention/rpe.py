@@ -33,8 +33,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernelformer.attention.linear import (DEFAULT_EPS, einsum_f32, mask_keys, quadratic_reference,
-                                           safe_normalizer)
+from kernelformer.attention.linear import (DEFAULT_EPS, einsum_f32, mask_keys, normalize,
+                                           quadratic_reference)
 from kernelformer.features.hadamard import next_pow2
 
 Array = jax.Array
@@ -182,7 +182,8 @@ def rpe_linear_attention(phi_q: Array, phi_k: Array, v: Array, position_bias: Ar
 
   acc, _ = jax.lax.scan(body, jnp.zeros((b, h, dv + 1, length), jnp.float32),
                         (chunks(pq), chunks(pk)))
-  out = acc[:, :, :dv] / safe_normalizer(acc[:, :, dv], eps)[:, :, None]   # eq. 10
+  out = normalize(jnp.moveaxis(acc[:, :, :dv], 2, -1), acc[:, :, dv], eps)   # eq. 10
+  out = jnp.moveaxis(out, -1, 2)
   return jnp.transpose(out, (0, 3, 1, 2)).astype(v.dtype)
 
 

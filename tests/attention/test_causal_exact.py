@@ -204,3 +204,37 @@ def test_decoder_forward_at_chunk_64_equals_steps_at_large_keys(kind):
     tol = 1e-4 * np.abs(steps).max()
     np.testing.assert_allclose(full64, steps, rtol=0, atol=tol, err_msg=f'{kind} x{scale} chunk 64')
     np.testing.assert_allclose(full3, steps, rtol=0, atol=tol, err_msg=f'{kind} x{scale} chunk 3')
+
+
+def test_gradients_exact_where_early_features_underflow():
+  """A first key whose posrf logits are far below the later keys': the running max rises past the
+  span within the chunk, so the chunk takes the per-row form, and the discarded one-shift rows'
+  normalizers underflow below 5e-20. Differentiating ``num / den`` there formed ``num / den^2`` = inf
+  and ``0 * inf`` = NaN in dq and dk (a FAVOR+ BaseConv model at Zoology's MQAR diverged at step 32 on
+  this). Gradients equal a float64 evaluation of the same estimator."""
+  d, m, n = 16, 8, 4
+  ks = jax.random.split(jax.random.PRNGKey(0), 4)
+  proj = weights.SAMPLERS['orf'](ks[3], m, d)
+  q = 0.5 * jax.random.normal(ks[0], (n, d))
+  k = 0.5 * jax.random.normal(ks[1], (n, d))
+  k = k.at[0].set(6.0 * k[0])
+  v = jax.random.normal(ks[2], (n, DV))
+  g = jax.random.normal(jax.random.PRNGKey(5), (n, DV))
+  form = catalog.get('posrf').log_space
+  lean = lambda q, k: linear.causal_exp_feature_attention(form, q, k, v, proj, chunk_size=n, eps=EPS)
+  dq, dk = (np.asarray(x) for x in jax.vjp(lean, q, k)[1](g))
+  assert np.isfinite(dq).all() and np.isfinite(dk).all()
+
+  w64, v64, g64 = (np.asarray(x, np.float64) for x in (proj.matrix, v, g))
+
+  def exact(q, k):        # posrf's kernel, (1/M) sum_f exp(zq_f + zk_f), normalized over j <= i
+    logits = lambda x: x @ w64.T - 0.5 * jnp.sum(x * x, -1, keepdims=True)
+    e = logits(q)[:, None, :] + logits(k)[None, :, :]
+    log_kernel = jax.nn.logsumexp(e, axis=-1)
+    log_kernel = jnp.where(np.tril(np.ones((n, n), bool)), log_kernel, -jnp.inf)
+    return jax.nn.softmax(log_kernel, axis=-1) @ v64
+
+  with jax.enable_x64(True):
+    dq64, dk64 = jax.vjp(exact, np.asarray(q, np.float64), np.asarray(k, np.float64))[1](g64)
+  for got, want in ((dq, dq64), (dk, dk64)):
+    np.testing.assert_allclose(got, np.asarray(want), rtol=1e-3, atol=1e-4 * np.abs(want).max())
