@@ -23,10 +23,9 @@ PACKAGES = ('kernelformer', 'lra_tasks')
 LAYERS = (
     ('kernelformer.data_location',),                            # where data lives: no dependency
     ('lra_tasks', 'kernelformer.configs'),                      # tasks: files -> token arrays; configs
-    ('kernelformer.features',),                                 # feature maps, samplers: pure math
+    ('kernelformer.features', 'kernelformer.pallas'),           # feature maps, samplers, fused kernels
     ('kernelformer.attention.spec', 'kernelformer.attention.linear',
      'kernelformer.attention.distill'),                         # attention cores and the spec record
-    ('kernelformer.pallas',),                                   # fused kernels
     ('kernelformer.attention',),                                # the mechanisms
     ('kernelformer.registry',),                                 # name -> mechanism
     ('kernelformer.plugins',),                                  # a user's kernels

@@ -7,7 +7,7 @@ Sections (each with its own time budget; when one is spent the rest of that sect
 report says which cells were skipped and why):
 
 1. ``correctness`` -- compiled (not interpret) ``feature_attention`` against the XLA path
-   (``kernelformer.pallas.reference``: components.py features + linear.linear_attention) for every
+   (``kernelformer.bench.pallas_reference``: components.py features + linear.linear_attention) for every
    feature (exp, trig, elu, relu) x causal/bidirectional x bfloat16/float32, an odd length, a key
    padding mask; outputs and the gradients of q, k, v (and W for exp/trig). A failure prints the case
    and makes the command exit non-zero. Tolerances (max error over the largest reference entry):
@@ -62,8 +62,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer.bench import measure
+from kernelformer.bench import pallas_reference as reference
 from kernelformer.pallas import FEATURES, feature_attention
-from kernelformer.pallas import reference, validated
+from kernelformer.pallas import validated
 
 GPU_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DRY_LENGTHS = (64,)

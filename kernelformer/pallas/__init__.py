@@ -1,8 +1,8 @@
 """Pallas kernels: fused random-feature attention; see docs/pallas.md.
 
-Only the kernel module is imported here (it depends on jax alone), so ``kernelformer.attention`` can
-import this package without a cycle. The XLA reference used by the tests is
-``kernelformer.pallas.reference`` (import it explicitly).
+The package depends on jax alone, so ``kernelformer.attention`` imports it from below. The XLA path the
+kernels must match (the tests' and ``scripts/gpu_check.py``'s oracle) is built from the attention
+library and so lives above it: ``kernelformer.bench.pallas_reference``.
 """
 from kernelformer.pallas.feature_attention import FEATURES, feature_attention, supported
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from kernelformer.pallas import feature_attention
-from kernelformer.pallas import reference
+from kernelformer.bench import pallas_reference as reference
 
 B, L, H, D, M, C = 2, 72, 2, 8, 16, 16          # N = 5 chunks; L = 72 is not a multiple of 16
 JIT_OPTIONS = {'xla_backend_optimization_level': 0}

@@ -2,7 +2,7 @@
 
 Every case compiles one function that returns outputs and input gradients (q, k, v, W, feature
 weights) of both ``kernelformer.pallas.feature_attention`` and the XLA path (components.py features +
-linear.linear_attention, ``kernelformer.pallas.reference``), then feeds it several input sets (same
+linear.linear_attention, ``kernelformer.bench.pallas_reference``), then feeds it several input sets (same
 shapes, so one compile): moderate norms, and norms up to 100.
 
 Tolerances are first-order rounding bounds, not tuned constants. For output row i,
@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from kernelformer.pallas import FEATURES, feature_attention, supported
-from kernelformer.pallas import reference
+from kernelformer.bench import pallas_reference as reference
 
 EPS32 = float(np.finfo(np.float32).eps)
 BF16_UNIT = float(jnp.finfo(jnp.bfloat16).eps) / 2   # unit roundoff of bfloat16, 2^-8

@@ -3,8 +3,9 @@
 Features from ``features/components.py`` (posrf, trigrf, elu, relu: Spectraformer eqs. 32 and 10, the
 Linear Transformer's elu + 1) one head at a time, then ``attention/linear.py``'s ``linear_attention``
 (Spectraformer eq. 7; chunked causal form) or its naive ``quadratic_reference``. Everything is plain
-jnp, so ``jax.grad`` of it is the reference gradient. Not imported by ``kernelformer.pallas`` itself
-(``kernelformer.attention`` may import the kernels; importing it back from there would be a cycle).
+jnp, so ``jax.grad`` of it is the reference gradient. It sits in ``bench`` beside
+``gpu_check.py``, above the attention library it is built from; ``kernelformer.pallas`` stays below
+``kernelformer.attention``, which dispatches to its kernels.
 """
 from __future__ import annotations
 
