@@ -9,8 +9,9 @@ same call signature, so the encoder never special-cases one::
 * ``q, k, v``: ``[batch, length, heads, head_dim]`` (the layout of ``jax.nn.dot_product_attention``).
 * ``mask``: ``[batch, length]`` bool, True = real token (key padding mask), or None.
 * ``causal``: static bool.
-* ``step``: the training step (int32 scalar) or None (evaluation: a fixed draw). Random-feature
-  mechanisms redraw their projection every ``redraw_every`` steps from ``fold_in(rng, step // N)``.
+* ``step``: the training step (int32 scalar) or None (evaluation: the last training step's draw, kept
+  in the ``features`` collection). Random-feature mechanisms redraw their projection every
+  ``redraw_every`` steps from ``fold_in(rng, step // N)`` (``attention/draws.py``).
 * ``deterministic``: True disables dropout.
 * ``position_bias``: ``[heads, 2 * length - 1]`` relative-position bias b_{j-i} for offsets
   -(L-1)..(L-1) (index ``j - i + L - 1``), or None. Owned by the encoder (shared across layers or per

@@ -104,7 +104,7 @@ def test_scanned_layers_draw_independent_features_and_train():
   variables = _init(model)
   feats = variables['features']['encoder']['layers']['block']['attention'][
       'RandomFeatureAttention_0']
-  w = np.asarray(feats['eval'][0])
+  w = np.asarray(feats['train'][0])                        # draw 0, before any step
   assert w.shape[0] == 3                                   # [layers, heads, M, d]
   for i in range(3):
     for j in range(i):
@@ -135,6 +135,13 @@ def test_scanned_layers_draw_independent_features_and_train():
   np.testing.assert_array_equal(trained['train_index'], [2, 2, 2])   # step 5 // redraw_every 2
   tw = np.asarray(trained['train'][0])
   assert not np.allclose(tw[0], w[0]) and not np.allclose(tw[0], tw[1])
+  # Evaluation through the scan reads each layer's stored draw: the model after step 5 evaluates as
+  # the train-mode call at step 5 without dropout would (unrolled scan state, same W per layer).
+  evaluate = fast_jit(lambda p, st, i: model.apply({'params': p, **st}, {'inputs': TOKENS},
+                                                   train=False, step=i,
+                                                   rngs={'features': jax.random.key(2)}))
+  np.testing.assert_allclose(evaluate(params, model_state, None),
+                             evaluate(params, model_state, jnp.int32(5)), rtol=1e-5, atol=1e-6)
 
 
 def _temp_bytes(remat, length=256):

@@ -16,11 +16,10 @@ learned kernels of "On Learning the Transformer Kernel" (§2.1):
 
 Randomness and redraws. ``base = make_rng('features')`` -- the trainer passes the same
 ``rngs={'features': key}`` (from the config seed) at every step, and ``make_rng`` folds in this
-module's path, so different layers draw independently. The draw index is ``step // redraw_every``
-(0 when ``step`` is None, i.e. evaluation always uses one fixed draw, and 0 when ``redraw_every`` is
-0: never redraw) and ``key = fold_in(base, draw_index)``: W is constant within a window of
-``redraw_every`` steps and changes between windows (the paper resamples every 100 iterations, §2.2).
-``key`` is split into one key per head unless ``share_heads``.
+module's path, so different layers draw independently. ``key = fold_in(base, index)`` with the draw
+index of ``attention/draws.py``: ``step // redraw_every`` in training (the kernel-learning paper
+resamples every 100 iterations, §2.2), the last training step's in evaluation. ``key`` is split into
+one key per head unless ``share_heads``.
 
 Names (``SPECS``, collected by ``kernelformer.registry``; lowercase, ``registry.get`` is case-insensitive):
 
@@ -46,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from kernelformer.attention import distill as distill_lib
+from kernelformer.attention import draws
 from kernelformer.attention import linear
 from kernelformer.attention import rpe
 from kernelformer.attention.spec import AttentionSpec
@@ -63,13 +63,6 @@ Array = jax.Array
 # components paired with every sampler (records with ``grid``).
 FIXED_SAMPLERS = ('iid', 'orf', 'sorf', 'qmc', 'mm', 'sgq', 'fastfood')
 RF_COMPONENTS = tuple(r.name for r in components_lib.FEATURE_MAPS if r.grid)
-
-
-def draw_index(step: Optional[Array], redraw_every: int) -> Array:
-  """``step // redraw_every``; 0 for evaluation (``step`` None) and for ``redraw_every == 0``."""
-  if step is None or redraw_every <= 0:
-    return jnp.zeros((), jnp.int32)
-  return jnp.asarray(step, jnp.int32) // redraw_every
 
 
 def input_scale(head_dim: int) -> float:
@@ -192,7 +185,7 @@ class RandomFeatureAttention(nn.Module):
                                map_dim=self.map_dim)
     base = self.make_rng('features')
     if self.weights in learned_lib.LEARNED:
-      key = jax.random.fold_in(base, draw_index(step, self.redraw_every))
+      key = jax.random.fold_in(base, draws.current_draw_index(self, step, self.redraw_every))
       keys = key if self.share_heads else jax.random.split(key, num_heads)
       sampler = learned_lib.build_learned(
           self.weights, self.num_features, head_dim,
@@ -218,28 +211,28 @@ class RandomFeatureAttention(nn.Module):
   def _cached_projection(self, draw, step: Optional[Array]):
     """A fixed sampler's W, drawn once per redraw window and kept in the ``features`` collection.
 
-    The collection holds, per layer, the evaluation draw (index 0, fixed for the whole run), the
-    training draw now in use and its index ``step // redraw_every``. A train step whose index equals
-    the stored one reuses the stored W (``lax.cond``: the sampler -- ORF's QR, MM's SVD, FastFood's
-    structure -- runs only in the step that starts a new window); evaluation reads the fixed draw. The
-    draws are the same arrays ``draw(index)`` gives, so results are bit-identical to sampling every
-    step. Without the collection (``apply`` with parameters only) W is drawn on every call.
-    Learned samplers depend on parameters and are drawn inside every step instead.
+    The collection holds, per layer, the training draw now in use and its index ``step //
+    redraw_every``. A train step whose index equals the stored one reuses the stored W (``lax.cond``:
+    the sampler -- ORF's QR, MM's SVD, FastFood's structure -- runs only in the step that starts a new
+    window); evaluation reads the stored W, the draw the model last trained with. The draws are the
+    same arrays ``draw(index)`` gives, so results are bit-identical to sampling every step. Without the
+    collection (``apply`` with parameters only) W is drawn on every call (index 0 in evaluation).
+    Learned samplers depend on parameters and are drawn inside every step instead, from the same
+    stored index (``draws.current_draw_index``).
     """
-    index = draw_index(step, self.redraw_every)
-    if not (self.is_initializing() or self.has_variable('features', 'train_index')):
+    index = draws.draw_index(step, self.redraw_every)
+    if not draws.tracks_draws(self):
       return draw(index)
     treedef = jax.tree.structure(jax.eval_shape(draw, index))
-    eval_leaves = self.variable('features', 'eval', lambda: tuple(jax.tree.leaves(draw(0))))
-    train_leaves = self.variable('features', 'train', lambda: eval_leaves.value)
-    train_index = self.variable('features', 'train_index', lambda: jnp.zeros((), jnp.int32))
+    train_leaves = self.variable('features', 'train', lambda: tuple(jax.tree.leaves(draw(0))))
+    stored = self.variable('features', 'train_index', lambda: jnp.zeros((), jnp.int32))
     if step is None:
-      return jax.tree.unflatten(treedef, eval_leaves.value)
-    leaves = jax.lax.cond(index == train_index.value,
+      return jax.tree.unflatten(treedef, train_leaves.value)
+    leaves = jax.lax.cond(index == stored.value,
                           lambda: tuple(train_leaves.value),
                           lambda: tuple(jax.tree.leaves(draw(index))))
     if self.is_mutable_collection('features') and not self.is_initializing():
-      train_leaves.value, train_index.value = leaves, index
+      train_leaves.value, stored.value = leaves, index
     return jax.tree.unflatten(treedef, leaves)
 
   @nn.compact

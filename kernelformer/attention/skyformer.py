@@ -55,6 +55,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from kernelformer.attention import draws
 from kernelformer.attention.spec import AttentionSpec
 from kernelformer.attention.gaussian import gaussian_kernel_matrix, input_scale
 
@@ -195,7 +196,8 @@ class SkyformerAttention(nn.Module):
   """Skyformer (Chen et al. 2021): Nyström on the PSD completion of the Gaussian-kernel matrix.
 
   Landmarks are redrawn every ``redraw_every`` training steps from ``fold_in(make_rng('features'),
-  step // redraw_every)``; ``step=None`` (evaluation) uses one fixed draw.
+  step // redraw_every)``; evaluation (``step`` None) uses the last training step's draw, whose index
+  the ``features`` collection keeps (``attention/draws.py``).
   """
 
   num_landmarks: int = 128      # d; 128 in the paper's LRA runs ("the number of features to be 128")
@@ -214,22 +216,10 @@ class SkyformerAttention(nn.Module):
       raise ValueError('skyformer takes no position_bias')
     key = None
     if self.num_landmarks < 2 * q.shape[1]:
-      key = landmark_key(self.make_rng('features'), step, self.redraw_every)
+      key = jax.random.fold_in(self.make_rng('features'),
+                               draws.current_draw_index(self, step, self.redraw_every))
     return skyformer_attention(q, k, v, key=key, mask=mask, num_landmarks=self.num_landmarks,
                                gamma=self.gamma, num_iterations=self.num_iterations)
-
-
-def landmark_key(rng: Array, step, redraw_every: int) -> Array:
-  """``fold_in(rng, step // redraw_every)``, as the random-feature kernels draw their W.
-
-  The counter is 0 when ``step`` is None (evaluation: one fixed draw) and when ``redraw_every <= 0``
-  (never redraw).
-  """
-  if step is None or redraw_every <= 0:
-    counter = jnp.zeros((), jnp.int32)
-  else:
-    counter = jnp.asarray(step, jnp.int32) // redraw_every
-  return jax.random.fold_in(rng, counter)
 
 
 SPECS = (AttentionSpec(

@@ -36,7 +36,7 @@ def _init(mod, q, k, v):
 
 def _peak_keys(variables, component, n, d):
   """Keys that maximize the feature exponents: ``w_r / s`` (posrf/hyperbolic), large norm (trigrf)."""
-  w = variables['features']['eval'][0]                      # [H, M, d] (the evaluation draw)
+  w = variables['features']['train'][0]                     # [H, M, d] (the draw evaluation uses)
   if component == 'trigrf':
     return 6.0 * jnp.ones((1, n, w.shape[0], d))
   rows = jnp.stack([w[:, r % w.shape[1]] for r in range(n)], axis=0)   # [n, H, d]

@@ -2,7 +2,8 @@
 
 GMM (omega = mu + Sigma^(1/2) eps) and learnable FastFood (learned S, G, B; fresh Pi and noise) keep
 their parameters across steps but must draw new noise in each redraw window, like every fixed sampler:
-the same window gives the same output, the next window another, evaluation (step None) the first.
+the same window gives the same output, the next window another; evaluation (step None) the draw of
+the last training step stored in the ``features`` collection (the first before any).
 """
 from __future__ import annotations
 
@@ -34,4 +35,9 @@ def test_learned_sampler_redraws_per_window(name):
   out = jax.tree.map(np.asarray, out)
   np.testing.assert_array_equal(out['0'], out['last'])       # one window: one draw
   assert not np.allclose(out['0'], out['next'], atol=1e-6)  # the next window: a new draw
-  np.testing.assert_array_equal(out['eval'], out['0'])       # evaluation: draw 0
+  np.testing.assert_array_equal(out['eval'], out['0'])       # evaluation before training: draw 0
+  # After a step of the next window (the collection updated), evaluation uses that window's draw.
+  _, state = jax.jit(lambda: module.apply(variables, q, k, v, step=jnp.int32(REDRAW), rngs=feats,
+                                          mutable=['features']))()
+  after = jax.jit(lambda: module.apply({**variables, **state}, q, k, v, step=None, rngs=feats))()
+  np.testing.assert_allclose(np.asarray(after), out['next'], rtol=1e-5, atol=1e-6)

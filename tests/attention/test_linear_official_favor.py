@@ -39,7 +39,7 @@ def test_official_equals_ours_without_eps(causal):
                           share_heads=True, impl='xla')
   key = jax.random.PRNGKey(1)
   variables = module.init({'params': key, 'features': key}, q, k, v, mask=mask, causal=causal)
-  w = variables['features']['eval'][0]
+  w = variables['features']['train'][0]        # the draw before training (index 0)
   ours = module.apply(variables, q, k, v, mask=mask, causal=causal, rngs={'features': key})
   theirs = of.favor_attention(q, k, v, w, mask=mask, causal=causal, eps=0.0)
   np.testing.assert_allclose(theirs, ours, rtol=2e-5, atol=2e-5)

@@ -9,12 +9,16 @@ projection length or chunk size used here divides:
   length and at length 1;
 * the gradient: q, k and v each reach the output; a kind with learnable parameters (learned samplers,
   learned feature maps) gives every parameter of every head a gradient, and a kind without has none.
-  The forward runs at training step 7 with redraws every 5 steps (a later redraw window).
+  The forward runs at training step 7 with redraws every 5 steps (a later redraw window);
+* evaluation (``step`` None) after that training step uses its draw: the same output (``features``
+  collection updated by the step, ``attention/draws.py``).
 
 Mechanisms that need a relative-position bias get one. Randomness is fixed (``rngs={'features',
 'dropout'}``), so both calls of a pair see the same random features / landmarks.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -90,13 +94,18 @@ def test_padding_invariance_and_finite_edge_cases(name):
       return {}
     return {'position_bias': 0.3 * jax.random.normal(jax.random.PRNGKey(7), (H, 2 * length - 1))}
 
-  def forward(variables, q, k, v, mask):
-    return module.apply(variables, q, k, v, mask=mask, deterministic=True, rngs=rngs,
-                        step=jnp.int32(STEP), **bias_for(q.shape[1]))
+  def forward(variables, q, k, v, mask, step=jnp.int32(STEP)):
+    """The output, and the ``features`` collection as the call leaves it (None without one)."""
+    call = functools.partial(module.apply, variables, q, k, v, mask=mask, deterministic=True,
+                             rngs=rngs, step=step, **bias_for(q.shape[1]))
+    if 'features' not in variables:
+      return call(), None
+    y, state = call(mutable=['features'])
+    return y, state['features']
 
   def loss(params, state, q, k, v, mask):
-    y = forward({**state, 'params': params} if params else state, q, k, v, mask)
-    return jnp.sum(jnp.where(mask[:, :, None, None], y, 0.0) ** 2), y
+    y, features = forward({**state, 'params': params} if params else state, q, k, v, mask)
+    return jnp.sum(jnp.where(mask[:, :, None, None], y, 0.0) ** 2), (y, features)
 
   # Output and gradient from one pass (has_aux), so the forward graph is not compiled twice. The
   # gradient is taken with respect to the parameters (not to state such as the cached random
@@ -113,10 +122,13 @@ def test_padding_invariance_and_finite_edge_cases(name):
   def everything(variables, qkv, qkv_rewritten, mask, qkv1, mask1):
     if variables is None:                      # parameters: initialized inside the same program
       variables = init(qkv, mask)
-    (_, out), grads = value_and_grad(variables, *qkv, mask)
+    (_, (out, features)), grads = value_and_grad(variables, *qkv, mask)
+    evaluated = out
+    if features is not None:               # evaluation after the step: the step's draw
+      evaluated, _ = forward({**variables, 'features': features}, *qkv, mask, step=None)
     # The parameters do not depend on the length (linformer slices its projections).
-    (_, out1), grads1 = value_and_grad(variables, *qkv1, mask1)
-    return out, forward(variables, *qkv_rewritten, mask), grads, out1, grads1
+    (_, (out1, _)), grads1 = value_and_grad(variables, *qkv1, mask1)
+    return out, forward(variables, *qkv_rewritten, mask)[0], grads, out1, grads1, evaluated
 
   qkv = _inputs(LENGTH, 1)
   mask = _mask(LENGTH)
@@ -128,7 +140,7 @@ def test_padding_invariance_and_finite_edge_cases(name):
   shapes = jax.eval_shape(init, qkv, mask)
   variables = {} if not jax.tree.leaves(shapes) else None
   args = (qkv, qkv_rewritten, mask, qkv1, mask1)
-  out, out2, grads, out1, grads1 = _compile(
+  out, out2, grads, out1, grads1, evaluated = _compile(
       lambda *a: everything(variables, *a), *args)(*args)
 
   assert out.shape == (B, LENGTH, H, D) and out1.shape == (B, 1, H, D)
@@ -137,6 +149,8 @@ def test_padding_invariance_and_finite_edge_cases(name):
   np.testing.assert_allclose(np.asarray(out2)[valid], np.asarray(out)[valid], rtol=2e-5, atol=2e-6,
                              err_msg=f'{name}: padded positions changed a valid query\'s output')
   assert _finite_tree(grads), f'{name}: non-finite gradient (length {LENGTH}, padded)'
+  np.testing.assert_allclose(np.asarray(evaluated), np.asarray(out), rtol=2e-5, atol=2e-6,
+                             err_msg=f'{name}: evaluation after step {STEP} used another draw')
   assert _finite_tree(out1) and _finite_tree(grads1), f'{name}: non-finite at length 1'
   assert out.dtype == qkv[2].dtype
   param_grads, *qkv_grads = grads

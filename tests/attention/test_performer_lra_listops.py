@@ -122,7 +122,7 @@ def _w(module, variables, qkv, step):
   """The W the module uses at ``step`` (None: evaluation), jitted over the step."""
   if step is None:
     _, state = _apply(module, variables, qkv, None)
-    return np.asarray(jax.tree.leaves(state['features']['eval'])[0])
+    return np.asarray(jax.tree.leaves(state['features']['train'])[0])
   return np.asarray(_w_jit(module, variables, qkv, jnp.asarray(step, jnp.int32)))
 
 
@@ -137,7 +137,7 @@ def _w_jit(module, variables, qkv, step):
 _W_FNS = {}
 
 
-def test_a_new_w_every_step_and_a_fixed_one_for_evaluation():
+def test_a_new_w_every_step_and_evaluation_uses_the_last_steps():
   module = registry.build({'kind': KIND})
   qkv = _qkv(2)
   variables = _init(module, qkv)
@@ -149,6 +149,10 @@ def test_a_new_w_every_step_and_a_fixed_one_for_evaluation():
   np.testing.assert_array_equal(_w(module, variables, qkv, jnp.int32(2)), draws[2])
   ev = _w(module, variables, qkv, None)
   np.testing.assert_array_equal(_w(module, variables, _qkv(9), None), ev)
+  # Evaluation after step 3 (its features collection) uses step 3's W, whatever the inputs.
+  _, trained = _apply(module, variables, qkv, jnp.int32(3))
+  after = {**variables, 'features': trained['features']}
+  np.testing.assert_array_equal(_w(module, after, _qkv(9), None), draws[3])
   # Different steps give different outputs, not just different stored matrices.
   out0, _ = _apply(module, variables, qkv, jnp.int32(0))
   out1, _ = _apply(module, variables, qkv, jnp.int32(1))

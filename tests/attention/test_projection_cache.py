@@ -2,9 +2,10 @@
 
 A fixed sampler's W is drawn once per redraw window and kept in the ``features`` collection; the train
 step reuses it while ``step // redraw_every`` is unchanged and draws anew when it changes; evaluation
-reads the fixed draw of index 0. These tests pin (a) the same draws as drawing at every call, across
-windows, (b) that the stored W really is what a step inside its window uses (so the sampler is not
-run there), (c) that a new window replaces it, and (d) that evaluation never sees a training draw.
+reads the stored W, the last training step's draw (``attention/draws.py``). These tests pin (a) the
+same draws as drawing at every call, across windows, (b) that the stored W really is what a step
+inside its window uses (so the sampler is not run there), (c) that a new window replaces it, and (d)
+that evaluation uses the draw of the last training step, and draw 0 before any.
 """
 from __future__ import annotations
 
@@ -116,23 +117,34 @@ def test_a_step_inside_its_window_uses_the_stored_draw_and_a_new_window_replaces
   assert _index(renewed) == 1
 
 
-def test_evaluation_reads_the_fixed_draw_not_the_training_one():
+def test_evaluation_reads_the_last_training_draw():
   module, qkv, rngs, variables = _setup('posrf-orf')
   cached = _cached_step(module, rngs)
-  _, features = cached(variables, qkv, jnp.int32(2 * REDRAW))          # a later window
   evaluate = fast_jit(lambda v, qkv: module.apply(v, *qkv, step=None, rngs=rngs))
+  later = jnp.int32(2 * REDRAW + 1)                                    # a later window
+  train_later, features = cached(variables, qkv, later)
   after = evaluate({**variables, 'features': features}, qkv)
-  np.testing.assert_array_equal(after, evaluate(variables, qkv))
+  # The same stored W in both calls, rounded as each program's fusion makes it.
+  sensitivity = _ulp_sensitivity(cached, {**variables, 'features': features}, qkv, later)
+  _assert_same_draw(after, train_later, sensitivity, 'evaluation after a later step')
+  # Before any training step: draw 0, the same as drawn fresh with parameters only.
+  before = evaluate(variables, qkv)
+  assert not np.allclose(before, after)
   params_only = {c: x for c, x in variables.items() if c != 'features'}
-  # Draw 0 drawn fresh, and the train step's draw of index 0: the same draw, rounded as the
-  # program's fusion makes it (see test_cached_draws_are_bit_identical_to_drawing_every_step).
-  sensitivity = _ulp_sensitivity(cached, variables, qkv, jnp.int32(1))
-  _assert_same_draw(after, evaluate(params_only, qkv), sensitivity, 'evaluation, drawn fresh')
+  sensitivity0 = _ulp_sensitivity(cached, variables, qkv, jnp.int32(1))
+  _assert_same_draw(before, evaluate(params_only, qkv), sensitivity0, 'evaluation, drawn fresh')
   train0, _ = cached(variables, qkv, jnp.int32(0))
-  _assert_same_draw(after, train0, sensitivity, 'train step 0')          # index 0 is the same draw
+  _assert_same_draw(before, train0, sensitivity0, 'train step 0')        # index 0 is the same draw
 
 
-def test_learned_samplers_keep_no_cache():
-  # Their W depends on the parameters, so it must be drawn inside every differentiated step.
-  _, _, _, variables = _setup('gmm-rks')
-  assert 'features' not in variables
+def test_learned_samplers_keep_only_the_draw_index():
+  # Their W depends on the parameters, so it is drawn inside every differentiated step; the
+  # collection holds the index evaluation draws with.
+  module, qkv, rngs, variables = _setup('gmm-rks')
+  assert jax.tree.map(jnp.shape, variables['features']) == {'train_index': ()}
+  cached = _cached_step(module, rngs)
+  train_later, features = cached(variables, qkv, jnp.int32(2 * REDRAW))
+  assert _index(features) == 2
+  after = fast_jit(lambda v, qkv: module.apply(v, *qkv, step=None, rngs=rngs))(
+      {**variables, 'features': features}, qkv)
+  np.testing.assert_allclose(after, train_later, rtol=1e-5, atol=1e-6)

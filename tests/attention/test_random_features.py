@@ -161,7 +161,7 @@ def test_redraw_schedule_layers_and_heads():
   np.testing.assert_array_equal(at['step0'], at['step9'])            # same window: same draw
   assert not np.allclose(at['step0'], at['step10'])                  # new windows, new draws
   assert not np.allclose(at['step10'], at['step25'])
-  np.testing.assert_array_equal(at['eval'], at['step0'])             # evaluation = draw 0
+  np.testing.assert_array_equal(at['eval'], at['step0'])             # no collection: draw 0
   assert not np.allclose(at['step0'][:, :, 0], at['step0'][:, :, 1])   # heads draw independently
   np.testing.assert_array_equal(res['shared'][:, :, 0], res['shared'][:, :, 1])   # ... or share
   np.testing.assert_array_equal(res['never'][0], res['never'][1])    # redraw_every=0: never

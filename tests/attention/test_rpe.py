@@ -212,7 +212,7 @@ def test_nprf_rpe_end_to_end_estimates_normalized_softmax_with_rpe():
   module = registry.build({'kind': 'nprf-rpe', 'num_features': 256})
   variables = module.init({'params': jax.random.PRNGKey(0), 'features': jax.random.PRNGKey(0)},
                           q, k, v, position_bias=bias)
-  # Parameters only: without the 'features' collection (its cached, fixed evaluation draw) every
+  # Parameters only: without the 'features' collection (its stored draw) every
   # call draws W from its own key, which is what averaging over draws needs.
   variables = {'params': variables.get('params', {})}
 

@@ -115,7 +115,7 @@ def test_module_draws_w_and_attends_as_the_reference():
   args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
   rngs = {'features': jax.random.PRNGKey(1)}
   variables = module.init({'params': jax.random.PRNGKey(0), **rngs}, *args, mask=jnp.asarray(mask))
-  w = np.asarray(variables['features']['eval'][0], np.float64)             # [H, 2r, d], one draw per head
+  w = np.asarray(variables['features']['train'][0], np.float64)             # [H, 2r, d], one draw per head
   assert w.shape == (h, 12, D) and not np.allclose(w[0], w[1])
   for causal in (False, True):
     out = module.apply(variables, *args, mask=jnp.asarray(mask), causal=causal, rngs=rngs)

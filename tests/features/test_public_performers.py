@@ -94,7 +94,7 @@ def test_zoology_kind_is_based_causal_attention_with_one_fixed_shared_draw():
   module = registry.build({'kind': 'performer-zoology', 'chunk_size': 4})
   assert module.num_features == 256 and module.redraw_every == 0 and module.share_heads
   variables = module.init(RNGS, q, k, v, causal=True)
-  w = np.asarray(variables['features']['eval'][0], np.float64)           # [M, d]: shared by the heads
+  w = np.asarray(variables['features']['train'][0], np.float64)           # [M, d]: shared by the heads
   assert w.shape == (256, d)
   out, state = module.apply(variables, q, k, v, causal=True, step=jnp.asarray(1000), rngs=RNGS,
                             mutable=['features'])
@@ -181,7 +181,7 @@ def test_skyformer_kind_equals_the_public_attention():
   module = registry.build({'kind': 'performer-skyformer'})
   assert module.num_features == 128 and module.redraw_every == 0 and module.share_heads
   variables = module.init(RNGS, q, k, v)
-  w = np.asarray(variables['features']['eval'][0], np.float64)
+  w = np.asarray(variables['features']['train'][0], np.float64)
   out, sown = module.apply(variables, q, k, v, step=jnp.asarray(500), rngs=RNGS,
                            mutable=['intermediates', 'features'])
   t = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2)
