@@ -1,5 +1,5 @@
 """A sweep small enough for a laptop: 3 kernels x 2 seeds on short ListOps, < 20 minutes on 2 CPU cores
-(8 min 11 s measured on 2 cores; see docs/reproduce.md).
+(8-9 min measured on 2 cores; see docs/reproduce.md).
 
 The ``quick`` ListOps preset (expressions of 20-64 tokens, 2 layers x 64 dims, batch 64) trained for
 600 instead of 2000 steps: softmax, Performer's FAVOR+ (``posrf-orf``) and Spectraformer's best variant
