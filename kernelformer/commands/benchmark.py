@@ -8,6 +8,7 @@ usage:
   kernelformer benchmark pallas-resources       # registers / spills / shared memory of every Pallas
                                                 # kernel, compiled offline for sm_90a and sm_80
   kernelformer benchmark loop [flags]           # the trainer's steps/s vs a bare loop of the same step
+  kernelformer benchmark redraw --workdir RUN   # a trained run's accuracy under other random draws
   kernelformer benchmark NAME --help            # the flags of one
 
 attention and approximation write into runs/benchmarks/ unless --out_dir says otherwise (the committed
@@ -20,7 +21,8 @@ import sys
 
 BENCHMARKS = {'attention': 'benchmark_attention', 'approximation': 'approximation',
               'loader': 'benchmark_loader', 'train_step': 'benchmark_train_step',
-              'pallas-resources': 'benchmark_pallas_resources', 'loop': 'benchmark_loop'}
+              'pallas-resources': 'benchmark_pallas_resources', 'loop': 'benchmark_loop',
+              'redraw': 'benchmark_redraw'}
 
 
 def run(args) -> int:

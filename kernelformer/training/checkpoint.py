@@ -127,11 +127,14 @@ _SLOW_SAVE_ENV = 'KERNELFORMER_TEST_SLOW_SAVE_S'
 
 class Checkpoints:
 
-  def __init__(self, directory: str, max_to_keep: int):
+  def __init__(self, directory: str, max_to_keep: int, *, read_only: bool = False):
+    """``read_only``: for a reader beside a run that may be writing (nothing is created, rotated or
+    cleaned up)."""
     self.directory = os.path.abspath(directory)
     self._max_to_keep = max_to_keep
+    self._read_only = read_only
     self._kept: tuple[int, ...] = ()
-    if jax.process_index() == 0 and os.path.isdir(self.directory):
+    if not read_only and jax.process_index() == 0 and os.path.isdir(self.directory):
       for name in os.listdir(self.directory):
         if _TMP.fullmatch(name):
           # Left by a write that was killed: incomplete by construction (a complete one is renamed).
@@ -145,7 +148,8 @@ class Checkpoints:
       keep = policies.AnyPreservationPolicy([keep, policies.CustomSteps(list(self._kept))])
     return ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(preservation_policy=keep, create=True,
+        options=ocp.CheckpointManagerOptions(preservation_policy=keep, create=not self._read_only,
+                                             read_only=self._read_only,
                                              enable_async_checkpointing=False),
         item_names=('state', 'meta'))
 

@@ -191,10 +191,12 @@ def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, co
                'grad_norm': optax.global_norm(grads), **extra}
     return new_state, metrics
 
-  def eval_step(state: TrainState, batch):
+  def eval_step(state: TrainState, batch, draw_step=None):
+    """Loss, correct and count sums. ``draw_step`` None: the random draws of the last training step
+    (kept in ``state.model_state``, attention/draws.py); a step: that training step's draws."""
     variables = {'params': state.params, **state.model_state}
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    logits = model.apply(variables, inputs, train=False, step=None,
+    logits = model.apply(variables, inputs, train=False, step=draw_step,
                          rngs={'features': keys['features']})
     weights = batch['weights']
     if lm:
@@ -585,7 +587,7 @@ def prepare_data(config: ml_collections.ConfigDict, is_lead: bool):
   return task, task.info(config.data)
 
 
-def _steps(config, info, devices, policy: str) -> tuple[dict, TrainState]:
+def build_steps(config, info, devices, policy: str) -> tuple[dict, TrainState]:
   """Mesh, model, optimizer, the jitted loop and eval steps (``Setup`` fields) and a fresh state."""
   mesh = sharding.make_mesh(devices)
   sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
@@ -616,7 +618,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, prior: Prior, *, poli
   managers, and a fresh state."""
   is_lead = jax.process_index() == 0
   task, info = prepare_data(config, is_lead)
-  parts, state = _steps(config, info, devices, policy)
+  parts, state = build_steps(config, info, devices, policy)
   setup = Setup(
       config=config, workdir=workdir, prior=prior, is_lead=is_lead,
       num_steps=int(config.num_train_steps), policy=policy, hooks=tuple(hooks),
@@ -1110,7 +1112,7 @@ def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tup
   for timing it against a bare loop (``kernelformer benchmark loop``). ``Loop.run(state, start,
   until, batches)`` runs it; ``workdir`` is only where a profile would go."""
   policy = nonfinite_policy(config)
-  parts, state = _steps(config, info, None, policy)
+  parts, state = build_steps(config, info, None, policy)
   num_steps = 1 << 30
   setup = Setup(config=config, workdir=workdir, prior=None, is_lead=jax.process_index() == 0,
                 num_steps=num_steps, policy=policy, hooks=(), stop=signals_lib.StopSignals(),
