@@ -30,7 +30,7 @@ PAIRS = (4, 8)
 # 14-34 % at 4 pairs for every M (below the 52 % that elimination gives on this legacy task: docs/recall.md,
 # "Chance levels"); nprf-rpe (causal RPE by FFT over every feature) ran at
 # 0.8 steps/s at M = 64 (12+ min a run), so it stops at M = 16. At 8 pairs softmax itself was still on
-# the plateau after 600 steps (0.35; that run stays in the table), so 8 pairs gets 1200 steps and only
+# the plateau after 600 steps (test 34.6 %), so 8 pairs gets 1200 steps and only
 # the kernels that say most: softmax, linear-elu, FAVOR+ and the learnable gmm-prf at M = 64.
 FEATURES_AT = {4: {'posrf-orf': FEATURES, 'trigrf-orf': FEATURES, 'gmm-prf': FEATURES,
                    'nprf-rpe': (4, 16)},
