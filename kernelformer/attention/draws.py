@@ -8,8 +8,9 @@ Evaluation (``step`` None) uses the draw of the last training step: the module's
 collection keeps that index (``current_draw_index``), as the public PyTorch codes keep W in a buffer
 that evaluation reads. Within a window the model adapts to its draw: BaseConv + ``posrf-orf`` (M 64,
 redraw 100) on Zoology's MQAR at step 3,528 scored 0.94 validation accuracy with the draws of its last
-two windows and 0.77-0.86 with unseen ones (draws 0, 10, 20, 36), so a fixed or fresh evaluation draw
-measures robustness to a redraw rather than the trained model. Without the collection (``apply`` with
+two windows and 0.77-0.86 with draws it had not trained with (those of steps 0, 1,000, 2,000, 3,600;
+``kernelformer benchmark redraw``), so a fixed or fresh evaluation draw measures robustness to a redraw
+rather than the trained model. Without the collection (``apply`` with
 parameters only) evaluation uses draw 0.
 """
 from __future__ import annotations
