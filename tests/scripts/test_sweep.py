@@ -98,6 +98,16 @@ def test_named_sweeps_expand_against_registry_and_configs(tmp_path, name, tasks,
     assert sweep.paper == name
 
 
+def test_spectraformer_draws_w_once_as_its_code(tmp_path):
+  """Spectraformer's code registers W once and never redraws it; Skyformer's landmarks, a reference
+  row, keep their own schedule."""
+  runs = sweeps.plan(sweeps.load_sweep('spectraformer'), str(tmp_path))
+  redraw = {(r.task, r.kind): r.point.get('model.attention.redraw_every') for r in runs}
+  assert all(redraw[(t, k)] == 0 for t, k in redraw if '-' in k and k != 'skyformer'), redraw
+  assert redraw[('listops', 'fastfood-prf')] == 0          # posrf-fastfoodl
+  assert all(redraw[(t, k)] is None for t in ('listops', 'text') for k in ('skyformer', 'softmax'))
+
+
 def test_kernel_learning_uses_table5_samples(tmp_path):
   runs = sweeps.plan(sweeps.load_sweep('kernel_learning'), str(tmp_path))
   m = {(r.task, r.kind): r.point.get('model.attention.num_features') for r in runs}
