@@ -238,8 +238,13 @@ class Checkpoints:
         meta=ocp.args.JsonRestore()))['meta'])
     want = fp.tree_structure(abstract_state)
     if meta.get('structure') not in (None, want):
-      raise RunError(f'{self.directory}/{step} holds a model of other shapes than this config builds; '
-                     f'use a new --workdir for this config')
+      versions = meta.get('code_versions') or [{}]
+      commit = (versions[-1].get('code_version') or {}).get('git_commit') if isinstance(
+          versions[-1], dict) else None
+      by = f' (written by commit {commit[:12]})' if commit else ''
+      raise RunError(f'{self.directory}/{step} holds a model of other shapes or state than this config '
+                     f'builds with this code{by}; continue it with the code that wrote it, or use a new '
+                     f'--workdir for this config')
     restored = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     state = restored['state']

@@ -209,8 +209,9 @@ def test_damaged_latest_checkpoint_is_set_aside(tmp_path, how, capsys):
 def test_checkpoint_of_another_model_is_refused_not_set_aside(tmp_path):
   d = str(tmp_path / 'checkpoints')
   ckpts = ckpt_lib.Checkpoints(d, 5)
-  ckpts.save(2, _small_state(), {})
-  with pytest.raises(workdir_lib.RunError, match='other shapes'):
+  ckpts.save(2, _small_state(), {'code_versions': [
+      {'from_step': 0, 'code_version': {'git_commit': 'abcdef0123456789'}}]})
+  with pytest.raises(workdir_lib.RunError, match=r'other shapes.*written by commit abcdef012345'):
     ckpts.restore_latest(ckpt_lib.abstract_like({'w': jnp.zeros((8, 8)), 'b': jnp.ones((64,))}))
   assert os.listdir(d) == ['2']
 
