@@ -146,12 +146,15 @@ class Checkpoints:
     keep = policies.LatestN(n=self._max_to_keep)
     if self._kept:
       keep = policies.AnyPreservationPolicy([keep, policies.CustomSteps(list(self._kept))])
-    return ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(preservation_policy=keep, create=not self._read_only,
+    def manager():
+      options = ocp.CheckpointManagerOptions(preservation_policy=keep, create=not self._read_only,
                                              read_only=self._read_only,
-                                             enable_async_checkpointing=False),
-        item_names=('state', 'meta'))
+                                             enable_async_checkpointing=False)
+      return ocp.CheckpointManager(self.directory, options=options, item_names=('state', 'meta'))
+    if self._read_only:   # orbax warns that the directory is read only: that is what was asked for
+      with _quiet_logs():
+        return manager()
+    return manager()
 
   def keep_through(self, step: int) -> None:
     """The checkpoints at ``step`` and before are never rotated away by later saves (a stretch that
