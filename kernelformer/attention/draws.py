@@ -9,12 +9,10 @@ collection keeps that index (``current_draw_index``), as the public PyTorch code
 that evaluation reads (Spectraformer's, dukenguyenxyz/spectraformer @ b79b91b:
 src/models/attention_performer.py 230-231 registers W once, its ``redraw_projection_matrix`` (259-262)
 is never called; src/models/weight_matrices_learner.py 338-356 redraws a learner's buffer on a call
-counter). Within a window the model adapts to its draw: BaseConv + ``posrf-orf`` (M 64,
-redraw 100) on Zoology's MQAR at step 3,528 scored 0.94 validation accuracy with the draws of its last
-two windows and 0.77-0.86 with draws it had not trained with (those of steps 0, 1,000, 2,000, 3,600;
-``kernelformer benchmark redraw``), so a fixed or fresh evaluation draw measures robustness to a redraw
-rather than the trained model. Without the collection (``apply`` with parameters only) evaluation
-uses draw 0.
+counter). Within a redraw window the model adapts to its draw, so a fixed or fresh evaluation draw
+measures robustness to a redraw rather than the trained model (measured: docs/benchmarks.md, "A
+trained model and its draw"; ``kernelformer benchmark redraw``). Without the collection (``apply``
+with parameters only) evaluation uses draw 0.
 """
 from __future__ import annotations
 

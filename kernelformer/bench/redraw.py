@@ -10,9 +10,8 @@ of random-feature kinds, a learned sampler's noise, Skyformer's landmarks. A kin
 gives the same accuracy on every line.
 
 Within a redraw window the model adapts to its draw, so the accuracy under a draw it has not trained
-with is lower: BaseConv + ``posrf-orf`` (M 64, W redrawn every 100 steps) on Zoology's MQAR at step
-3,528 scored 0.942 / 0.934 validation accuracy with the draws of steps 3,500 and 3,400 and 0.77-0.86
-with those of steps 0, 1,000, 2,000 and 3,600 (docs/reproduce.md, Zoology section).
+with is lower; measured on the Zoology panel's BaseConv + FAVOR+ point in docs/benchmarks.md ("A
+trained model and its draw").
 """
 from __future__ import annotations
 
