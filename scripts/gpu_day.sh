@@ -15,10 +15,16 @@
 #                                                          #   CPU dry run at tiny sizes (the test suite's);
 #                                                          #   KF_REPRODUCE_INSTABILITY=1 adds Skyformer table
 #                                                          #   3's ListOps column beside the ListOps pair
-#   bash scripts/gpu_day.sh reproduce-continue OUT_DIR     # the next call on the same warm machine:
-#                                                          #   the runs reproduce's time limit stopped
-#                                                          #   continue toward their schedule; the table
-#                                                          #   again, over every run of both calls
+#   bash scripts/gpu_day.sh reproduce-continue OUT_DIR     # the next call: the runs reproduce's time
+#                                                          #   limit stopped continue toward their
+#                                                          #   schedule; the table again, over every run
+#                                                          #   of both calls. On the warm machine as it
+#                                                          #   stands; on a fresh one from the last call's
+#                                                          #   OUT/continue-*.tar.gz (KF_REPRODUCE_FROM=DIR,
+#                                                          #   a folder carried in the working tree)
+#   bash scripts/gpu_day.sh record OUT_DIR                 # the record (OUT/results.*, continue-*.tar.gz)
+#                                                          #   of the runs as they stand, for a call that
+#                                                          #   was cut off before writing its own
 #   bash scripts/gpu_day.sh causal OUT_DIR [REPEATS]       # causal posrf-orf vs the
 #                                                          #   official FAVOR+ at 1K-64K, B=1 H=2 and B=8 H=8,
 #                                                          #   fwd and fwd+bwd (the B=8 H=8 16K fwd+bwd and
@@ -34,7 +40,7 @@
 # Python packages the device image lacks travel as wheels in .whl/ (see docs/reproduce.md, "GPU day");
 # the image's own jax/flax/optax/orbax are used and their versions printed first.
 set -u
-mode=${1:?usage: gpu_day.sh check|listops|all|reproduce|reproduce-continue|causal OUT_DIR ...}
+mode=${1:?usage: gpu_day.sh check|listops|all|reproduce|reproduce-continue|record|causal OUT_DIR ...}
 out=${2:?OUT_DIR}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -73,6 +79,91 @@ test_where_stopped() {
   done
   for i in "${!pids[@]}"; do wait "${pids[$i]}"; echo "${what[$i]} (rc $?)"; done
 }
+# run_status WD: gpu_table's status of one run (finished, truncated, no results.json ...).
+run_status() {
+  $py -c "import sys; from kernelformer.reproduce import gpu_table; print(gpu_table.row('', '', sys.argv[1])['status'])" "$1"
+}
+# load_runs: table, cmds and skipped of the runs in $runs (what reproduce left for a next call); exit 2
+# with one line when there are none.
+load_runs() {
+  if [ ! -f "$runs/table.args" ]; then
+    echo "$mode: $runs holds no runs of a reproduce call (this machine was not the last call's, or it was given back: KF_REPRODUCE_FROM=a folder with that call's OUT/continue-*.tar.gz); run reproduce first"
+    exit 2
+  fi
+  mapfile -t table < "$runs/table.args"
+  mapfile -t cmds < "$runs/commands.txt"
+  skipped=(); [ -s "$runs/skipped.txt" ] && mapfile -t skipped < "$runs/skipped.txt"
+}
+# pack_runs: OUT/continue-<run>.tar.gz, one for every truncated run: what reproduce-continue needs to
+# continue it on another machine (this one given back, or its lease over): the run's whole workdir
+# (checkpoints, best checkpoints, metrics, records; its lock and TensorBoard files left out) and
+# command, and the call's table and commands with every run's results.json. One file a run, since the
+# device returns files of at most 16 MiB: a ListOps run at the skyformer preset (206k parameters,
+# 2 + 2 checkpoints of parameters and Adam moments) is ~9 MB.
+pack_runs() {
+  local arg wd n r common=(table.args runs_dir.txt) truncated=()
+  rm -f "$out"/continue-*.tar.gz
+  for n in commands.txt skipped.txt; do [ -f "$runs/$n" ] && common+=("$n"); done
+  for arg in "${table[@]}"; do
+    [ "$arg" = --run ] && continue
+    wd=${arg#*=}; n=$(basename "$wd")
+    [ "$(dirname "$wd")" = "$runs" ] || continue
+    if [ "$(run_status "$wd")" = truncated ]; then truncated+=("$n")
+    elif [ -f "$wd/results.json" ]; then common+=("$n/results.json"); fi
+  done
+  [ ${#truncated[@]} -gt 0 ] || return 0
+  printf '%s\n' "$runs" > "$runs/runs_dir.txt"
+  for r in "${truncated[@]}"; do
+    if tar -czf "$out/continue-$r.tar.gz" -C "$runs" --exclude=lock --exclude=tensorboard \
+         "${common[@]}" "$r.cmd" "$r"; then
+      echo "$mode: $r packed to $out/continue-$r.tar.gz ($(du -k "$out/continue-$r.tar.gz" | cut -f1) KiB)"
+    else
+      echo "$mode: packing $r failed"; rm -f "$out/continue-$r.tar.gz"
+    fi
+  done
+  echo "$mode: on a fresh machine, KF_REPRODUCE_FROM=<a folder holding the continue-*.tar.gz> bash scripts/gpu_day.sh reproduce-continue OUT"
+}
+# unpack_runs FROM: the continue-*.tar.gz in the folder FROM (or the one file FROM) into $runs (their
+# paths rewritten when they were packed elsewhere), and the data each run reads prepared again (the
+# generation is seeded: the same files; the trainer's data fingerprint check refuses a resume on
+# other data).
+unpack_runs() {
+  local from=$1 c file files=()
+  if [ -d "$from" ]; then files=("$from"/continue-*.tar.gz); [ -f "${files[0]}" ] || files=()
+  elif [ -f "$from" ]; then files=("$from"); fi
+  [ ${#files[@]} -gt 0 ] || { echo "$mode: KF_REPRODUCE_FROM=$from: no continue-*.tar.gz there"; exit 2; }
+  mkdir -p "$runs"
+  for file in "${files[@]}"; do
+    tar -xzf "$file" -C "$runs" table.args >/dev/null 2>&1 \
+      || { echo "$mode: $file is not a continue-*.tar.gz of gpu_day.sh reproduce"; exit 2; }
+    tar -xzf "$file" -C "$runs" || { echo "$mode: $file: unpacking failed"; exit 2; }
+  done
+  $py - "$runs" <<'PYEOF' || exit 2
+import glob, os, sys
+runs = sys.argv[1]
+old = open(os.path.join(runs, 'runs_dir.txt')).read().strip()
+if old != runs:   # packed under another directory: its paths, as whole path components
+  for path in [os.path.join(runs, 'table.args')] + glob.glob(os.path.join(runs, '*.cmd')):
+    text = open(path).read().replace(old + '/', runs + '/')
+    open(path, 'w').write(text)
+PYEOF
+  for c in "$runs"/*.cmd; do
+    [ -d "${c%.cmd}/checkpoints" ] || continue
+    mapfile -t prep < <($py - "$c" <<'PYEOF'
+import sys
+args = open(sys.argv[1]).read().split('\n')
+cfg = args[args.index('--config') + 1] if '--config' in args else ''
+data = [a.split('=', 1)[1] for a in args if a.startswith('--config.data.data_dir=')]
+if cfg and data:
+  print('-m\nkernelformer\nprepare-data\n--config\n' + cfg + '\n--data_dir\n' + data[-1])
+PYEOF
+)
+    [ ${#prep[@]} -gt 0 ] || continue
+    $py "${prep[@]}" 2>&1 | tail -n 1
+    cmds+=("python3 ${prep[*]}")
+  done
+  echo "$mode: ${#files[@]} run(s) of $from unpacked into $runs"
+}
 # write_record: OUT/env.json (device, versions, commit, commands, skipped kinds), OUT/results.{json,md}
 # (kernelformer.reproduce.gpu_table), the logs and each run's results.json.
 write_record() {
@@ -110,6 +201,7 @@ PYEOF
   fi
   for f in "$runs"/*.log; do cp "$f" "$out/" 2>/dev/null; done
   for d in "$runs"/*/; do n=$(basename "$d"); [ -f "$d/results.json" ] && cp "$d/results.json" "$out/results-$n.json"; done
+  pack_runs
 }
 
 case "$mode" in
@@ -279,30 +371,37 @@ reproduce)
   write_record
   ;;
 reproduce-continue)
-  # The next call on the same machine while it is warm (/tmp stays: the runs and the data): every run of
-  # the last reproduce call that its time limit stopped ("truncated") continues from its newest
-  # checkpoint toward its planned schedule -- its own command plus --config.allow_config_change=True --
-  # all side by side until KF_REPRODUCE_RESERVE_SECONDS (60) before KF_REPRODUCE_DEADLINE (540); a run
-  # stopped again is tested where it stands; OUT/results.{json,md} then cover every run of both calls.
+  # The next call: every run of the last reproduce call that its time limit stopped ("truncated")
+  # continues from its newest checkpoint toward its planned schedule -- its own command plus
+  # --config.allow_config_change=True -- all side by side until KF_REPRODUCE_RESERVE_SECONDS (60) before
+  # KF_REPRODUCE_DEADLINE (540); a run stopped again is tested where it stands; OUT/results.{json,md}
+  # then cover every run of both calls, and OUT/continue-*.tar.gz hold what is still truncated.
+  # On the warm machine the runs and the data are where the last call left them (/tmp stays). On a
+  # fresh machine (the warm one was given back between calls): copy the last call's
+  # OUT/continue-*.tar.gz into the working tree (an ignored folder, e.g. .gpudata/, named in the run's
+  # carry) and set KF_REPRODUCE_FROM to that folder; the runs are unpacked and their data generated
+  # again (~115 s for ListOps) before they continue.
   py=${KF_PYTHON:-python3}
   t0=$SECONDS
   deadline=${KF_REPRODUCE_DEADLINE:-540}
   reserve=${KF_REPRODUCE_RESERVE_SECONDS:-60}
   runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
-  if [ ! -f "$runs/table.args" ]; then
-    echo "reproduce-continue: $runs holds no runs of a reproduce call (this machine was not the last call's, or it was given back); run reproduce first"
-    exit 2
+  from=${KF_REPRODUCE_FROM:-}
+  if [ -n "$from" ] && [ -f "$runs/table.args" ]; then
+    echo "reproduce-continue: this machine still holds the last call's runs in $runs; they continue (KF_REPRODUCE_FROM not read)"
+    from=
   fi
-  mapfile -t table < "$runs/table.args"
-  mapfile -t cmds < "$runs/commands.txt"
-  skipped=(); [ -s "$runs/skipped.txt" ] && mapfile -t skipped < "$runs/skipped.txt"
+  cmds=()
+  [ -n "$from" ] && unpack_runs "$from"
+  more_cmds=("${cmds[@]}")
+  load_runs
+  cmds+=("${more_cmds[@]}")
   secs=$((deadline - reserve - (SECONDS - t0)))
   pids=()
   for arg in "${table[@]}"; do
     [ "$arg" = --run ] && continue
     wd=${arg#*=}
-    status=$($py -c "import sys; from kernelformer.reproduce import gpu_table; print(gpu_table.row('', '', sys.argv[1])['status'])" "$wd")
-    [ "$status" = truncated ] || continue
+    [ "$(run_status "$wd")" = truncated ] || continue
     mapfile -t more < "$wd.cmd"
     more+=(--config.allow_config_change=True)
     XLA_PYTHON_CLIENT_MEM_FRACTION=${KF_REPRODUCE_MEM_FRACTION:-0.4} timeout -k 60 -s INT "$secs" $py "${more[@]}" >> "$wd.log" 2>&1 &
@@ -313,6 +412,12 @@ reproduce-continue)
   echo "reproduce-continue: runs done at $((SECONDS - t0)) s"
   test_where_stopped
   printf '%s\n' "${cmds[@]}" > "$runs/commands.txt"
+  write_record
+  ;;
+record)
+  py=${KF_PYTHON:-python3}
+  runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
+  load_runs
   write_record
   ;;
 listops)

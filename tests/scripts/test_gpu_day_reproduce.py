@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +127,20 @@ def test_continue_takes_a_stopped_run_to_its_schedule(tmp_path):
   (runs / 'commands.txt').write_text('the first call\n')
 
   script_env = {**env, 'KF_NO_WHL': '1', 'KF_PYTHON': sys.executable, 'KF_REPRODUCE_RUNS': str(runs)}
+  # The first call's record, as its write_record leaves it: the table and the truncated run packed for
+  # another machine.
+  first_out = tmp_path / 'first_out'
+  proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'record', str(first_out)], cwd=REPO,
+                        env=script_env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  (first_row,) = json.loads((first_out / 'results.json').read_text())['runs']
+  assert first_row['status'] == 'truncated' and first_row['final_step'] == step
+  assert 'KF_REPRODUCE_FROM' in proc.stdout
+  archive = first_out / 'continue-listops-skyformer.tar.gz'      # one file a truncated run
+  assert archive.exists()
+  carried = tmp_path / 'carried'                # what a next session carries to the fresh machine
+  carried.mkdir()
+  shutil.copy(archive, carried)
   proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce-continue', str(out)], cwd=REPO,
                         env=script_env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -140,6 +155,39 @@ def test_continue_takes_a_stopped_run_to_its_schedule(tmp_path):
                       + ' --config.allow_config_change=True', more), commands
   md = (out / 'results.md').read_text()
   assert '| skyformer-table1-listops | skyformer |' in md and '| 200 of 200 |' in md, md
+  assert not [n for n in os.listdir(out) if n.startswith('continue-')]   # nothing is left truncated
+
+  # A fresh machine (the warm one given back): no runs, no data, another runs directory. From the first
+  # call's archive the run continues to the same end as on the warm machine, bit for bit.
+  shutil.rmtree(data)
+  runs2 = tmp_path / 'runs_fresh'
+  fresh_out = tmp_path / 'fresh_out'
+  proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce-continue', str(fresh_out)], cwd=REPO,
+                        env={**script_env, 'KF_REPRODUCE_RUNS': str(runs2),
+                             'KF_REPRODUCE_FROM': str(carried)},
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  (fresh,) = json.loads((fresh_out / 'results.json').read_text())['runs']
+  assert fresh['workdir'] == str(runs2 / 'listops-skyformer')
+  assert fresh['status'] == 'finished' and fresh['final_step'] == 200, fresh
+  assert fresh['test_accuracy'] == row['test_accuracy']
+  assert fresh['results']['test_loss'] == row['results']['test_loss']
+  fresh_commands = json.loads((fresh_out / 'results.json').read_text())['environment']['commands']
+  assert any('prepare-data' in c and str(data) in c for c in fresh_commands), fresh_commands
+  assert not (runs2 / 'listops-skyformer' / 'lock').exists()
+  # It continued from the packed checkpoint, not from step 0 (which would end the same, deterministically).
+  log = (runs2 / 'listops-skyformer.log').read_text()
+  assert re.search(rf'resumed from {re.escape(str(runs2))}/listops-skyformer/checkpoints at step {step}\b',
+                   log), log[-3000:]
+
+  # An archive that is not one: one line, exit 2.
+  bad = tmp_path / 'bad.tar.gz'
+  bad.write_bytes(b'not an archive')
+  proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce-continue', str(out)], cwd=REPO,
+                        env={**script_env, 'KF_REPRODUCE_RUNS': str(tmp_path / 'none2'),
+                             'KF_REPRODUCE_FROM': str(bad)},
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and 'is not a continue-*.tar.gz' in proc.stdout, proc.stdout + proc.stderr
 
   # No earlier call on this machine: one line, exit 2.
   proc = subprocess.run(['bash', 'scripts/gpu_day.sh', 'reproduce-continue', str(out)], cwd=REPO,
