@@ -50,9 +50,11 @@ leaves open is chosen here, each choice for a stated reason:
 
 Cost: 20 train steps plus one JVP and one forward per step and kind; at ListOps' length 2,000 the
 quadratic kinds (softmax, gaussian) dominate (their [32, 2, 2000, 2000] attention matrices). Measured:
-``kernelformer reproduce instability --task listops --seeds 3`` took 72.5 min on a shared 2-core x86-64
-CPU (load 8-15; per seed softmax ~9.5 min, gaussian ~8.5, nystromformer and skyformer ~3 each) with
-11.8 GB peak resident memory; the result is in docs/reproduce.md ("Reproduced").
+``kernelformer reproduce instability --task listops --seeds 1`` takes 14 min 51 s on two quiet x86-64
+cores (jax 0.10.2, 2026-11-29: softmax 336 s, nystromformer 103 s, gaussian 313 s, skyformer 125 s;
+11.3 GB peak resident memory), so ``--seeds 3`` is ~45 min (72.5 min measured on a shared machine at
+load 8-15). A seed's ratios are the same bit for bit on a rerun. The result is in docs/reproduce.md
+("Reproduced").
 """
 from __future__ import annotations
 
