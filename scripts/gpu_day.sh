@@ -31,6 +31,11 @@
 #                                                          #   64K cells do not fit the CPU machine;
 #                                                          #   KF_CAUSAL_LENGTHS=128,256 for a CPU dry run)
 #
+# The device returns at most 8 files of <= 16 MiB from its $OUT, so write OUT_DIR elsewhere and bring
+# back the table, the stopped runs and the rest packed:
+#   bash scripts/gpu_day.sh reproduce /tmp/o; cp /tmp/o/results.json /tmp/o/results.md /tmp/o/continue-*.tar.gz $OUT/
+#   tar -czf $OUT/record.tar.gz -C /tmp/o --exclude='continue-*' .
+#
 # Part 2 trains the preset unchanged (50k-step schedule, evaluation every 500 steps), stops it with
 # SIGINT after SECONDS (the trainer saves a checkpoint), then re-runs it with num_train_steps set to the
 # step reached (allow_config_change), which does no more steps and tests the best-validation checkpoint
