@@ -133,7 +133,7 @@ pack_runs() {
 # generation is seeded: the same files; the trainer's data fingerprint check refuses a resume on
 # other data).
 unpack_runs() {
-  local from=$1 c file files=()
+  local from=$1 c file files=() prepared=()
   if [ -d "$from" ]; then files=("$from"/continue-*.tar.gz); [ -f "${files[0]}" ] || files=()
   elif [ -f "$from" ]; then files=("$from"); fi
   [ ${#files[@]} -gt 0 ] || { echo "$mode: KF_REPRODUCE_FROM=$from: no continue-*.tar.gz there"; exit 2; }
@@ -164,6 +164,8 @@ if cfg and data:
 PYEOF
 )
     [ ${#prep[@]} -gt 0 ] || continue
+    [[ " ${prepared[*]-} " == *" ${prep[*]} "* ]] && continue    # runs on the same data: once
+    prepared+=("${prep[*]}")
     $py "${prep[@]}" 2>&1 | tail -n 1
     cmds+=("python3 ${prep[*]}")
   done
