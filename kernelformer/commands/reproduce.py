@@ -15,6 +15,12 @@ Skyformer against ``softmax``, mean ± sd over seeds, the published ratio beside
 instability-TASK.{json,md} into --out_dir and prints the table. What is computed, and each choice the
 paper leaves open: kernelformer/reproduce/instability.py. The task's data must be prepared
 (kernelformer prepare-data --config TASK:skyformer; ListOps is generated on first use).
+
+Seeds are not computed twice: a result already in --out_dir (kept as instability-TASK.previous.*)
+gives its finished seeds to a new command with the same settings, device, jax and git commit (a
+clean checkout), so `--seeds 5` after `--seeds 3` computes seeds 3 and 4, and a command stopped
+part-way goes on from its last finished seed. Anything else differing is said in a line and every
+seed is computed.
 """
 from __future__ import annotations
 
@@ -53,10 +59,12 @@ def instability(argv) -> int:
   except sweeps.SweepError as e:
     raise _common.UserError(f'--set: {e}') from None
   command = 'kernelformer reproduce instability ' + ' '.join(shlex.quote(a) for a in argv)
+  previous = lib.read(args.task, args.out_dir, log=lambda m: print(m, flush=True))
   try:
     result = lib.run(args.task, list(range(args.seeds)), kinds=kinds, steps=args.steps,
                      overrides=overrides, log=lambda m: print(m, flush=True),
-                     on_seed=lambda partial: lib.write(partial, args.out_dir, command))
+                     on_seed=lambda partial: lib.write(partial, args.out_dir, command),
+                     previous=previous)
   except lib.InstabilityError as e:
     raise _common.UserError(str(e)) from None
   paths = lib.write(result, args.out_dir, command)

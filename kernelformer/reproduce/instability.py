@@ -333,14 +333,45 @@ def mean_ratio(per_step: Sequence[Optional[float]]) -> tuple[float, int]:
   return (float(np.mean(vals)) if vals else float('nan')), len(vals)
 
 
+# What a result must share with a new request for its seeds to be taken over (besides the seeds).
+SETTINGS = ('task', 'preset', 'steps', 'reference', 'kinds', 'overrides', 'optimizer')
+
+
+def reusable(previous: Optional[dict], settings: Mapping[str, Any], env: Mapping[str, Any]
+             ) -> tuple[dict, str]:
+  """``(seed -> per-seed entry, why not)``: the seeds of an earlier result that a new run with
+  ``settings`` on ``env`` may take over instead of computing them again. Only seeds whose every kind
+  finished, and only when the settings, the device, the jax version and the code (a clean git commit)
+  are the same: a seed's ratios are then the same bit for bit (a rerun of seed 0 of the ListOps column
+  reproduced every per-step ratio). ``why not`` says in a few words what differed ('' when reused)."""
+  if not previous:
+    return {}, ''
+  for key in SETTINGS:
+    if previous.get(key) != settings.get(key):
+      return {}, f'its {key} differs ({previous.get(key)!r}, now {settings.get(key)!r})'
+  old_env = previous.get('environment') or {}
+  for key in ('device', 'backend', 'jax'):
+    if old_env.get(key) != env.get(key):
+      return {}, f'it ran on another {key} ({old_env.get(key)!r}, now {env.get(key)!r})'
+  old_code, code = old_env.get('code') or {}, env.get('code') or {}
+  if not code.get('git_commit') or code.get('git_dirty') or old_code.get('git_dirty'):
+    return {}, 'the code is not a clean git checkout, so it cannot be told to be the same code'
+  if old_code.get('git_commit') != code['git_commit']:
+    return {}, f"it ran other code (commit {str(old_code.get('git_commit'))[:12]}, now {code['git_commit'][:12]})"
+  done = set(previous.get('seeds') or [])
+  return {int(e['seed']): e for e in previous.get('per_seed') or [] if e.get('seed') in done}, ''
+
+
 def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps: int = STEPS,
         overrides: Sequence[tuple[str, Any]] = (), log: Callable[[str], None] = print,
-        on_seed: Optional[Callable[[dict], None]] = None) -> dict:
+        on_seed: Optional[Callable[[dict], None]] = None, previous: Optional[dict] = None) -> dict:
   """The table-3 column of ``task``: per seed, the reference and each kind for ``steps`` steps.
 
   ``on_seed(partial_result)`` is called after each kind of each seed with the result so far (the
   command writes it, so a long run stopped early keeps every kind it finished; ``seeds`` lists the
-  seeds whose every kind finished, and the summary counts, per kind, the seeds that have it)."""
+  seeds whose every kind finished, and the summary counts, per kind, the seeds that have it).
+  ``previous``: an earlier result (the command passes the one in its --out_dir); its finished seeds
+  are taken over where ``reusable`` allows, listed in ``reused_seeds``, and not computed again."""
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   for k in (REFERENCE, *kinds):
     try:
@@ -354,19 +385,30 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
   base = task_config(task, overrides)
   t0 = time.perf_counter()
   per_seed = []
+  env = environment()
+  settings = {'task': task, 'preset': PRESET, 'steps': steps, 'reference': REFERENCE,
+              'kinds': list(kinds), 'overrides': [list(o) for o in overrides],
+              'optimizer': describe_optimizer(base)}
+  reuse, why_not = reusable(previous, settings, env)
+  if why_not:
+    log(f'the earlier result is not taken over: {why_not}; every seed is computed')
+  reused = [int(s) for s in seeds if int(s) in reuse]
 
   def result() -> dict:
     done = [e['seed'] for e in per_seed if len(e['kinds']) == len(kinds)]
-    return {'task': task, 'preset': PRESET, 'steps': steps, 'seeds': done,
-            'seeds_planned': [int(s) for s in seeds], 'reference': REFERENCE, 'kinds': list(kinds),
-            'overrides': [list(o) for o in overrides], 'optimizer': describe_optimizer(base),
-            'summary': summarize(per_seed, kinds, task), 'per_seed': per_seed,
-            'wall_seconds': time.perf_counter() - t0, 'environment': environment(), 'source': SOURCE}
+    return {**settings, 'seeds': done, 'seeds_planned': [int(s) for s in seeds],
+            'reused_seeds': reused, 'summary': summarize(per_seed, kinds, task),
+            'per_seed': per_seed, 'wall_seconds': time.perf_counter() - t0, 'environment': env,
+            'source': SOURCE}
 
   def progress(kind):
     return lambda i: log(f'  {kind}: step {i}/{steps} ({time.perf_counter() - t0:.0f} s)') if (
         i % 5 == 0) else None
   for seed in seeds:
+    if int(seed) in reuse:
+      per_seed.append(reuse[int(seed)])
+      log(f'seed {seed}: taken over from the earlier result (same settings, device, jax and commit)')
+      continue
     c = base.copy_and_resolve_references()
     c.unlock()
     c.seed = int(seed)
@@ -395,9 +437,10 @@ def describe_optimizer(config) -> dict:
 
 def environment() -> dict:
   import jax  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import workdir  # pylint: disable=g-import-not-at-top
   return {'device': str(jax.devices()[0].device_kind), 'backend': jax.default_backend(),
           'cpu': platform.processor() or platform.machine(), 'cores': os.cpu_count(),
-          'jax': jax.__version__}
+          'jax': jax.__version__, 'code': workdir.code_version()}
 
 
 def summarize(per_seed: Sequence[dict], kinds: Sequence[str], task: str) -> dict:
@@ -428,6 +471,9 @@ def markdown(result: dict, command: str = '') -> str:
            f"`{result['preset']}`, {result['steps']} steps, mean ± sd over the seeds of each row "
            f"(planned: {', '.join(map(str, planned))}; finished: "
            f"{', '.join(map(str, result['seeds'])) or 'none'}).", '']
+  if result.get('reused_seeds'):
+    lines += [f"Seeds {', '.join(map(str, result['reused_seeds']))} were taken over from an earlier "
+              'run of the same settings and code; the time below is for the others.', '']
   if command:
     lines += [f'`{command}`; {result["wall_seconds"] / 60:.1f} min on '
               f"{result['environment']['device']} ({result['environment']['cores']} cores), jax "
@@ -447,10 +493,39 @@ def markdown(result: dict, command: str = '') -> str:
   return '\n'.join(lines) + '\n'
 
 
+def paths_of(task: str, out_dir: str, suffix: str = '') -> dict:
+  name = f'instability-{task}{suffix}'
+  return {'json': os.path.join(out_dir, name + '.json'), 'md': os.path.join(out_dir, name + '.md')}
+
+
+def read(task: str, out_dir: str, log: Callable[[str], None] = print) -> Optional[dict]:
+  """The result an earlier command left in ``out_dir`` (None if none or unreadable). It is first
+  copied to ``instability-TASK.previous.{json,md}``, since this run's result takes its place."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  paths = paths_of(task, out_dir)
+  if not os.path.exists(paths['json']):
+    return None
+  kept = paths_of(task, out_dir, '.previous')
+  for key in ('json', 'md'):
+    if os.path.exists(paths[key]):
+      shutil.copyfile(paths[key], kept[key])
+  try:
+    with open(paths['json']) as fh:
+      previous = json.load(fh)
+  except (OSError, ValueError) as e:
+    log(f"{paths['json']} is unreadable ({type(e).__name__}); kept as {kept['json']}, not taken over")
+    return None
+  if not isinstance(previous, dict):
+    log(f"{paths['json']} is not a result of this command; kept as {kept['json']}, not taken over")
+    return None
+  log(f"an earlier result in {paths['json']} (kept as {kept['json']}): its finished seeds "
+      f"{previous.get('seeds')} are taken over if its settings and code are this run's")
+  return previous
+
+
 def write(result: dict, out_dir: str, command: str = '') -> dict:
   os.makedirs(out_dir, exist_ok=True)
-  name = f"instability-{result['task']}"
-  paths = {'json': os.path.join(out_dir, name + '.json'), 'md': os.path.join(out_dir, name + '.md')}
+  paths = paths_of(result['task'], out_dir)
   with open(paths['json'], 'w') as fh:
     json.dump({**result, 'command': command}, fh, indent=1)
   with open(paths['md'], 'w') as fh:

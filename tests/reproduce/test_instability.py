@@ -148,6 +148,62 @@ def test_command_writes_the_table_with_published_ratios(tmp_path, capsys):
   assert md in capsys.readouterr().out
 
 
+CLEAN = {'package_version': '0', 'git_commit': 'a' * 40, 'git_dirty': False}
+
+
+def test_a_second_command_takes_over_the_finished_seeds(tmp_path, capsys, monkeypatch):
+  from kernelformer.training import workdir
+  monkeypatch.setattr(workdir, 'code_version', lambda: dict(CLEAN))
+  sets = [f'--set={k}={v}' for k, v in [*LISTOPS, *MODEL, ('data.data_dir', tmp_path / 'data')]]
+  out = tmp_path / 'out'
+  base = ['reproduce', 'instability', '--task', 'listops', '--steps', '2', '--kinds', 'gaussian',
+          '--out_dir', str(out), *sets]
+  assert cli.main([*base, '--seeds', '1']) == 0
+  first = json.loads((out / 'instability-listops.json').read_text())
+  capsys.readouterr()
+  assert cli.main([*base, '--seeds', '2']) == 0
+  second = json.loads((out / 'instability-listops.json').read_text())
+  printed = capsys.readouterr().out
+  assert 'seed 0: taken over' in printed and 'seed 1: softmax' in printed
+  assert second['seeds'] == [0, 1] and second['reused_seeds'] == [0]
+  assert second['per_seed'][0] == first['per_seed'][0]       # the same entry, its timings included
+  assert second['per_seed'][1]['reference']['tau'] != first['per_seed'][0]['reference']['tau']
+  assert second['summary']['gaussian']['ratio']['seeds'] == [0, 1]
+  assert 'taken over from an earlier run' in (out / 'instability-listops.md').read_text()
+  # The earlier result is kept beside the new one.
+  assert json.loads((out / 'instability-listops.previous.json').read_text())['seeds'] == [0]
+  # Other settings: nothing is taken over, and a line says why.
+  assert cli.main([*base[:5], '3', *base[6:], '--seeds', '1']) == 0
+  third = json.loads((out / 'instability-listops.json').read_text())
+  assert third['reused_seeds'] == [] and third['steps'] == 3
+  assert 'not taken over: its steps differs (2, now 3)' in capsys.readouterr().out
+  # An unreadable earlier result: kept aside, one line, every seed computed.
+  (out / 'instability-listops.json').write_text('{not json')
+  assert cli.main([*base, '--seeds', '1']) == 0
+  assert 'is unreadable' in capsys.readouterr().out
+  assert (out / 'instability-listops.previous.json').read_text() == '{not json'
+
+
+def test_seeds_are_taken_over_only_from_the_same_code_and_machine():
+  settings = {'task': 'listops', 'preset': 'skyformer', 'steps': 20, 'reference': 'softmax',
+              'kinds': ['gaussian'], 'overrides': [], 'optimizer': {'learning_rate': 1e-4}}
+  env = {'device': 'cpu', 'backend': 'cpu', 'jax': '0.10.2', 'code': dict(CLEAN)}
+  entry = {'seed': 0, 'kinds': {'gaussian': {}}}
+  previous = {**settings, 'seeds': [0], 'per_seed': [entry, {'seed': 1, 'kinds': {}}],
+              'environment': env}
+  assert ins.reusable(previous, settings, env) == ({0: entry}, '')     # seed 1 did not finish
+  assert ins.reusable(None, settings, env) == ({}, '')
+  for changed, why in [
+      ({**env, 'jax': '0.11.2'}, 'another jax'), ({**env, 'device': 'H200'}, 'another device'),
+      ({**env, 'code': {**CLEAN, 'git_commit': 'b' * 40}}, 'other code'),
+      ({**env, 'code': {**CLEAN, 'git_dirty': True}}, 'not a clean git checkout'),
+      ({**env, 'code': {'package_version': '0'}}, 'not a clean git checkout')]:
+    got, reason = ins.reusable(previous, settings, changed)
+    assert got == {} and why in reason, (changed, reason)
+  got, reason = ins.reusable(previous, {**settings, 'optimizer': {'learning_rate': 1e-3}}, env)
+  assert got == {} and 'its optimizer differs' in reason
+
+
 @pytest.mark.parametrize('args,message', [
     (['--task', 'nope'], 'invalid choice'),
     (['--task', 'listops', '--kinds', 'no-such-kernel'], 'no-such-kernel'),
