@@ -4,12 +4,19 @@ Task files (``configs/<task>.py``) call ``base_config()`` and set their data fie
 """
 from __future__ import annotations
 
-import dataclasses
-
 import ml_collections
 from ml_collections import config_dict
 
 from kernelformer import data_location
+
+
+# Every option a built-in mechanism reads, with its type (tests/configs/test_configs_parse.py checks this
+# against the registry). A plugin's mechanism adds its own when registered (kernelformer/plugins.py).
+OPTIONS: dict[str, type] = dict(
+    attention_dropout=float, chunk_size=int, cos_length=int, covariance=str, distill_weight=float,
+    fastfood_variant=str, feature_eps=float, gamma=float, impl=str, implementation=str, linformer_k=int,
+    map_dim=int, max_length=str, normalize_qk=bool, num_features=int, num_iterations=int,
+    num_landmarks=int, num_mixture_components=int, redraw_every=int, share_heads=bool)
 
 
 def attention_config(kind: str = 'softmax') -> ml_collections.ConfigDict:
@@ -19,25 +26,12 @@ def attention_config(kind: str = 'softmax') -> ml_collections.ConfigDict:
   switching ``kind`` from the command line never needs another field, and a misspelled option fails
   because the config is locked.
   """
-  from kernelformer import registry  # pylint: disable=g-import-not-at-top
   c = ml_collections.ConfigDict()
   c.kind = kind
   c.rpe = False                         # add Luo et al.'s relative-position bias to any kind that supports it
   c.plugin = ''                         # FILE.py or module(s), comma-separated, imported first: kernels from outside the package (docs/extending.md)
-  options: dict[str, type] = {}
-  for spec in registry.specs():
-    for f in dataclasses.fields(spec.module):
-      if f.name in ('parent', 'name') or f.name in spec.fixed or f.name in options:
-        continue
-      default = f.default
-      if default is dataclasses.MISSING or default is None:
-        # Options whose None default means "per mechanism / per component" keep their value's type.
-        options[f.name] = {'implementation': str, 'feature_eps': float}.get(f.name, object)
-      else:
-        options[f.name] = type(default)
-  for name in sorted(options):
-    t = options[name]
-    c[name] = config_dict.placeholder(t if t is not object else str)
+  for name in sorted(OPTIONS):
+    c[name] = config_dict.placeholder(OPTIONS[name])
   return c
 
 

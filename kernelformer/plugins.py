@@ -301,7 +301,9 @@ def register_mechanism(name: str, module: type | None = None, **spec_fields):
   """
   def decorate(cls):
     from kernelformer import registry  # pylint: disable=g-import-not-at-top
-    registry.register(registry.AttentionSpec(name=name, module=cls, **spec_fields))
+    from kernelformer.configs import common  # pylint: disable=g-import-not-at-top
+    spec = registry.register(registry.AttentionSpec(name=name, module=cls, **spec_fields))
+    common.OPTIONS.update({k: t for k, t in registry.option_types([spec]).items() if k not in common.OPTIONS})
     _SOURCES[('mechanism', name.lower())] = _source_file(cls)
     return cls
   return decorate if module is None else decorate(module)

@@ -190,6 +190,19 @@ def build(options: Mapping[str, Any] | Any, **overrides) -> nn.Module:
   return spec.module(**kwargs)
 
 
+def option_types(of: list[AttentionSpec] | None = None) -> dict[str, type]:
+  """Option name -> type for every option the mechanisms ``of`` (default: all) read; an option whose
+  default is None keeps its value's type (str where the value has none)."""
+  options: dict[str, type] = {}
+  for spec in specs() if of is None else of:
+    for f in dataclasses.fields(spec.module):
+      if f.name not in ('parent', 'name', *spec.fixed, *options):
+        default = f.default
+        options[f.name] = ({'feature_eps': float}.get(f.name, str)
+                           if default is dataclasses.MISSING or default is None else type(default))
+  return options
+
+
 def option_names(name: str) -> list[str]:
   """The attention-config options the mechanism ``name`` reads."""
   spec = get(name)

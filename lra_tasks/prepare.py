@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
-import importlib.util
 import os
 import re
 import time
@@ -89,30 +87,6 @@ class Request:
   def needs_release(self) -> bool:
     return self.task in ('retrieval', 'pathfinder') or (self.task == 'listops'
                                                         and self.listops_release)
-
-
-# ----------------------------------------------------------------------------------------------
-# Configs.
-
-
-def load_config(spec: str):
-  """``FILE.py[:PRESET]`` -> that file's ``get_config(PRESET)`` (as ``--config`` of train.py)."""
-  path, _, preset = spec.partition(':')
-  if not os.path.isfile(path):
-    raise common.DataError(f'--config {spec}: no file {path}')
-  module_spec = importlib.util.spec_from_file_location(
-      f'_prepare_config_{abs(hash(os.path.abspath(path)))}', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  try:
-    return module.get_config(preset) if preset else module.get_config()
-  except ValueError as e:
-    raise common.DataError(f'--config {spec}: {e}') from e
-
-
-def default_config(task: str):
-  """The task's default config (its ``lra`` preset): what ``--task`` alone prepares."""
-  return importlib.import_module(f'kernelformer.configs.{task}').get_config()
 
 
 def make_request(task: str, config, args: Sequence[str] = (), *, data_dir: str | None = None,

@@ -2,11 +2,17 @@
 
 Every ``import`` / ``from ... import`` of ``kernelformer.*`` and ``lra_tasks.*`` counts, at module level
 and inside functions alike (an import moved into a function to dodge a circle is still a circle), and so
-does ``importlib.import_module('kernelformer....')`` with a literal name. ``from package import name``
+does ``importlib.import_module(NAME)``: a literal name is that module; an f-string with a constant prefix
+(``f'kernelformer.configs.{task}'``) is an import of every module whose name starts with the prefix, as
+any of them may be the one loaded at run time (taking only the package the prefix names would miss a
+circle closed through one of its modules: ``kernelformer.configs``' ``__init__`` is empty). ``from package import name``
 is an edge to the submodule when ``name`` is one, else to the package; a module's own enclosing
 packages are not edges (Python initialises them first in any case). ``kernelformer.attention``'s
 ``__init__`` imports every module of the package (so a mechanism is one file): an import of that package
 is an import of each of them.
+
+The task configs live in ``configs/`` and ship as ``kernelformer.configs`` through the link
+``kernelformer/configs -> ../configs``; the walk follows links, so they count once, under that name.
 
 The layer order, lowest first, is written once here and in docs/architecture.md ("Layers"). A module
 belongs to the layer of the longest prefix below that names it.
@@ -44,13 +50,29 @@ def module_index(root: str, packages=PACKAGES) -> dict[str, str]:
   """Module name -> file, for every ``.py`` under ``packages`` (``__init__.py`` is the package)."""
   mods = {}
   for pkg in packages:
-    for folder, _, files in os.walk(os.path.join(root, pkg)):
+    for folder, _, files in os.walk(os.path.join(root, pkg), followlinks=True):
       for f in files:
         if f.endswith('.py'):
           path = os.path.join(folder, f)
           name = os.path.relpath(path, root)[:-3].replace(os.sep, '.')
           mods[name[:-len('.__init__')] if name.endswith('.__init__') else name] = path
+  real = [os.path.realpath(p) for p in mods.values()]
+  assert len(set(real)) == len(real), 'a source file is reached twice (a link inside a package?)'
   return mods
+
+
+def _import_module_targets(node: ast.Call, mods) -> list[str]:
+  """``import_module('a.b')`` -> ['a.b']; ``import_module(f'a.b.{x}')`` -> every module named a.b.*."""
+  if not (node.args and (isinstance(node.func, ast.Attribute) and node.func.attr == 'import_module'
+                         or isinstance(node.func, ast.Name) and node.func.id == 'import_module')):
+    return []
+  arg = node.args[0]
+  if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+    return [arg.value]
+  if (isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant)
+      and arg.values[0].value):
+    return [m for m in mods if m.startswith(arg.values[0].value)]
+  return []
 
 
 def _resolve(name: str, mods) -> str:
@@ -80,10 +102,8 @@ def import_graph(root: str, packages=PACKAGES, auto_importing=AUTO_IMPORTING) ->
         for a in node.names:
           sub = f'{base}.{a.name}'
           targets.append(sub if sub in mods else base)
-      elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == 'import_module' and node.args
-            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-        targets.append(node.args[0].value)
+      elif isinstance(node, ast.Call):
+        targets += _import_module_targets(node, mods)
     for t in targets:
       if t.split('.')[0] not in packages:
         continue
@@ -196,3 +216,28 @@ def test_checker_finds_a_planted_circle_and_an_upward_import(tmp_path):
   layers = (('kernelformer.low', 'kernelformer.pkg'), ('kernelformer.high', 'kernelformer'))
   assert upward_imports(graph, layers) == [
       'kernelformer.low (layer 0) imports kernelformer.high (layer 1)']
+
+
+def test_checker_reads_configs_through_the_link_and_f_string_imports(tmp_path):
+  """A circle closed through a linked config file, and one through an f-string ``import_module``."""
+  _write(str(tmp_path), {
+      'kernelformer/__init__.py': '',
+      'kernelformer/registry.py': 'import importlib\nimportlib.import_module(f"kernelformer.configs.{t}")\n',
+      'kernelformer/low.py': 'import importlib\ndef f(t):\n  return importlib.import_module(f"kernelformer.up.{t}")\n',
+      'kernelformer/up/__init__.py': '',
+      'kernelformer/up/a.py': 'from kernelformer import low\n',
+      'configs/__init__.py': '',
+      'configs/task.py': 'def get_config():\n  from kernelformer import registry\n',
+  })
+  os.symlink('../configs', str(tmp_path / 'kernelformer' / 'configs'))
+  graph = import_graph(str(tmp_path), packages=('kernelformer',), auto_importing=())
+  assert 'kernelformer.configs.task' in graph and not any(m.startswith('configs') for m in graph)
+  assert graph['kernelformer.low'] == {'kernelformer.up.a'}
+  assert sorted(cycles(graph)) == [['kernelformer.configs.task', 'kernelformer.registry'],
+                                   ['kernelformer.low', 'kernelformer.up.a']]
+
+
+def test_the_real_graph_reads_configs_and_f_string_imports():
+  graph = import_graph(ROOT)
+  assert 'kernelformer.configs.common' in graph and 'kernelformer.configs.sweeps.mini' in graph
+  assert 'kernelformer.commands.train' in graph['kernelformer.cli']   # f'kernelformer.commands.{...}'

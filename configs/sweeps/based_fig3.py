@@ -51,8 +51,7 @@ the command runs only the unfinished points.
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Point, Sweep
-
+KIND_KEY = 'model.attention.kind'
 CONFIG, PRESET = 'configs/mqar.py', 'based'
 LR_KEY = 'optim.learning_rate'
 LR_HIGH, LR_LOW = 10 ** -1.5, 1e-2            # the top two of np.logspace(-3, -1.5, 4)
@@ -119,16 +118,7 @@ BLOCKS = (  # (length, pairs), d_model, lr (None: BEST_LR), maps run
 )
 
 
-def registered(kind: str) -> bool:
-  from kernelformer import registry  # pylint: disable=g-import-not-at-top
-  try:
-    registry.get(kind)
-  except registry.UnknownKernelError:
-    return False
-  return True
-
-
-def point(label: str, length: int, pairs: int, d: int, lr: float) -> Point:
+def point(label: str, length: int, pairs: int, d: int, lr: float) -> dict:
   att = dict(MAPS[label])
   over = {'data.max_length': length, 'data.num_pairs': pairs,
           'data.num_train': SETTINGS[(length, pairs)], 'model.emb_dim': d, 'model.qkv_dim': d,
@@ -137,21 +127,15 @@ def point(label: str, length: int, pairs: int, d: int, lr: float) -> Point:
     att['num_features'] = d                     # our FAVOR+ row: M = d_model, Based's state count
   # performer-zoology fixes its own 256 features (Zoology's expanded_dim default): nothing to set.
   over.update({f'model.attention.{k}': v for k, v in att.items()})
-  return Point(config=CONFIG, preset=PRESET, overrides=tuple(over.items()),
-               label=f'{label}, L={length}/{pairs} pairs, d={d}, lr={lr:.3g}')
+  return dict(config=CONFIG, preset=PRESET, overrides=over,
+              label=f'{label}, L={length}/{pairs} pairs, d={d}, lr={lr:.3g}')
 
 
-def get_sweep() -> Sweep:
-  cos = registered('cosformer')
-  points = []
-  for (length, pairs), d, lr, maps in BLOCKS:
-    for label in ORDER:
-      if label not in maps or (label == 'cosformer' and not cos):
-        continue
-      points.append(point(label, length, pairs, d, lr or BEST_LR.get(label, LR_HIGH)))
-  common = (('num_train_steps', STEPS), ('batch_size', BATCH), ('eval_every', STEPS),
-            ('checkpoint_every', STEPS), ('log_every', 100), ('progress', False))
-  return Sweep(name='based_fig3', points=tuple(points), common=common,
-               description=f'Based figure 3 at CPU scale: {STEPS} steps x batch {BATCH}, '
-                           f'(L, pairs) in {sorted(SETTINGS)}, best of lr per point')
-
+def get_sweep() -> dict:
+  points = [point(label, length, pairs, d, lr or BEST_LR.get(label, LR_HIGH))
+            for (length, pairs), d, lr, maps in BLOCKS for label in ORDER if label in maps]
+  return dict(name='based_fig3', points=points,
+              common=dict(num_train_steps=STEPS, batch_size=BATCH, eval_every=STEPS,
+                          checkpoint_every=STEPS, log_every=100, progress=False),
+              description=f'Based figure 3 at CPU scale: {STEPS} steps x batch {BATCH}, '
+                          f'(L, pairs) in {sorted(SETTINGS)}, best of lr per point')

@@ -27,8 +27,7 @@ Size: 10 kinds x 4 tasks x 3 seeds = 120 runs.
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Point, Sweep
-
+KIND_KEY = 'model.attention.kind'
 TASKS = ('listops', 'text', 'retrieval', 'image')
 SEEDS = (0, 1, 2)
 # Table 5: number of random samples M per kernel and task (ListOps, Text, Retrieval, Image).
@@ -47,18 +46,14 @@ LRA_PERFORMER_LABEL = 'performer (LRA)'
 BASELINES = ('softmax', 'linear-elu', LRA_PERFORMER_LABEL, 'linformer')
 
 
-def get_sweep() -> Sweep:
+def get_sweep() -> dict:
   points = []
   for t, task in enumerate(TASKS):
-    config = f'configs/{task}.py'
     for row in (*NUM_SAMPLES, *BASELINES):
       kind = LRA_PERFORMER[task] if row == LRA_PERFORMER_LABEL else row
-      for seed in SEEDS:
-        overrides = {KIND_KEY: kind, 'seed': seed}
-        if kind in NUM_SAMPLES:
-          overrides['model.attention.num_features'] = NUM_SAMPLES[kind][t]
-        points.append(Point(config=config, preset='kernel_learning',
-                            overrides=tuple(overrides.items()), label=row))
-  return Sweep(name='kernel_learning', points=tuple(points), paper='kernel_learning',
-               description='On Learning the Transformer Kernel, table 2 (M from table 5), 3 seeds; '
-                           "the Performer row is LRA's Performer")
+      m = {'model.attention.num_features': NUM_SAMPLES[kind][t]} if kind in NUM_SAMPLES else {}
+      points += [dict(config=f'configs/{task}.py', preset='kernel_learning', label=row,
+                      overrides={KIND_KEY: kind, 'seed': seed, **m}) for seed in SEEDS]
+  return dict(name='kernel_learning', points=points, paper='kernel_learning',
+              description='On Learning the Transformer Kernel, table 2 (M from table 5), 3 seeds; '
+                          "the Performer row is LRA's Performer")

@@ -19,8 +19,7 @@ Size: 4 rows x 5 tasks x 3 seeds = 60 runs.
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Point, Sweep
-
+KIND_KEY = 'model.attention.kind'
 TASKS = ('listops', 'text', 'retrieval', 'image', 'pathfinder')
 PRESET = {'listops': 'lra_paper', 'text': 'lra', 'retrieval': 'lra', 'image': 'lra',
           'pathfinder': 'lra_pre_ee6649e'}
@@ -32,13 +31,10 @@ LRA_PERFORMER_LABEL = 'performer (LRA)'
 ROWS = ('softmax', 'linear-elu', LRA_PERFORMER_LABEL, 'linformer')
 
 
-def get_sweep() -> Sweep:
-  points = []
-  for task in TASKS:
-    for row in ROWS:
-      kind = LRA_PERFORMER[task] if row == LRA_PERFORMER_LABEL else row
-      for seed in SEEDS:
-        points.append(Point(config=f'configs/{task}.py', preset=PRESET[task],
-                            overrides=((KIND_KEY, kind), ('seed', seed)), label=row))
-  return Sweep(name='lra', points=tuple(points), paper='lra',
-               description="LRA table 1 (README @ 211e07d) at the publication commit's presets, 3 seeds")
+def get_sweep() -> dict:
+  points = [dict(config=f'configs/{task}.py', preset=PRESET[task], label=row,
+                 grid={KIND_KEY: (LRA_PERFORMER[task] if row == LRA_PERFORMER_LABEL else row,),
+                       'seed': SEEDS})
+            for task in TASKS for row in ROWS]
+  return dict(name='lra', points=points, paper='lra',
+              description="LRA table 1 (README @ 211e07d) at the publication commit's presets, 3 seeds")

@@ -11,15 +11,14 @@ from the papers' (a different, shorter ListOps and a short schedule) and no pape
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
-
+KIND_KEY = 'model.attention.kind'
 KINDS = ('softmax', 'posrf-orf', 'posrf-mm')
 SEEDS = (0, 1)
 
 
-def get_sweep() -> Sweep:
-  points = grid('configs/listops.py', 'quick', {KIND_KEY: KINDS, 'seed': SEEDS})
-  common = (('num_train_steps', 600), ('eval_every', 200), ('checkpoint_every', 200),
-            ('log_every', 100), ('progress', False))
-  return Sweep(name='mini', points=tuple(points), common=common,
-               description='3 kernels x 2 seeds, ListOps `quick` preset shortened to 600 steps')
+def get_sweep() -> dict:
+  return dict(name='mini', points=[dict(config='configs/listops.py', preset='quick',
+                                        grid={KIND_KEY: KINDS, 'seed': SEEDS})],
+              common=dict(num_train_steps=600, eval_every=200, checkpoint_every=200, log_every=100,
+                          progress=False),
+              description='3 kernels x 2 seeds, ListOps `quick` preset shortened to 600 steps')

@@ -18,8 +18,7 @@ The measured table, figure, command and runtime: docs/recall.md.
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
-
+KIND_KEY = 'model.attention.kind'
 M_KEY = 'model.attention.num_features'
 PAIRS_KEY = 'data.num_pairs'
 FEATURE_KINDS = ('posrf-orf', 'trigrf-orf', 'gmm-prf', 'nprf-rpe')
@@ -39,17 +38,16 @@ STEPS = 600
 STEPS_AT = {8: 1200}
 
 
-def get_sweep() -> Sweep:
+def get_sweep() -> dict:
   points = []
   for pairs in PAIRS:
-    extra = {'num_train_steps': STEPS_AT[pairs]} if pairs in STEPS_AT else None
-    points += grid('configs/mqar.py', 'legacy_quick', {KIND_KEY: PLAIN_KINDS, PAIRS_KEY: (pairs,)},
-                   extra=extra)
-    for kind, ms in FEATURES_AT[pairs].items():
-      points += grid('configs/mqar.py', 'legacy_quick', {KIND_KEY: (kind,), M_KEY: ms, PAIRS_KEY: (pairs,)},
-                     extra=extra)
-  common = (('num_train_steps', STEPS), ('eval_every', 300), ('checkpoint_every', 300),
-            ('log_every', 100), ('progress', False))
-  return Sweep(name='recall', points=tuple(points), common=common, label_keys=(M_KEY, PAIRS_KEY),
-               description=f'MQAR accuracy (query positions) vs M and pairs, quick preset at {STEPS} '
-                           'steps')
+    extra = {'num_train_steps': STEPS_AT[pairs]} if pairs in STEPS_AT else {}
+    points.append(dict(config='configs/mqar.py', preset='legacy_quick',
+                       grid={KIND_KEY: PLAIN_KINDS, PAIRS_KEY: (pairs,)}, overrides=extra))
+    points += [dict(config='configs/mqar.py', preset='legacy_quick',
+                    grid={KIND_KEY: (kind,), M_KEY: ms, PAIRS_KEY: (pairs,)}, overrides=extra)
+               for kind, ms in FEATURES_AT[pairs].items()]
+  return dict(name='recall', points=points, label_keys=(M_KEY, PAIRS_KEY),
+              common=dict(num_train_steps=STEPS, eval_every=300, checkpoint_every=300, log_every=100,
+                          progress=False),
+              description=f'MQAR accuracy (query positions) vs M and pairs, quick preset at {STEPS} steps')

@@ -19,16 +19,14 @@ Size: 6 kinds x 5 tasks x 3 seeds = 90 runs.
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
-
+KIND_KEY = 'model.attention.kind'
 TASKS = ('text', 'listops', 'retrieval', 'pathfinder', 'image')
 KINDS = ('softmax', 'gaussian', 'nystromformer', 'linformer', 'performer-skyformer', 'skyformer')
 SEEDS = (0, 1, 2)
 
 
-def get_sweep() -> Sweep:
-  points = []
-  for task in TASKS:
-    points += grid(f'configs/{task}.py', 'skyformer', {KIND_KEY: KINDS, 'seed': SEEDS})
-  return Sweep(name='skyformer', points=tuple(points), paper='skyformer',
-               description='Skyformer table 1, skyformer preset, 3 seeds')
+def get_sweep() -> dict:
+  points = [dict(config=f'configs/{task}.py', preset='skyformer', grid={KIND_KEY: KINDS, 'seed': SEEDS})
+            for task in TASKS]
+  return dict(name='skyformer', points=points, paper='skyformer',
+              description='Skyformer table 1, skyformer preset, 3 seeds')

@@ -22,8 +22,7 @@ Size: 22 kinds x 3 tasks x 3 seeds = 198 runs of 50k steps (the paper: 1.3-5.9 G
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Sweep, grid
-
+KIND_KEY = 'model.attention.kind'
 TASKS = ('listops', 'text', 'retrieval')
 COMPONENTS = ('posrf', 'oprf', 'saderf')
 WEIGHTS = ('orf', 'sorf', 'qmc', 'sgq', 'mm', 'fastfoodl')
@@ -39,12 +38,11 @@ def kinds() -> list[str]:
   return variants() + list(REFERENCES)
 
 
-def get_sweep() -> Sweep:
+def get_sweep() -> dict:
   points = []
   for task in TASKS:
-    config = f'configs/{task}.py'
-    points += grid(config, 'skyformer', {KIND_KEY: variants(), 'seed': SEEDS},
-                   extra={'model.attention.redraw_every': 0})
-    points += grid(config, 'skyformer', {KIND_KEY: list(REFERENCES), 'seed': SEEDS})
-  return Sweep(name='spectraformer', points=tuple(points), paper='spectraformer',
-               description='Spectraformer table 2 (and table 3 references), skyformer preset, 3 seeds')
+    points += [dict(config=f'configs/{task}.py', preset='skyformer', grid={KIND_KEY: variants(), 'seed': SEEDS},
+                    overrides={'model.attention.redraw_every': 0}),
+               dict(config=f'configs/{task}.py', preset='skyformer', grid={KIND_KEY: REFERENCES, 'seed': SEEDS})]
+  return dict(name='spectraformer', points=points, paper='spectraformer',
+              description='Spectraformer table 2 (and table 3 references), skyformer preset, 3 seeds')

@@ -23,7 +23,6 @@ on the shared 2-core CPU (measured before the run: 3.3-3.7 steps/s at batch 64, 
 """
 from __future__ import annotations
 
-from kernelformer.reproduce.sweeps import Sweep
 # Zoology's learning rates, d_models, per-kernel layout and run order, shared with the full-budget panel
 # (a sweep file's folder is importable while it loads).
 from zoology_fig2_full import LR_KEY, panel_points
@@ -33,13 +32,12 @@ STEPS = 200
 BATCH = 32
 
 
-def get_sweep() -> Sweep:
+def get_sweep() -> dict:
   # Learning rates outermost, largest first: a panel cut short still has every (kernel, d_model) at
   # the rates that move fastest in few steps.
-  points = panel_points('configs/mqar.py', 'cpu', KINDS)
-  common = (('num_train_steps', STEPS), ('batch_size', BATCH), ('eval_every', STEPS),
-            ('checkpoint_every', STEPS), ('log_every', 40), ('progress', False))
-  return Sweep(name='zoology_fig2', points=tuple(points), common=common,
-               label_keys=('model.emb_dim', LR_KEY),
-               description=f'Zoology figure 2 (L=64, 4 pairs) at CPU scale: {STEPS} steps x batch '
-                           f'{BATCH}, lr logspace(-4,-2,4), best per point')
+  return dict(name='zoology_fig2', points=panel_points('configs/mqar.py', 'cpu', KINDS),
+              common=dict(num_train_steps=STEPS, batch_size=BATCH, eval_every=STEPS,
+                          checkpoint_every=STEPS, log_every=40, progress=False),
+              label_keys=('model.emb_dim', LR_KEY),
+              description=f'Zoology figure 2 (L=64, 4 pairs) at CPU scale: {STEPS} steps x batch '
+                          f'{BATCH}, lr logspace(-4,-2,4), best per point')

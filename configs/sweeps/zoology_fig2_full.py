@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernelformer.reproduce.sweeps import KIND_KEY, Point, Sweep, grid
-
+KIND_KEY = 'model.attention.kind'
 CONFIG, PRESET = 'configs/mqar.py', 'zoology'
 LR_KEY = 'optim.learning_rate'
 LEARNING_RATES = tuple(float(x) for x in np.logspace(-4, -2, 4))   # Zoology's sweep
@@ -53,23 +52,17 @@ def model_overrides(kind: str, d: int) -> dict:
   return m
 
 
-def panel_points(config: str, preset: str, kinds: tuple[str, ...]) -> list[Point]:
+def panel_points(config: str, preset: str, kinds: tuple[str, ...]) -> list[dict]:
   """The panel's points on ``config``'s ``preset`` in run order: learning rates descending (outermost),
   then ``kinds``, then d_model. configs/sweeps/zoology_fig2.py runs the same points at CPU scale."""
-  points = []
-  for lr in sorted(LEARNING_RATES, reverse=True):
-    for kind in kinds:
-      for d in D_MODELS:
-        points += grid(config, preset, {KIND_KEY: (kind,), 'model.emb_dim': (d,), LR_KEY: (lr,)},
-                       extra=model_overrides(kind, d))
-  return points
+  return [dict(config=config, preset=preset, grid={KIND_KEY: (kind,), 'model.emb_dim': (d,), LR_KEY: (lr,)},
+               overrides=model_overrides(kind, d))
+          for lr in sorted(LEARNING_RATES, reverse=True) for kind in kinds for d in D_MODELS]
 
 
-def get_sweep() -> Sweep:
-  points = panel_points(CONFIG, PRESET, KINDS)
-  common = (('log_every', 196), ('progress', False))
-  return Sweep(name='zoology_fig2_full', points=tuple(points), common=common,
-               label_keys=('model.emb_dim', LR_KEY),
-               description='Zoology figure 2 (L=64, 4 pairs) at its budget: 100k sequences, <= 64 '
-                           'epochs at batch 512, stop at validation accuracy > 0.99, lr '
-                           'logspace(-4,-2,4) descending, best per point')
+def get_sweep() -> dict:
+  return dict(name='zoology_fig2_full', points=panel_points(CONFIG, PRESET, KINDS),
+              common=dict(log_every=196, progress=False), label_keys=('model.emb_dim', LR_KEY),
+              description='Zoology figure 2 (L=64, 4 pairs) at its budget: 100k sequences, <= 64 '
+                          'epochs at batch 512, stop at validation accuracy > 0.99, lr '
+                          'logspace(-4,-2,4) descending, best per point')

@@ -26,6 +26,8 @@ runs the same per-task check before compiling anything.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -73,6 +75,21 @@ def _split(value: str | None) -> list[str]:
   return [v.strip() for v in value.split(',') if v.strip()] if value else []
 
 
+def load_config(spec: str):
+  """``FILE.py[:PRESET]`` -> that file's ``get_config(PRESET)`` (as ``--config`` of train.py)."""
+  path, _, preset = spec.partition(':')
+  if not os.path.isfile(path):
+    raise common.DataError(f'--config {spec}: no file {path}')
+  module_spec = importlib.util.spec_from_file_location(
+      f'_prepare_config_{abs(hash(os.path.abspath(path)))}', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  try:
+    return module.get_config(preset) if preset else module.get_config()
+  except ValueError as e:
+    raise common.DataError(f'--config {spec}: {e}') from e
+
+
 def build_requests(args: argparse.Namespace) -> list[prepare.Request]:
   """One request per (task, config, pathfinder set), in task order."""
   tasks = _split(args.task)
@@ -82,13 +99,14 @@ def build_requests(args: argparse.Namespace) -> list[prepare.Request]:
   if unknown:
     raise common.DataError(f'unknown task(s) {", ".join(unknown)}; valid: '
                            f'{", ".join(prepare.TASKS)}, all')
-  configs = [(spec, prepare.load_config(spec)) for spec in args.config]
+  configs = [(spec, load_config(spec)) for spec in args.config]
   if not tasks and not configs and args.check:
     tasks = list(prepare.TASKS)   # --check alone: every task's default config
   if not tasks and not configs:
     raise common.DataError('say what to prepare: --task (or --config FILE.py[:PRESET])')
   covered = {c.data.task for _, c in configs}
-  configs += [(None, prepare.default_config(t)) for t in tasks if t not in covered]
+  configs += [(None, importlib.import_module(f'kernelformer.configs.{t}').get_config())  # the default
+              for t in tasks if t not in covered]
   release_listops = args.listops == 'release' or (
       args.listops is None and args.source is not None and tasks == ['listops'])
   difficulties = _split(args.difficulty)

@@ -116,16 +116,10 @@ class Sweep:
   label_keys: tuple[str, ...] = ()
 
 
-def grid(config: str, preset: str, axes: Mapping[str, Sequence[Any]], *, label: str = '',
-         extra: Mapping[str, Any] | None = None) -> list[Point]:
-  """The cartesian product of ``axes`` (in their order) as points; ``extra`` joins every point."""
-  keys = list(axes)
-  points = []
-  for values in itertools.product(*(list(axes[k]) for k in keys)):
-    overrides = dict(zip(keys, values))
-    overrides.update(extra or {})
-    points.append(Point(config=config, preset=preset, overrides=tuple(overrides.items()), label=label))
-  return points
+def grid(config: str, preset: str, axes: Mapping[str, Sequence[Any]], *, label: str = '') -> list[Point]:
+  """The cartesian product of ``axes`` (in their order) as points."""
+  return [Point(config=config, preset=preset, overrides=tuple(zip(axes, values)), label=label)
+          for values in itertools.product(*(list(v) for v in axes.values()))]
 
 
 def _relative_config(path: str) -> str:
@@ -225,9 +219,25 @@ def load_sweep(name: str, directory: str = SWEEPS_DIR, *, validate: bool = True)
   if not os.path.isfile(path):
     raise SweepError(f'no sweep {name!r} ({path} does not exist); named sweeps: '
                      f'{", ".join(named_sweeps(directory))}')
-  module = _import_file(path, f'_kernelformer_sweep_{name}')
-  sweep = module.get_sweep()
+  sweep = sweep_from_data(_import_file(path, f'_kernelformer_sweep_{name}').get_sweep())
   return expand(sweep) if validate else sweep
+
+
+def sweep_from_data(data: Mapping[str, Any]) -> Sweep:
+  """A sweep file's ``get_sweep()`` (plain data: sweep files import nothing of the package) as a Sweep.
+
+  ``data``: ``name``, ``points``, and optionally ``common``, ``paper``, ``description``, ``label_keys``
+  (the ``Sweep`` fields; ``common`` a dict). Each entry of ``points`` is a dict: ``config``, ``preset``,
+  ``grid`` (key -> values: one point per combination, in order), ``overrides`` (key -> value, joining
+  every point of the entry) and ``label``.
+  """
+  points = []
+  for p in data['points']:
+    axes = {**p.get('grid', {}), **{k: (v,) for k, v in p.get('overrides', {}).items()}}
+    points += grid(p['config'], p['preset'], axes, label=p.get('label', ''))
+  return Sweep(name=data['name'], points=tuple(points), common=tuple(data.get('common', {}).items()),
+               paper=data.get('paper', ''), description=data.get('description', ''),
+               label_keys=tuple(data.get('label_keys', ())))
 
 
 # ----------------------------------------------------------------------------------------------------

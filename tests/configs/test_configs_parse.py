@@ -91,3 +91,35 @@ def test_build_model_for_every_preset(name):
     embed = shapes['params']['encoder']['embed']['embedding']
     assert embed.shape == (info.vocab_size, config.model.emb_dim)
     assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes['params'])) > 0
+
+
+def test_attention_options_are_the_registry_options():
+  """configs/common.py lists the built-in mechanisms' options as data (configs never import the
+  registry); the list must be exactly what the registered modules declare."""
+  from kernelformer import registry
+  from kernelformer.configs import common
+  builtin = [s for s in registry.specs() if s.module.__module__.startswith('kernelformer.')]
+  assert common.OPTIONS == registry.option_types(builtin)
+
+
+def test_a_plugin_mechanisms_options_become_config_fields(tmp_path):
+  import subprocess
+  import sys
+  code = '''
+import flax.linen as nn
+from kernelformer import plugins
+from kernelformer.configs import common
+class Mine(nn.Module):
+  my_scale: float = 2.0
+  num_features: int = 3
+  def __call__(self, q, k, v, **kw):
+    return v
+plugins.register_mechanism('mine-opt', Mine)
+c = common.attention_config('mine-opt')
+print(c.get_type('my_scale').__name__, c.my_scale, c.get_type('num_features').__name__)
+'''
+  root = os.path.join(os.path.dirname(__file__), '..', '..')
+  (tmp_path / 'mine.py').write_text(code)
+  out = subprocess.run([sys.executable, str(tmp_path / 'mine.py')], cwd=root, capture_output=True, text=True,
+                       check=True).stdout.split()
+  assert out == ['float', 'None', 'int']
