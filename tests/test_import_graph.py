@@ -241,3 +241,15 @@ def test_the_real_graph_reads_configs_and_f_string_imports():
   graph = import_graph(ROOT)
   assert 'kernelformer.configs.common' in graph and 'kernelformer.configs.sweeps.mini' in graph
   assert 'kernelformer.commands.train' in graph['kernelformer.cli']   # f'kernelformer.commands.{...}'
+
+
+def test_features_are_pure_math_without_flax():
+  """features/ holds no Flax module (the learned samplers live in attention/); its records may be
+  ``flax.struct`` pytree dataclasses, which hold no parameters."""
+  for mod, path in module_index(ROOT).items():
+    if mod.startswith('kernelformer.features'):
+      with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read(), path)
+      names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+      names += [n.module or '' for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+      assert not [n for n in names if n.split('.')[0] == 'flax' and n != 'flax.struct'], (mod, names)

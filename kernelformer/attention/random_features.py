@@ -9,7 +9,7 @@ learned kernels of "On Learning the Transformer Kernel" (§2.1):
      Gaussian kernel estimates exp(-|q - k|^2 / (2 sqrt(d))) -- the kernelized attention of Skyformer
      eq. 3, with the same d^-1/4 input scale;
   2. W is drawn per head by a sampler: a fixed one from ``features/weights.py`` (``SAMPLERS``) or a
-     learnable one from ``features/learned.py`` (``LEARNED``, a submodule owning its parameters);
+     learnable one from ``attention/learned.py`` (``LEARNED``, a submodule owning its parameters);
   3. ``phi(q), phi(k)`` from ``features/components.py`` (one head at a time, vmapped over heads);
   4. ``D^-1 phi(Q) (phi(K)^T V)`` by ``attention/linear.py`` (kernel-learning paper eq. 1 rewritten
      below eq. 3; Spectraformer eq. 7), or with a relative-position bias by ``attention/rpe.py``.
@@ -51,7 +51,7 @@ from kernelformer.attention import rpe
 from kernelformer.attention.spec import AttentionSpec
 from kernelformer.features import catalog
 from kernelformer.features import components as components_lib
-from kernelformer.features import learned as learned_lib
+from kernelformer.attention import learned as learned_lib
 from kernelformer.features import maps as maps_lib
 from kernelformer.features import projection as projection_lib
 from kernelformer.features import weights as weights_lib

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+import os
 import statistics
 import sys
 import time
@@ -304,6 +305,89 @@ def _lookup(rows, kind, mode, length, key):
   return None
 
 
+def _versus_softmax(rows, fmap, l_max, mode, speedup, memory_saving) -> list[Claim]:
+  """Claims 1 and 2: the best feature-map kernel's time and compiled memory against softmax's."""
+  claims = []
+  for key, unit, what, factor, missing in (
+      ('time_ms', 'ms', 'fwd+bwd time', speedup, 'softmax (or every linear kernel) was not timed at this length'),
+      ('total_mib', 'MiB', 'compiled memory', memory_saving,
+       'no softmax (or linear-kernel) compilation at this length')):
+    soft = _lookup(rows, 'softmax', mode, l_max, key)
+    values = {k: _lookup(rows, k, mode, l_max, key) for k in fmap}
+    values = {k: x for k, x in values.items() if x}
+    name = f'{what} at L={l_max}: best linear kernel >= {factor:g}x below softmax'
+    if soft is None or not values:
+      claims.append(Claim(name, 'not measured', missing))
+      continue
+    best = min(values, key=values.get)
+    ratio = soft / values[best]
+    claims.append(Claim(name, 'met' if ratio >= factor else 'not met',
+                        f'{best} {values[best]:.4g} {unit} vs softmax {soft:.4g} {unit}: {ratio:.1f}x'))
+  return claims
+
+
+def _memory_growth(rows, fmap, l_max, mode, memory_growth) -> Claim:
+  """Claim 3: feature-map memory grows linearly from L_max / 4 to L_max."""
+  quarter = l_max // 4
+  growth = {}
+  for k in fmap:
+    hi, lo = _lookup(rows, k, mode, l_max, 'total_mib'), _lookup(rows, k, mode, quarter, 'total_mib')
+    if hi and lo:
+      growth[k] = hi / lo
+  if not growth:
+    return Claim(f'memory linear: memory({l_max}) / memory({quarter}) <= {memory_growth:g}',
+                 'not measured', f'needs lengths {quarter} and {l_max}')
+  worst = max(growth, key=growth.get)
+  return Claim(f'memory linear: memory({l_max}) / memory({quarter}) <= {memory_growth:g} (fwd+bwd)',
+               'met' if growth[worst] <= memory_growth else 'not met',
+               f'worst {worst} {growth[worst]:.2f}; median {statistics.median(growth.values()):.2f} '
+               f'over {len(growth)} kernels')
+
+
+def _rpe_scaling(rows, fmap, l_min, l_max, mode, rpe_tolerance) -> list[Claim]:
+  """Claim 4: RPE by FFT scales like the linear kernels from L_min to L_max."""
+  def time_ratio(k):
+    hi, lo = _lookup(rows, k, mode, l_max, 'time_ms'), _lookup(rows, k, mode, l_min, 'time_ms')
+    return hi / lo if hi and lo else None
+  rpe_kinds = sorted({r['kind'] for r in rows if r['family'] == 'rpe-fft'})
+  lin_ratios = [x for x in (time_ratio(k) for k in fmap) if x]
+  rpe_ratios = {k: time_ratio(k) for k in rpe_kinds}
+  rpe_ratios = {k: x for k, x in rpe_ratios.items() if x}
+  name = (f'RPE by FFT n log n: time({l_max}) / time({l_min}) within {rpe_tolerance:g}x of the linear '
+          'kernels\'')
+  if not rpe_ratios or not lin_ratios:
+    return [Claim(name, 'not measured', 'nprf-rpe or the linear kernels were not timed at both ends')]
+  lin = statistics.median(lin_ratios)
+  claims = []
+  for k, x in rpe_ratios.items():
+    rel = x / lin
+    ok = 1.0 / rpe_tolerance <= rel <= rpe_tolerance
+    claims.append(Claim(name, 'met' if ok else 'not met',
+                        f'{k} {x:.1f}x vs linear-kernel median {lin:.1f}x (ratio {rel:.2f}); '
+                        f'ideal linear {l_max / l_min:.0f}x, n log n '
+                        f'{l_max * math.log2(l_max) / (l_min * math.log2(l_min)):.1f}x'))
+  return claims
+
+
+def _structured(rows, fmap, l_max, head_dim, structured_tolerance) -> list[Claim]:
+  """Claim 5: FastFood / SORF against the dense projection (ORF) of the same component."""
+  name = f'FastFood / SORF not slower than a dense projection (ORF) at the same M, d={head_dim}'
+  if head_dim < 64:
+    return [Claim(name, 'not measured', 'the claim is for head_dim >= 64')]
+  claims = []
+  for comp in sorted({k.split('-')[0] for k in fmap}):
+    dense = f'{comp}-orf'
+    for structured in (f'{comp}-fastfood', f'{comp}-sorf'):
+      for m in MODES:
+        t_d = _lookup(rows, dense, m, l_max, 'time_ms')
+        t_s = _lookup(rows, structured, m, l_max, 'time_ms')
+        if t_d and t_s:
+          claims.append(Claim(f'{name}: {structured} vs {dense}, {m}, L={l_max}',
+                              'met' if t_s <= structured_tolerance * t_d else 'not met',
+                              f'{t_s:.4g} ms vs {t_d:.4g} ms (ratio {t_s / t_d:.2f})'))
+  return claims or [Claim(name, 'not measured', 'no (component-fastfood or -sorf, component-orf) pair')]
+
+
 def check_claims(rows: Sequence[dict[str, Any]], *, head_dim: int,
                  speedup: float = 20.0, memory_saving: float = 20.0, memory_growth: float = 4.5,
                  rpe_tolerance: float = 1.5, structured_tolerance: float = 1.05) -> list[Claim]:
@@ -317,102 +401,16 @@ def check_claims(rows: Sequence[dict[str, Any]], *, head_dim: int,
   5. FastFood / SORF are not slower than the dense projection (ORF) of the same component and M for
      head_dim >= 64, at the largest length: time ratio <= ``structured_tolerance`` (5% timing noise).
   """
-  claims = []
   lengths = sorted({r['length'] for r in rows})
   if not lengths:
     return [Claim('all', 'not measured', 'no rows')]
   l_max, l_min = lengths[-1], lengths[0]
   mode = 'fwd+bwd'
   fmap = sorted({r['kind'] for r in rows if r['family'] == 'feature-map'})
-
-  # 1 and 2: speed and memory against softmax at the largest length.
-  t_soft = _lookup(rows, 'softmax', mode, l_max, 'time_ms')
-  m_soft = _lookup(rows, 'softmax', mode, l_max, 'total_mib')
-  times = {k: _lookup(rows, k, mode, l_max, 'time_ms') for k in fmap}
-  times = {k: t for k, t in times.items() if t}
-  mems = {k: _lookup(rows, k, mode, l_max, 'total_mib') for k in fmap}
-  mems = {k: m for k, m in mems.items() if m}
-  if t_soft is None or not times:
-    claims.append(Claim(f'fwd+bwd time at L={l_max}: best linear kernel >= {speedup:g}x below softmax',
-                        'not measured', 'softmax (or every linear kernel) was not timed at this length'))
-  else:
-    best = min(times, key=times.get)
-    ratio = t_soft / times[best]
-    claims.append(Claim(
-        f'fwd+bwd time at L={l_max}: best linear kernel >= {speedup:g}x below softmax',
-        'met' if ratio >= speedup else 'not met',
-        f'{best} {times[best]:.4g} ms vs softmax {t_soft:.4g} ms: {ratio:.1f}x'))
-  if m_soft is None or not mems:
-    claims.append(Claim(f'compiled memory at L={l_max}: best linear kernel >= {memory_saving:g}x below',
-                        'not measured', 'no softmax (or linear-kernel) compilation at this length'))
-  else:
-    best = min(mems, key=mems.get)
-    ratio = m_soft / mems[best]
-    claims.append(Claim(
-        f'compiled memory at L={l_max}: best linear kernel >= {memory_saving:g}x below softmax',
-        'met' if ratio >= memory_saving else 'not met',
-        f'{best} {mems[best]:.4g} MiB vs softmax {m_soft:.4g} MiB: {ratio:.1f}x'))
-
-  # 3: linear memory growth.
-  quarter = l_max // 4
-  growth = {}
-  for k in fmap:
-    hi, lo = _lookup(rows, k, mode, l_max, 'total_mib'), _lookup(rows, k, mode, quarter, 'total_mib')
-    if hi and lo:
-      growth[k] = hi / lo
-  if not growth:
-    claims.append(Claim(f'memory linear: memory({l_max}) / memory({quarter}) <= {memory_growth:g}',
-                        'not measured', f'needs lengths {quarter} and {l_max}'))
-  else:
-    worst = max(growth, key=growth.get)
-    claims.append(Claim(
-        f'memory linear: memory({l_max}) / memory({quarter}) <= {memory_growth:g} (fwd+bwd)',
-        'met' if growth[worst] <= memory_growth else 'not met',
-        f'worst {worst} {growth[worst]:.2f}; median {statistics.median(growth.values()):.2f} '
-        f'over {len(growth)} kernels'))
-
-  # 4: RPE by FFT scales like the linear kernels.
-  def time_ratio(k):
-    hi, lo = _lookup(rows, k, mode, l_max, 'time_ms'), _lookup(rows, k, mode, l_min, 'time_ms')
-    return hi / lo if hi and lo else None
-  rpe_kinds = sorted({r['kind'] for r in rows if r['family'] == 'rpe-fft'})
-  lin_ratios = [x for x in (time_ratio(k) for k in fmap) if x]
-  rpe_ratios = {k: time_ratio(k) for k in rpe_kinds}
-  rpe_ratios = {k: x for k, x in rpe_ratios.items() if x}
-  name = (f'RPE by FFT n log n: time({l_max}) / time({l_min}) within {rpe_tolerance:g}x of the linear '
-          'kernels\'')
-  if not rpe_ratios or not lin_ratios:
-    claims.append(Claim(name, 'not measured', 'nprf-rpe or the linear kernels were not timed at both ends'))
-  else:
-    lin = statistics.median(lin_ratios)
-    for k, x in rpe_ratios.items():
-      rel = x / lin
-      ok = 1.0 / rpe_tolerance <= rel <= rpe_tolerance
-      claims.append(Claim(name, 'met' if ok else 'not met',
-                          f'{k} {x:.1f}x vs linear-kernel median {lin:.1f}x (ratio {rel:.2f}); '
-                          f'ideal linear {l_max / l_min:.0f}x, n log n '
-                          f'{l_max * math.log2(l_max) / (l_min * math.log2(l_min)):.1f}x'))
-
-  # 5: structured projections against the dense one.
-  name = f'FastFood / SORF not slower than a dense projection (ORF) at the same M, d={head_dim}'
-  if head_dim < 64:
-    claims.append(Claim(name, 'not measured', 'the claim is for head_dim >= 64'))
-  else:
-    found = False
-    for comp in sorted({k.split('-')[0] for k in fmap}):
-      dense = f'{comp}-orf'
-      for structured in (f'{comp}-fastfood', f'{comp}-sorf'):
-        for m in MODES:
-          t_d = _lookup(rows, dense, m, l_max, 'time_ms')
-          t_s = _lookup(rows, structured, m, l_max, 'time_ms')
-          if t_d and t_s:
-            found = True
-            claims.append(Claim(f'{name}: {structured} vs {dense}, {m}, L={l_max}',
-                                'met' if t_s <= structured_tolerance * t_d else 'not met',
-                                f'{t_s:.4g} ms vs {t_d:.4g} ms (ratio {t_s / t_d:.2f})'))
-    if not found:
-      claims.append(Claim(name, 'not measured', 'no (component-fastfood or -sorf, component-orf) pair'))
-  return claims
+  return (_versus_softmax(rows, fmap, l_max, mode, speedup, memory_saving)
+          + [_memory_growth(rows, fmap, l_max, mode, memory_growth)]
+          + _rpe_scaling(rows, fmap, l_min, l_max, mode, rpe_tolerance)
+          + _structured(rows, fmap, l_max, head_dim, structured_tolerance))
 
 
 def format_claims(claims: Iterable[Claim]) -> str:
@@ -539,45 +537,13 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
   the runtime (``JaxRuntimeError``, e.g. out of device memory) keeps its compiled memory, has no
   times, and its ``note`` starts with ``failed:``; the other cells still run and are written.
   """
-  from kernelformer.bench import official_favor  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   rows = []
   for causal in causal_modes:
     for length in sorted(lengths):
-      inputs = make_inputs(setup, length, setup.seed)
-      q, k, v, cot = inputs['q'], inputs['k'], inputs['v'], inputs['cotangent']
-      del inputs
-      if 'fwd+bwd' not in modes:
-        cot = None                                # 1 GiB at B=8 H=8 L=64K: not kept when unused
-      mask = jnp.broadcast_to(jnp.arange(length)[None, :] < length - length // 8, (setup.batch, length))
-      module = registry.build(attention_options('posrf-orf', length, setup.num_features),
-                              share_heads=True, impl='xla')
-      kf = jax.random.PRNGKey(setup.seed + 1)
-      variables = jax.jit(lambda key: module.init({'params': key, 'features': key}, q, k, v,
-                                                  mask=mask, causal=causal))(kf)
-      (w,) = [x for x in jax.tree.leaves(variables.get('features', {})) if x.ndim == 2][:1]
-
-      def ours(q_, k_, v_, variables=variables, mask=mask, causal=causal):
-        return module.apply(variables, q_, k_, v_, mask=mask, causal=causal, rngs={'features': kf})
-
-      def official(q_, k_, v_, w=w, mask=mask, causal=causal):
-        return official_favor.favor_attention(q_, k_, v_, w, mask=mask, causal=causal)
-
-      def with_bwd(f):
-        def fb(q_, k_, v_):
-          _, vjp = jax.vjp(f, q_, k_, v_)
-          return vjp(cot)
-        return fb
-
-      # The same math check: with the official eps (1e-4 added to every feature) off, both compute the
-      # same estimate from the same W, so they must agree to float32 rounding.
-      official_eps0 = lambda q_, k_, v_: official_favor.favor_attention(q_, k_, v_, w, mask=mask,
-                                                                        causal=causal, eps=0.0)
-      limit = setup.max_memory_gb * (1 << 30)
+      args, fns, official_eps0 = _favor_pair(setup, length, causal, 'fwd+bwd' in modes)
       diff = None
       for mode in [m for m in MODES if m in modes]:
-        fns = (ours, official) if mode == 'fwd' else (with_bwd(ours), with_bwd(official))
-        compiled = [measure.compile_with_stats(f, q, k, v) for f in fns]
+        compiled = [measure.compile_with_stats(f, *args) for f in fns[mode]]
         row = {'causal': causal, 'mode': mode, 'length': length, 'batch': setup.batch,
                'heads': setup.heads, 'head_dim': setup.head_dim, 'num_features': setup.num_features,
                'masked_keys': length // 8, 'ours_temp_mib': compiled[0][1].temp_bytes / MIB,
@@ -585,54 +551,91 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
                'ours_total_mib': compiled[0][1].total_bytes / MIB,
                'official_total_mib': compiled[1][1].total_bytes / MIB,
                'ours_peak_rss_mib': None, 'official_peak_rss_mib': None, 'note': ''}
-        too_big = max(st.total_bytes for _, st in compiled)
-        if too_big > limit:
+        cell = f'{"causal" if causal else "bidirectional"} L={length} {mode}'
+        too_big, note = max(st.total_bytes for _, st in compiled), ''
+        if too_big > setup.max_memory_gb * (1 << 30):
+          note = (f'not run: compiled memory {too_big / (1 << 30):.1f} GiB > '
+                  f'--max_memory_gb {setup.max_memory_gb:g}')
+          log(f'{cell}: {note} (ours {row["ours_total_mib"]:.0f} MiB, official '
+              f'{row["official_total_mib"]:.0f} MiB compiled)')
+        else:
+          try:
+            if diff is None and mode == 'fwd':
+              reference = jax.block_until_ready(jax.jit(official_eps0)(*args))   # the big side first
+              diff = float(jnp.max(jnp.abs(compiled[0][0](*args) - reference)))
+              del reference
+            times = _time_interleaved(compiled, args, row, setup.repeats)
+          except jax.errors.JaxRuntimeError as e:     # e.g. RESOURCE_EXHAUSTED on an accelerator
+            note = f'failed: {(str(e).strip().splitlines() or [type(e).__name__])[0][:200]}'
+            log(f'{cell}: {note}')
+        del compiled
+        if note:
           row.update(ours_ms=None, official_ms=None, speedup=None, max_abs_diff=diff, repeats=0,
-                     load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
-                     note=f'not run: compiled memory {too_big / (1 << 30):.1f} GiB > '
-                          f'--max_memory_gb {setup.max_memory_gb:g}')
+                     load_1min=_load_1min(), note=note)
           rows.append(row)
-          log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: {row["note"]} (ours '
-              f'{row["ours_total_mib"]:.0f} MiB, official {row["official_total_mib"]:.0f} MiB compiled)')
-          del compiled
-          continue
-        try:
-          if diff is None and mode == 'fwd':
-            reference = jax.block_until_ready(jax.jit(official_eps0)(q, k, v))   # the big side first
-            diff = float(jnp.max(jnp.abs(compiled[0][0](q, k, v) - reference)))
-            del reference
-          times: list[list[float]] = [[], []]
-          for (c, _), side in zip(compiled, ('ours', 'official')):
-            reset = _reset_peak_rss()
-            jax.block_until_ready(c(q, k, v))          # warm-up
-            row[f'{side}_peak_rss_mib'] = measure.peak_rss_mib() if reset else None
-          for r in range(max(1, setup.repeats)):
-            for i in ((0, 1) if r % 2 == 0 else (1, 0)):
-              start = time.perf_counter()
-              jax.block_until_ready(compiled[i][0](q, k, v))
-              times[i].append(time.perf_counter() - start)
-        except jax.errors.JaxRuntimeError as e:     # e.g. RESOURCE_EXHAUSTED on an accelerator
-          first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-          row.update(ours_ms=None, official_ms=None, speedup=None, max_abs_diff=diff, repeats=0,
-                     load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None,
-                     note=f'failed: {first}')
-          rows.append(row)
-          log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: {row["note"]}')
-          del compiled
           continue
         t_ours, t_off = (statistics.median(t) * 1e3 for t in times)
         row.update(ours_ms=t_ours, official_ms=t_off, speedup=t_off / t_ours, max_abs_diff=diff,
-                   repeats=len(times[0]),
-                   load_1min=os.getloadavg()[0] if hasattr(os, 'getloadavg') else None)
+                   repeats=len(times[0]), load_1min=_load_1min())
         rows.append(row)
         rss = lambda x: '?' if x is None else f'{x:.0f}'
-        log(f'{"causal" if causal else "bidirectional"} L={length} {mode}: ours {t_ours:.1f} ms, '
-            f'official {t_off:.1f} ms, official/ours {t_off / t_ours:.2f}x; temp '
-            f'{row["ours_temp_mib"]:.0f} vs {row["official_temp_mib"]:.0f} MiB; peak RSS '
+        log(f'{cell}: ours {t_ours:.1f} ms, official {t_off:.1f} ms, official/ours {t_off / t_ours:.2f}x; '
+            f'temp {row["ours_temp_mib"]:.0f} vs {row["official_temp_mib"]:.0f} MiB; peak RSS '
             f'{rss(row["ours_peak_rss_mib"])} vs {rss(row["official_peak_rss_mib"])} MiB')
-        del compiled
       gc.collect()
   return rows
+
+
+def _load_1min() -> Optional[float]:
+  return os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
+
+
+def _favor_pair(setup: Setup, length: int, causal: bool, keep_cotangent: bool):
+  """One cell's inputs, and ours / the official FAVOR+ per mode on them (the same W and key mask), and
+  the official forward with its ``eps`` off (the same estimate as ours: the difference check)."""
+  from kernelformer.bench import official_favor  # pylint: disable=g-import-not-at-top
+  inputs = make_inputs(setup, length, setup.seed)
+  q, k, v = inputs['q'], inputs['k'], inputs['v']
+  cot = inputs['cotangent'] if keep_cotangent else None   # 1 GiB at B=8 H=8 L=64K: not kept when unused
+  del inputs
+  mask = jnp.broadcast_to(jnp.arange(length)[None, :] < length - length // 8, (setup.batch, length))
+  module = registry.build(attention_options('posrf-orf', length, setup.num_features),
+                          share_heads=True, impl='xla')
+  kf = jax.random.PRNGKey(setup.seed + 1)
+  variables = jax.jit(lambda key: module.init({'params': key, 'features': key}, q, k, v,
+                                              mask=mask, causal=causal))(kf)
+  (w,) = [x for x in jax.tree.leaves(variables.get('features', {})) if x.ndim == 2][:1]
+
+  def ours(q_, k_, v_):
+    return module.apply(variables, q_, k_, v_, mask=mask, causal=causal, rngs={'features': kf})
+
+  def official(q_, k_, v_, eps=official_favor.NUMERICAL_STABILIZER):
+    return official_favor.favor_attention(q_, k_, v_, w, mask=mask, causal=causal, eps=eps)
+
+  def with_bwd(f):
+    def fb(q_, k_, v_):
+      _, vjp = jax.vjp(f, q_, k_, v_)
+      return vjp(cot)
+    return fb
+
+  fns = {'fwd': (ours, official), 'fwd+bwd': (with_bwd(ours), with_bwd(official))}
+  return (q, k, v), fns, lambda q_, k_, v_: official(q_, k_, v_, eps=0.0)
+
+
+def _time_interleaved(compiled, args, row: dict, repeats: int) -> list[list[float]]:
+  """A warm-up call per side (its peak RSS into ``row``), then ``repeats`` rounds of one call each,
+  the order alternating between rounds; the seconds of each call, per side."""
+  times: list[list[float]] = [[], []]
+  for (c, _), side in zip(compiled, ('ours', 'official')):
+    reset = _reset_peak_rss()
+    jax.block_until_ready(c(*args))          # warm-up
+    row[f'{side}_peak_rss_mib'] = measure.peak_rss_mib() if reset else None
+  for r in range(max(1, repeats)):
+    for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+      start = time.perf_counter()
+      jax.block_until_ready(compiled[i][0](*args))
+      times[i].append(time.perf_counter() - start)
+  return times
 
 
 def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:

@@ -1,6 +1,6 @@
 """The weight matrix W of a random-feature map, dense or structured (Spectraformer §3, eq. 11).
 
-Every sampler in ``weights.py`` and ``learned.py`` returns a ``Projection``; every component function in
+Every sampler in ``weights.py`` and ``attention/learned.py`` returns a ``Projection``; every component function in
 ``components.py`` consumes one through ``project(x, proj) = x W^T`` and ``feature_weights``. Keeping the
 structured form (FastFood's diagonals) until ``project`` is what makes FastFood O(M log d) instead of
 O(M d): the dense ``[M, d]`` matrix is built only by ``dense_matrix`` (tests, Pallas kernels).

@@ -28,7 +28,7 @@ import pytest
 import kernelformer
 from kernelformer import registry
 from kernelformer.attention import random_features as rf
-from kernelformer.features import learned
+from kernelformer.attention import learned
 
 B, H, D = 2, 2, 4
 LENGTH = 7

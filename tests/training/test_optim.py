@@ -211,7 +211,7 @@ def _decayed_names(params, mode, wd=0.1):
   return decayed
 
 
-# Every learned sampler's parameters, by name (features/learned.py).
+# Every learned sampler's parameters, by name (attention/learned.py).
 SAMPLER_LEAVES = {
     'gmm-rks': {'sampler/means', 'sampler/factors'},
     'gmm-prf': {'sampler/means', 'sampler/factors'},

@@ -8,7 +8,7 @@ the attention output reach theta, while the noise is redrawn like any other rand
 
   proj = GMMSampler(num_features=M, dim=d)(key)      # inside a parent module's compact __call__
 
-Any component function (``components.py``) then consumes ``proj``: RKS features give the paper's
+Any component function (``features/components.py``) then consumes ``proj``: RKS features give the paper's
 ``*-RKS`` models (eqs. 5-7), positive features its ``*-PRF`` models (eqs. 8-12). ``num_features`` and
 ``dim`` are static fields; the parameter shapes depend only on them, never on the key.
 

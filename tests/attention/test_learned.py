@@ -1,4 +1,4 @@
-"""Tests of the learnable spectral samplers (kernelformer/features/learned.py).
+"""Tests of the learnable spectral samplers (kernelformer/attention/learned.py).
 
 Moment checks use tolerances derived from the samples: k standard errors of the mean, the standard error
 estimated from independent replicates (rows of one FastFood block or one batch-normed generator draw are
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernelformer.features import learned
+from kernelformer.attention import learned
 from kernelformer.features.projection import dense_matrix, project, row_weights
 
 K_SIGMA = 5.0  # standard errors allowed: a false alarm over ~100 checked entries is < 1e-4
