@@ -227,17 +227,6 @@ class TreeSampler:
     return (None if arities is None else self.label(arities)), length
 
 
-def generate_tree(rng: np.random.Generator, depth: int = 1, max_depth: int = 10, max_args: int = 10,
-                  *, max_length: int | None = None) -> tuple[Tree | None, int]:
-  """One ListOps tree by the original generator's rules (see ``TreeSampler``): ``(tree, length)``.
-
-  ``length = #digits + 2 * #operators``. With ``max_length``, a tree whose length would reach it is
-  abandoned early and ``(None, a lower bound of its length)`` returned. For many trees, make one
-  ``TreeSampler`` and call ``sample``: this builds a sampler per call.
-  """
-  return TreeSampler(rng, max_depth, max_args).sample(depth, max_length)
-
-
 # ----------------------------------------------------------------------------------------------
 # Semantics and serialization.
 
@@ -296,42 +285,6 @@ def to_source(tree: Tree) -> str:
 def tokenize(source: str) -> list[str]:
   """The fixed LRA pipeline: ``]`` -> ``X``, delete ``(`` and ``)``, split on whitespace."""
   return source.replace(']', END_TOKEN).replace('(', '').replace(')', '').split()
-
-
-def parse_source(source: str) -> Tree:
-  """The tree whose ``to_source`` is ``source`` (whitespace-normalized); ValueError otherwise.
-
-  The tokens without parentheses are prefix notation with explicit ends, which fixes the tree; the
-  parentheses are then checked by re-serializing, so only exact LRA strings parse.
-  """
-  stack: list[tuple[str, list[Tree]]] = []
-  root: Tree | None = None
-  for tok in tokenize(source):
-    if root is not None:
-      raise ValueError(f'tokens after the end of the expression in {source!r}')
-    if tok in OPERATORS:
-      stack.append((tok, []))
-      continue
-    if tok == END_TOKEN:
-      if not stack:
-        raise ValueError(f'unbalanced "]" in {source!r}')
-      op, children = stack.pop()
-      if len(children) < 2:
-        raise ValueError(f'{op} with {len(children)} argument(s) in {source!r}; needs at least 2')
-      node: Tree = (op, tuple(children))
-    elif tok in DIGITS:
-      node = int(tok)
-    else:
-      raise ValueError(f'unknown token {tok!r} in {source!r}')
-    if stack:
-      stack[-1][1].append(node)
-    else:
-      root = node
-  if root is None:
-    raise ValueError(f'incomplete expression {source!r}')
-  if to_source(root) != ' '.join(source.split()):
-    raise ValueError(f'parentheses differ from the LRA serialization in {source!r}')
-  return root
 
 
 # ----------------------------------------------------------------------------------------------

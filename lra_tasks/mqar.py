@@ -111,15 +111,6 @@ def zoology_mqar_example(seed: int, split: str, index: int, *, vocab_size: int, 
   return {'inputs': seq, 'targets': targets}
 
 
-def dense_targets(example: dict[str, np.ndarray]) -> np.ndarray:
-  """``targets int32[L]`` (0 off the queries) of an example in either format."""
-  if 'inputs_query_positions' not in example:
-    return np.asarray(example['targets'])
-  out = np.zeros(np.shape(example['inputs']), np.int32)
-  out[np.asarray(example['inputs_query_positions'])] = example['targets']
-  return out
-
-
 def mqar_legacy_example(seed: int, split: str, index: int, *, vocab_size: int, num_pairs: int,
                         length: int) -> dict[str, np.ndarray]:
   """Legacy MQAR example ``index`` of ``split`` (module docstring, ``mqar_legacy``):

@@ -74,7 +74,7 @@ import numpy as np
 
 from kernelformer.features.components import compute_dtype, key_mask, zero_masked
 from kernelformer.features.feature_map import FeatureMap
-from kernelformer.features.projection import Projection, dense_matrix, project
+from kernelformer.features.projection import dense_matrix, project
 
 Array = jax.Array
 
@@ -452,25 +452,3 @@ FEATURE_MAPS = (
                approximates="(q^.k^)^4 with x^ = LN(x)/sqrt(d) (estimate (s(q).s(k))^2 >= 0, "
                             "M' = r(r+1)/2, r = num_features/2)"),
 )
-
-
-def example_params(component: str, head_dim: int, key: Array, *, num_features: int = 16,
-                   map_dim: int = 4, scale: float = 0.5) -> Optional[tuple[Array, ...]]:
-  """One head's parameters of ``component`` away from their initial values (tests, benchmarks)."""
-  d = head_dim
-  k1, k2 = jax.random.split(key)
-  if component == 'taylor':
-    return (jax.random.normal(k1, (map_dim, d)) * d ** -0.5,)
-  if component == 'hedgehog':
-    return (jnp.eye(d) + scale * jax.random.normal(k1, (d, d)) * d ** -0.5,)
-  if component == 't2r':
-    return (jax.random.normal(k1, (num_features, d)) * d ** -0.5, scale * jax.random.normal(k2, (num_features,)))
-  if component == 'rebased':
-    return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)))
-  if component == 'polysketch':
-    return Projection(matrix=jax.random.normal(k1, (num_features + num_features % 2, d)))
-  if component == 'polysketch_learned':
-    k3, k4 = jax.random.split(k2)
-    return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)),
-            jax.random.normal(k3, (map_dim, d)) * d ** -0.5, jax.random.normal(k4, (map_dim, d)) * d ** -0.5)
-  return None

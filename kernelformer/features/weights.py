@@ -17,7 +17,6 @@ QMC, the Smolyak node table of SGQ) it is computed with numpy/scipy on the host 
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import itertools
 import math
@@ -462,17 +461,6 @@ SAMPLERS: dict[str, Sampler] = {
     'sgq': sparse_grid_quadrature,
     'fastfood': fastfood,
 }
-
-
-def get_sampler(name: str) -> Sampler:
-  """The sampler registered as ``name``; an unknown name raises with the closest valid ones."""
-  try:
-    return SAMPLERS[name.lower()]
-  except KeyError:
-    close = difflib.get_close_matches(name.lower(), list(SAMPLERS), n=3)
-    hint = f' Did you mean {", ".join(map(repr, close))}?' if close else ''
-    raise ValueError(
-        f'unknown weight sampler {name!r}; valid: {", ".join(sorted(SAMPLERS))}.{hint}') from None
 
 
 def register_sampler(name: str, fn: Sampler) -> str:

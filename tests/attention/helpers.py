@@ -9,6 +9,9 @@ from the other test directories' helpers.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+
+from kernelformer.features import projection
 
 # Option names unknown to another jax version fall back to a plain jit (see fast_jit).
 FAST_COMPILE = {'xla_backend_optimization_level': 0, 'xla_llvm_disable_expensive_passes': True,
@@ -29,3 +32,25 @@ def fast_jit(fn, **jit_kwargs):
       return plain(*args, **kwargs)
 
   return call
+
+
+def example_params(component: str, head_dim: int, key, *, num_features: int = 16,
+                   map_dim: int = 4, scale: float = 0.5):
+  """One head's parameters of ``component`` away from their initial values (tests)."""
+  d = head_dim
+  k1, k2 = jax.random.split(key)
+  if component == 'taylor':
+    return (jax.random.normal(k1, (map_dim, d)) * d ** -0.5,)
+  if component == 'hedgehog':
+    return (jnp.eye(d) + scale * jax.random.normal(k1, (d, d)) * d ** -0.5,)
+  if component == 't2r':
+    return (jax.random.normal(k1, (num_features, d)) * d ** -0.5, scale * jax.random.normal(k2, (num_features,)))
+  if component == 'rebased':
+    return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)))
+  if component == 'polysketch':
+    return projection.Projection(matrix=jax.random.normal(k1, (num_features + num_features % 2, d)))
+  if component == 'polysketch_learned':
+    k3, k4 = jax.random.split(k2)
+    return (1.0 + scale * jax.random.normal(k1, (d,)), scale * jax.random.normal(k2, (d,)),
+            jax.random.normal(k3, (map_dim, d)) * d ** -0.5, jax.random.normal(k4, (map_dim, d)) * d ** -0.5)
+  return None

@@ -21,6 +21,7 @@ from kernelformer.attention import random_features as rf
 from kernelformer.features import catalog
 from kernelformer.features import maps, weights
 from tests.attention.helpers import fast_jit
+from tests.attention import helpers
 
 B, L, D, DV, C = 2, 37, 8, 5, 8
 
@@ -37,7 +38,7 @@ def _inputs(seed=0, scale=0.8, n=L):
 def _params(name, seed=3):
   if catalog.get(name).uses_projection and catalog.get(name).parameters is None:
     return weights.SAMPLERS['orf'](jax.random.PRNGKey(seed), 16, D)       # rks, grelu, polysketch: a W
-  return maps.example_params(name, D, jax.random.PRNGKey(seed))          # None for parameter-free maps
+  return helpers.example_params(name, D, jax.random.PRNGKey(seed))          # None for parameter-free maps
 
 
 def _stored(name, mask, causal, chunk=C):

@@ -19,6 +19,7 @@ from kernelformer.features import catalog
 from kernelformer.features import components as C
 from kernelformer.features import maps
 from kernelformer.features.projection import FastFoodBlocks, Projection, dense_matrix
+from tests.attention import helpers
 
 D = 8
 ESTIMATORS = sorted(r.name for r in catalog.records() if r.target_kernel != 'none')
@@ -37,7 +38,7 @@ _attention = jax.jit(linear_attention)
 def _proj_for(name, m, seed):
   """W for a random-feature component; features/maps.py's own parameters for its learned maps."""
   if catalog.get(name).feature_dim is not None:
-    return maps.example_params(name, D, jax.random.PRNGKey(seed), num_features=m, map_dim=4)
+    return helpers.example_params(name, D, jax.random.PRNGKey(seed), num_features=m, map_dim=4)
   return _gauss_proj(seed, m) if catalog.get(name).uses_projection else None
 
 
@@ -298,7 +299,7 @@ def test_large_norms_finite_forward_and_backward(name):
   mask = jnp.stack([jnp.ones((l,), bool), jnp.arange(l) < 1])
   fn = catalog.get(name).fn
   if catalog.get(name).feature_dim is not None:        # features/maps.py: the map's own learned parameters
-    matrix = maps.example_params(name, D, jax.random.PRNGKey(4), num_features=32, map_dim=4)
+    matrix = helpers.example_params(name, D, jax.random.PRNGKey(4), num_features=32, map_dim=4)
     make = lambda p: p
   else:
     matrix = _normal(4, (32, D))

@@ -21,6 +21,7 @@ from scipy import special
 from kernelformer import registry
 from kernelformer.features import catalog
 from kernelformer.features import maps
+from tests.attention import helpers
 
 D = 6
 
@@ -83,7 +84,7 @@ COMPONENTS = sorted(r.name for r in maps.FEATURE_MAPS if not r.sampler and not r
 
 
 def _params(component, map_dim=4, num_features=10):
-  return maps.example_params(component, D, jax.random.PRNGKey(7), num_features=num_features,
+  return helpers.example_params(component, D, jax.random.PRNGKey(7), num_features=num_features,
                              map_dim=map_dim)
 
 

@@ -100,12 +100,6 @@ def test_fastfood_never_builds_a_dense_matrix():
   assert proj.num_features == 24 and proj.dim == 5
 
 
-def test_unknown_sampler_name_is_loud():
-  with pytest.raises(ValueError, match="Did you mean 'sorf'"):
-    weights.get_sampler('sorff')
-  assert weights.get_sampler('ORF') is weights.orthogonal
-
-
 # --------------------------------------------------------------------------------------------------
 # ORF
 # --------------------------------------------------------------------------------------------------

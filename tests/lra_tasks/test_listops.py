@@ -22,6 +22,53 @@ from lra_tasks import listops
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def generate_tree(rng: np.random.Generator, depth: int = 1, max_depth: int = 10, max_args: int = 10,
+                  *, max_length: int | None = None):
+  """One ListOps tree by the original generator's rules (see ``TreeSampler``): ``(tree, length)``.
+
+  ``length = #digits + 2 * #operators``. With ``max_length``, a tree whose length would reach it is
+  abandoned early and ``(None, a lower bound of its length)`` returned. For many trees, make one
+  ``TreeSampler`` and call ``sample``: this builds a sampler per call.
+  """
+  return listops.TreeSampler(rng, max_depth, max_args).sample(depth, max_length)
+
+
+def parse_source(source: str):
+  """The tree whose ``to_source`` is ``source`` (whitespace-normalized); ValueError otherwise.
+
+  The tokens without parentheses are prefix notation with explicit ends, which fixes the tree; the
+  parentheses are then checked by re-serializing, so only exact LRA strings parse.
+  """
+  stack = []
+  root = None
+  for tok in listops.tokenize(source):
+    if root is not None:
+      raise ValueError(f'tokens after the end of the expression in {source!r}')
+    if tok in listops.OPERATORS:
+      stack.append((tok, []))
+      continue
+    if tok == listops.END_TOKEN:
+      if not stack:
+        raise ValueError(f'unbalanced "]" in {source!r}')
+      op, children = stack.pop()
+      if len(children) < 2:
+        raise ValueError(f'{op} with {len(children)} argument(s) in {source!r}; needs at least 2')
+      node = (op, tuple(children))
+    elif tok in listops.DIGITS:
+      node = int(tok)
+    else:
+      raise ValueError(f'unknown token {tok!r} in {source!r}')
+    if stack:
+      stack[-1][1].append(node)
+    else:
+      root = node
+  if root is None:
+    raise ValueError(f'incomplete expression {source!r}')
+  if listops.to_source(root) != ' '.join(source.split()):
+    raise ValueError(f'parentheses differ from the LRA serialization in {source!r}')
+  return root
+
+
 def make_data(data_dir, **overrides) -> types.SimpleNamespace:
   """A small data config with the field names of configs/listops.py (attributes, like ConfigDict)."""
   fields = dict(task='listops', data_dir=str(data_dir), max_length=64, min_gen_length=10,
@@ -132,7 +179,7 @@ def test_labels_are_the_true_values(splits):
   for split, rows in splits.items():
     for source, target in rows:
       assert stack_value(listops.tokenize(source)) == target, (split, source)
-      tree = listops.parse_source(source)
+      tree = parse_source(source)
       assert listops.to_source(tree) == source
       assert listops.evaluate(tree) == target
 
@@ -248,13 +295,13 @@ def test_sampler_node_frequencies_match_the_rules():
 def test_generate_tree_respects_depth_and_abort():
   rng = np.random.default_rng(0)
   for _ in range(200):
-    tree, length = listops.generate_tree(rng, 1, 3, 4)
+    tree, length = generate_tree(rng, 1, 3, 4)
     assert tree_depth(tree) <= 2 and length == listops.tree_length(tree)
-  tree, length = listops.generate_tree(rng, 5, 5, 4)  # a root at max_depth is a digit
+  tree, length = generate_tree(rng, 5, 5, 4)  # a root at max_depth is a digit
   assert isinstance(tree, int) and length == 1
   aborted = 0
   for _ in range(200):
-    tree, length = listops.generate_tree(rng, 1, 10, 10, max_length=20)
+    tree, length = generate_tree(rng, 1, 10, 10, max_length=20)
     if tree is None:
       aborted += 1
       assert length >= 20
@@ -284,17 +331,17 @@ def test_serialization_is_the_exact_lra_string():
   tree = ('[MAX', (2, ('[MIN', (4, 7)), 0))
   expected = '( ( ( ( [MAX 2 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )'
   assert listops.to_source(tree) == expected
-  assert listops.parse_source(expected) == tree
+  assert parse_source(expected) == tree
   assert listops.tokenize(expected) == ['[MAX', '2', '[MIN', '4', '7', 'X', '0', 'X']
   assert listops.evaluate(tree) == 4
   rng = np.random.default_rng(3)
   for _ in range(200):
-    t, _ = listops.generate_tree(rng, 1, 5, 6)
+    t, _ = generate_tree(rng, 1, 5, 6)
     assert listops.to_source(t) == pair_serialize(t)
   with pytest.raises(ValueError, match='parentheses'):
-    listops.parse_source('( [MAX 2 3 ] )')
+    parse_source('( [MAX 2 3 ] )')
   with pytest.raises(ValueError, match='unknown token'):
-    listops.parse_source('( ( ( [FIRST 2 ) 3 ) ] )')
+    parse_source('( ( ( [FIRST 2 ) 3 ) ] )')
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,6 +11,15 @@ import lra_tasks
 from lra_tasks import mqar
 
 
+def dense_targets(example: dict[str, np.ndarray]) -> np.ndarray:
+  """``targets int32[L]`` (0 off the queries) of an example in either format."""
+  if 'inputs_query_positions' not in example:
+    return np.asarray(example['targets'])
+  out = np.zeros(np.shape(example['inputs']), np.int32)
+  out[np.asarray(example['inputs_query_positions'])] = example['targets']
+  return out
+
+
 def _data(**kw):
   d = dict(task='mqar_legacy', vocab_size=20, num_pairs=4, max_length=24, seed=3, num_train=50, num_val=8,
            num_test=8, data_dir='unused')
@@ -119,7 +128,7 @@ def test_preset_task_is_solvable_by_recall(preset):
     src = task.source(data, split)
     for i in range(min(50, len(src))):
       ex = src[i]
-      seq, tgt = ex['inputs'], mqar.dense_targets(ex)
+      seq, tgt = ex['inputs'], dense_targets(ex)
       assert len(seq) == int(data.max_length)
       q = np.nonzero(tgt)[0]
       assert len(q) == n
@@ -132,7 +141,7 @@ def test_preset_task_is_solvable_by_recall(preset):
   answers = {}
   for i in range(min(200, len(src))):
     ex = src[i]
-    tgt = mqar.dense_targets(ex)
+    tgt = dense_targets(ex)
     for p in np.nonzero(tgt)[0]:
       answers.setdefault(int(ex['inputs'][p]), set()).add(int(tgt[p]))
   assert max(len(s) for s in answers.values()) > 1
@@ -175,7 +184,7 @@ def test_zoology_mqar_structure():
     rest[:2 * n] = False
     rest[qp] = False
     assert (seq[rest] == 0).all()
-    dense = mqar.dense_targets(ex)
+    dense = dense_targets(ex)
     assert set(np.nonzero(dense)[0].tolist()) == set(qp.tolist())               # labels only there
   assert not np.array_equal(src[0]['inputs'], task.source(data, 'val')[0]['inputs'])
 
@@ -184,7 +193,7 @@ def test_zoology_mqar_dense_targets_and_random_fillers():
   dense = lra_tasks.get('mqar').source(_zdata(query_targets=False), 'train')[7]
   compact = lra_tasks.get('mqar').source(_zdata(), 'train')[7]
   assert set(dense) == {'inputs', 'targets'} and dense['targets'].shape == (32,)
-  np.testing.assert_array_equal(dense['targets'], mqar.dense_targets(compact))
+  np.testing.assert_array_equal(dense['targets'], dense_targets(compact))
   np.testing.assert_array_equal(dense['inputs'], compact['inputs'])
   noisy = lra_tasks.get('mqar').source(_zdata(random_non_queries=True), 'train')[7]
   keep = compact['inputs'] != 0
