@@ -22,12 +22,13 @@ stored, possibly memory-mapped rows), the seeded ``split_indices``, and the TFDS
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import glob
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -379,3 +380,15 @@ def _cached_tfds_split(dataset, data, split, convert, key):
       _TFDS_CACHE.pop(next(iter(_TFDS_CACHE)))
     _TFDS_CACHE[key] = _read_tfds_split(dataset, data, split, convert)
   return _TFDS_CACHE[key]
+
+
+def csv_rows(reader, path: str, fix: str) -> Iterator[list[str]]:
+  """The reader's rows; a csv fault (a field over csv's size limit, ...) is a DataError naming the line."""
+  while True:
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:
+      raise DataError(f'{path}:{reader.line_num}: malformed row ({e}); {fix}') from None
+    yield row

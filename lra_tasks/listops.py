@@ -381,7 +381,7 @@ def _iter_rows(path: str) -> Iterator[tuple[int, str, int]]:
   # surrogateescape: a byte that is not UTF-8 reaches the row check below, which names its line.
   with open(path, 'r', encoding='utf-8', errors='surrogateescape', newline='') as f:
     reader = csv.reader(f, delimiter='\t')
-    rows = _csv_rows(reader, path, fix)
+    rows = common.csv_rows(reader, path, fix)
     header = next(rows, None)
     if header is None or tuple(header) != HEADER:
       raise common.DataError(f'{path}:1: header must be "Source<TAB>Target", got {header!r}; {fix}')
@@ -403,18 +403,6 @@ def _iter_rows(path: str) -> Iterator[tuple[int, str, int]]:
 
 # csv's default field size limit; LRA's longest sources are ~10k characters (< 2000 tokens).
 MAX_FIELD_CHARS = 131072
-
-
-def _csv_rows(reader, path: str, fix: str) -> Iterator[list[str]]:
-  """The reader's rows; a csv fault (a field over csv's size limit, ...) is a DataError naming the line."""
-  while True:
-    try:
-      row = next(reader)
-    except StopIteration:
-      return
-    except csv.Error as e:
-      raise common.DataError(f'{path}:{reader.line_num}: malformed row ({e}); {fix}') from None
-    yield row
 
 
 def _check_utf8(path: str, line: int, row: Sequence[str], fix: str) -> None:

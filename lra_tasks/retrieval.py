@@ -93,13 +93,7 @@ def iter_rows(path: str) -> Iterator[tuple[int, int, bytes, bytes]]:
     csv.field_size_limit(_FIELD_SIZE_LIMIT)
   with open(path, 'r', encoding='utf-8', errors='surrogateescape', newline='') as f:
     reader = csv.reader(f, delimiter='\t', quoting=csv.QUOTE_NONE)
-    while True:
-      try:
-        row = next(reader)
-      except StopIteration:
-        break
-      except csv.Error as e:
-        raise common.DataError(f'{path}:{reader.line_num}: malformed row ({e}); {fix}') from None
+    for row in common.csv_rows(reader, path, fix):
       line = reader.line_num
       if not row:
         continue
