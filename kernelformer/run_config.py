@@ -1,14 +1,8 @@
-"""The run's typed record: ``Run`` (with ``Model``, ``Attention``, ``Optim`` and ``Eval`` inside), built
-once from the user's ConfigDict by ``of`` -- ``training.validate.validate_config`` returns it -- and read
-by the trainer, the encoder and the decoder.
-
-The ConfigDict stays the user's interface: configs/*.py, ``--config.*`` overrides, ``kernelformer config``
-and the config dumps of config.json, run.json (the fingerprint) and results.json. A new config's values
-are configs/common.py's. A field's default here says what the field's ABSENCE from a config means: the
-behaviour of the runs recorded before it existed (an older workdir, a config file of one's own). These
-are the only such defaults; the fingerprint's ``ADDED_FIELDS`` take theirs from here (``legacy``), and
-tests/training/test_run_config.py checks each against configs/common.py.
-"""
+"""The run's typed record, ``Run`` (``Model``, ``Attention``, ``Optim``, ``Eval``), built once from the
+user's ConfigDict by ``of`` (``training.validate.validate_config`` returns it). The ConfigDict stays the
+user's interface and what run.json, config.json and results.json record; a new config's values are
+configs/common.py's. A default here is what a field's absence means (a run recorded before the field
+existed); tests/training/test_run_config.py checks each against configs/common.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +28,7 @@ class Attention:
     """Whether the model creates a relative-position bias for this kind."""
     return bool(self.rpe) or self.spec.requires_position_bias
 
-  def option(self, name: str) -> Any:
-    """An option's value, None when unset (the kind's own default)."""
+  def option(self, name: str) -> Any:   # None: unset, the kind's own default
     return self.options.get(name)
 
   @property
@@ -115,7 +108,7 @@ class Run:
   early_stop_accuracy: float = 0.0   # no stopping rule (configs/mqar.py sets one)
 
   @property
-  def test_batch_size(self) -> int:
+  def test_batch_size(self) -> int:   # eval_batch_size 0 = batch_size
     return self.eval_batch_size or self.batch_size
 
 

@@ -47,7 +47,7 @@ class WorkdirError(ValueError):
 # Field rules.
 
 
-_INT, _FLOAT, _BOOL, _STR = 'an integer', 'a number', 'true or false', 'a string'
+_INT, _BOOL = 'an integer', 'true or false'
 
 
 def _is_int(v: Any) -> bool:
@@ -73,10 +73,8 @@ def _get(config: Any, field: str) -> Any:
   return node
 
 
-def _check_int(config: Any, field: str, low: int, *, allow_none: bool = False) -> Optional[int]:
+def _check_int(config: Any, field: str, low: int) -> int:
   v = _get(config, field)
-  if v is None and allow_none:
-    return None
   if not _is_int(v):
     _fail(field, v, f'{_INT} >= {low}')
   if v < low:
@@ -84,17 +82,15 @@ def _check_int(config: Any, field: str, low: int, *, allow_none: bool = False) -
   return int(v)
 
 
-def _check_float(config: Any, field: str, *, low: float, low_open: bool, high: float = math.inf,
-                 high_open: bool = True) -> float:
+def _check_float(config: Any, field: str, *, low: float, low_open: bool, high: float = math.inf) -> float:
   v = _get(config, field)
   lo = '(' if low_open else '['
-  hi = ')' if high_open else ']'
-  rng = f'{lo}{low:g}, {high:g}{hi}' if high != math.inf else (
+  rng = f'{lo}{low:g}, {high:g})' if high != math.inf else (
       f'> {low:g}' if low_open else f'>= {low:g}')
   if not _is_number(v) or not math.isfinite(float(v)):
     _fail(field, v, f'a finite number {rng}' if high == math.inf else f'a finite number in {rng}')
   x = float(v)
-  if (x <= low if low_open else x < low) or (x >= high if high_open else x > high):
+  if (x <= low if low_open else x < low) or x >= high:
     _fail(field, v, f'a number {rng}' if high == math.inf else f'a number in {rng}')
   return x
 
@@ -113,10 +109,10 @@ def _check_bool(config: Any, field: str) -> bool:
   return v
 
 
-def _check_str(config: Any, field: str, *, nonempty: bool = True) -> str:
+def _check_str(config: Any, field: str) -> str:
   v = _get(config, field)
-  if not isinstance(v, str) or (nonempty and not v):
-    _fail(field, v, 'a non-empty string' if nonempty else _STR)
+  if not isinstance(v, str) or not v:
+    _fail(field, v, 'a non-empty string')
   return v
 
 
