@@ -62,13 +62,14 @@ import jax.numpy as jnp
 import optax
 
 from kernelformer import registry
+from kernelformer import run_config
 from kernelformer.attention import gaussian as gaussian_lib
 from kernelformer.attention import linear as linear_lib
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.attention import softmax as softmax_lib
 from kernelformer.features import catalog
-from kernelformer.layers import (ModelConfig, RelativePositionBias, attention_options, pre_ln_residuals,
-                                 qkv_projections)
+from kernelformer.layers import (ModelConfig, RelativePositionBias, attention_options, position_bias_wanted,
+                                 pre_ln_residuals, qkv_projections)
 
 Array = Any
 
@@ -431,14 +432,14 @@ class Decoder(ModelConfig):
   """
 
   dropout_rate: float = 0.0
-  tie_embeddings: bool = True
+  tie_embeddings: bool = run_config.Model.tie_embeddings
   decode: bool = False
   # Zoology's model options (docs/recall.md): short_conv > 0 makes the even-numbered blocks (0, 2, ...)
   # BaseConv layers with that many taps and the odd ones attention, as Zoology's
   # Hybrid(configs=[BaseConv, mixer]) picks configs[layer_idx % 2] (zoology/mixers/hybrid.py at
   # d88d6f5, line 26); state_mixer as DecoderBlock.
-  short_conv: int = 0
-  state_mixer: str = 'mlp'
+  short_conv: int = run_config.Model.short_conv
+  state_mixer: str = run_config.Model.state_mixer
   pad_id: Optional[int] = 0          # masked as a key; None: no token is padding (Zoology's MQAR)
 
   @nn.compact
@@ -451,7 +452,6 @@ class Decoder(ModelConfig):
       raise ValueError(f'{QUERY_POSITIONS_KEY} applies to the full forward, not to decode=True')
     attention = dict(self.attention)
     check_causal(attention['kind'])
-    spec = registry.get(attention['kind'])
     deterministic = not train
     length = inputs.shape[1]
     if length > self.max_length:
@@ -479,10 +479,7 @@ class Decoder(ModelConfig):
                        f'got {self.pos_encoding!r}')
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic).astype(self.dtype)
     bias = None
-    if bool(attention.get('rpe')) or spec.requires_position_bias:
-      if not spec.supports_position_bias:
-        raise ValueError(f"attention kind {attention['kind']!r} does not support a relative-position "
-                         'bias (rpe=True)')
+    if position_bias_wanted(attention):
       bias = RelativePositionBias(self.num_heads, name='position_bias')(self.max_length)
     for i in range(self.num_layers):
       mixer = 'base_conv' if self.short_conv > 0 and i % 2 == 0 else 'attention'
@@ -560,14 +557,8 @@ def generate(model: Decoder, params, prompt, num_tokens: int, *, features_key) -
   return jnp.swapaxes(out, 0, 1)
 
 
-def build_decoder(model_config, info) -> Decoder:
-  """The Decoder for ``config.model`` and a language-model ``TaskInfo`` (the trainer's entry point)."""
-  m = model_config
-  check_causal(m.attention['kind'])
-  tie = bool(m.get('tie_embeddings', True))
-  state_mixer = str(m.get('state_mixer', 'mlp'))
-  if state_mixer not in STATE_MIXERS:
-    raise ValueError(f"model.state_mixer must be one of {', '.join(STATE_MIXERS)}, got {state_mixer!r}")
-  return Decoder(**ModelConfig.of(m, info), tie_embeddings=tie,
-                 short_conv=int(m.get('short_conv', 0)), state_mixer=state_mixer,
-                 pad_id=getattr(info, 'pad_id', 0))
+def build_decoder(m: run_config.Model, info) -> Decoder:
+  """The Decoder of the model record and a language-model ``TaskInfo`` (the trainer's entry point)."""
+  check_causal(m.attention.spec.name)
+  return Decoder(**ModelConfig.of(m, info), tie_embeddings=m.tie_embeddings, short_conv=m.short_conv,
+                 state_mixer=m.state_mixer, pad_id=getattr(info, 'pad_id', 0))

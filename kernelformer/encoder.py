@@ -24,9 +24,9 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from kernelformer import registry
+from kernelformer import run_config
 from kernelformer.layers import (LayerDefaults, ModelConfig, RelativePositionBias, dense_init, embed_init,
-                                 remat_block, scanned_layers)
+                                 position_bias_wanted, remat_block, scanned_layers)
 
 RETRIEVAL_HEADS = ('lra', 'nli')
 
@@ -40,17 +40,6 @@ def sinusoidal_positions(length: int, dim: int, max_scale: float = 10000.0) -> n
   return table
 
 
-def uses_position_bias(attention: Mapping[str, Any]) -> bool:
-  """Whether the encoder must create a relative-position bias for this attention config."""
-  spec = registry.get(attention['kind'])
-  wanted = bool(attention.get('rpe')) or spec.requires_position_bias
-  if wanted and not spec.supports_position_bias:
-    raise ValueError(f"attention kind {attention['kind']!r} does not support a relative-position "
-                     "bias (rpe=True); kinds that do: " +
-                     ', '.join(s.name for s in registry.specs() if s.supports_position_bias))
-  return wanted
-
-
 class Encoder(ModelConfig):
   """Embeddings + positions + pre-LN blocks + final LayerNorm + masked pooling -> ``[B, emb_dim]``.
 
@@ -58,14 +47,14 @@ class Encoder(ModelConfig):
 
   pooling: str = 'cls'                 # 'cls' | 'mean'
   rpe_per_layer: bool = False          # Luo et al. share the bias across layers (False)
-  remat: str = 'none'                  # 'none' | 'block' | a jax.checkpoint_policies name (layers.py)
-  scan_layers: bool = False            # one nn.scan over the blocks (params stacked on a layer axis)
-  qkv_bias: bool = True                # biases of the attention projections (layers.MultiHeadAttention)
+  remat: str = run_config.Model.remat  # 'none' | 'block' | a jax.checkpoint_policies name (layers.py)
+  scan_layers: bool = run_config.Model.scan_layers   # one nn.scan over the blocks (params stacked)
+  qkv_bias: bool = run_config.Model.qkv_bias   # biases of the attention projections
   # Initialisers, LayerNorm epsilon and GELU form (layers.LayerDefaults): flax's as LRA builds its
   # model, or those of Skyformer's torch model (config.model.param_init / layer_norm_eps / gelu_approximate).
-  param_init: str = 'lra'
-  layer_norm_eps: float = 1e-6
-  gelu_approximate: bool = True
+  param_init: str = LayerDefaults.param_init
+  layer_norm_eps: float = LayerDefaults.layer_norm_eps
+  gelu_approximate: bool = LayerDefaults.gelu_approximate
 
   @nn.compact
   def __call__(self, inputs, *, train: bool = False, step=None):
@@ -95,7 +84,7 @@ class Encoder(ModelConfig):
     attention = dict(self.attention)
     shared_bias = None
     per_layer = False
-    if uses_position_bias(attention):
+    if position_bias_wanted(attention):
       per_layer = self.rpe_per_layer
       if not per_layer:
         shared_bias = RelativePositionBias(self.num_heads, name='position_bias')(length)
@@ -128,7 +117,7 @@ class Classifier(nn.Module):
   encoder: Mapping[str, Any]     # Encoder fields
   mlp_dim: int
   dual: bool = False             # Retrieval: two documents, encoded separately with shared weights
-  retrieval_head: str = 'nli'    # the dual head: 'lra' | 'nli' (RETRIEVAL_HEADS)
+  retrieval_head: str = run_config.Model.retrieval_head   # the dual head: 'lra' | 'nli' (RETRIEVAL_HEADS)
 
   @nn.compact
   def __call__(self, batch: Mapping[str, Any], *, train: bool = False, step=None):
@@ -136,8 +125,7 @@ class Classifier(nn.Module):
       raise ValueError(f"model.retrieval_head must be one of {', '.join(map(repr, RETRIEVAL_HEADS))}, "
                        f'got {self.retrieval_head!r}')
     enc = Encoder(**self.encoder, name='encoder')
-    init = self.encoder.get('param_init', 'lra')
-    dense = lambda n, fan_in, name: nn.Dense(n, name=name, **dense_init(init, fan_in))
+    dense = lambda n, fan_in, name: nn.Dense(n, name=name, **dense_init(enc.param_init, fan_in))
     if self.dual:
       # One encoder call over both documents (stacked on the batch axis), so the towers are truly
       # siamese: the same random features, landmarks and redraw for both, which two separate calls
@@ -158,3 +146,16 @@ class Classifier(nn.Module):
       h = enc(batch['inputs'], train=train, step=step)
     h = nn.relu(dense(self.mlp_dim, h.shape[-1], 'head_hidden')(h))
     return dense(self.num_classes, self.mlp_dim, 'head_out')(h)
+
+
+def build_classifier(m: run_config.Model, info: Any) -> Classifier:
+  """The classifier of the model record for a classification task's ``TaskInfo``."""
+  fields = ModelConfig.of(m, info)   # the fields the encoder shares with the decoder
+  attention = fields['attention']
+  if 'max_length' in attention and attention['max_length'] is None:
+    attention['max_length'] = info.max_length + (1 if m.pooling == 'cls' else 0)
+  encoder = dict(fields, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer, remat=m.remat,
+                 scan_layers=m.scan_layers, qkv_bias=m.qkv_bias, param_init=m.param_init,
+                 layer_norm_eps=m.layer_norm_eps, gelu_approximate=m.gelu_approximate)
+  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual,
+                    retrieval_head=m.retrieval_head)

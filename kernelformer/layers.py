@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from kernelformer import registry
+from kernelformer import run_config
 
 Array = Any
 
@@ -116,9 +117,15 @@ class LayerDefaults:
   builds its model: ``nn.LayerNorm`` epsilon 1e-6 and ``nn.gelu``'s tanh form; Skyformer's torch model
   has ``nn.LayerNorm`` epsilon 1e-5 and ``nn.GELU()``'s exact erf form."""
 
-  param_init: str = 'lra'
-  layer_norm_eps: float = 1e-6
-  gelu_approximate: bool = True
+  param_init: str = run_config.Model.param_init
+  layer_norm_eps: float = run_config.Model.layer_norm_eps
+  gelu_approximate: bool = run_config.Model.gelu_approximate
+
+
+def position_bias_wanted(attention: Mapping[str, Any]) -> bool:
+  """Whether a model makes a relative-position bias for ``attention`` (rpe set, or a kind that needs
+  one); that the kind takes one is checked once, by ``run_config.attention_of``."""
+  return bool(attention.get('rpe')) or registry.get(attention['kind']).requires_position_bias
 
 
 class MlpBlock(nn.Module):
@@ -255,7 +262,7 @@ class RelativePositionBias(nn.Module):
 class ModelConfig(nn.Module):
   """The record of the fields the encoder and the decoder share: ``encoder.Encoder`` and
   ``decoder.Decoder`` subclass it and add their own. ``of(config.model, info)`` reads them from a
-  config and a task's ``TaskInfo`` -- the one place ``model.dtype`` is checked."""
+  record (``run_config.Model``) and a task's ``TaskInfo`` -- where a model's ``dtype`` is checked."""
 
   vocab_size: int
   emb_dim: int
@@ -274,14 +281,13 @@ class ModelConfig(nn.Module):
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in ('parent', 'name'))
 
   @staticmethod
-  def of(model_config: Any, info: Any) -> dict[str, Any]:
-    """The shared fields (``names()``) of ``config.model`` for a task of ``info.vocab_size`` tokens and
-    ``info.max_length`` positions; the attention mapping as a fresh dict."""
-    m = model_config
+  def of(m: run_config.Model, info: Any) -> dict[str, Any]:
+    """The shared fields (``names()``) of the model record for a task of ``info.vocab_size`` tokens
+    and ``info.max_length`` positions; the attention mapping as a fresh dict."""
     if m.dtype not in DTYPES:
       raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {m.dtype!r}")
-    attention = m.attention.to_dict() if hasattr(m.attention, 'to_dict') else dict(m.attention)
     return dict(vocab_size=info.vocab_size, emb_dim=m.emb_dim, num_layers=m.num_layers,
-                num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim, attention=attention,
+                num_heads=m.num_heads, qkv_dim=m.qkv_dim, mlp_dim=m.mlp_dim,
+                attention=dict(m.attention.options),
                 max_length=info.max_length, dropout_rate=m.dropout_rate,
                 pos_encoding=m.pos_encoding, dtype=DTYPES[m.dtype])

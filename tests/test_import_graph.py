@@ -35,7 +35,8 @@ LAYERS = (
     ('kernelformer.attention',),                                # the mechanisms
     ('kernelformer.registry',),                                 # name -> mechanism
     ('kernelformer.plugins',),                                  # a user's kernels
-    ('kernelformer.layers', 'kernelformer.encoder', 'kernelformer.decoder'),   # models
+    ('kernelformer.layers', 'kernelformer.encoder', 'kernelformer.decoder',
+     'kernelformer.run_config'),                                 # models and the run's record
     ('kernelformer.training',),                                 # trainer, checks, evaluation
     ('kernelformer.bench', 'kernelformer.reproduce'),           # measurements, sweeps, reports
     ('kernelformer.commands', 'kernelformer.cli', 'kernelformer.__main__',

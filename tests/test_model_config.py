@@ -8,7 +8,7 @@ import types
 import jax.numpy as jnp
 import pytest
 
-from kernelformer import decoder, encoder
+from kernelformer import decoder, encoder, run_config
 from kernelformer.layers import ModelConfig
 from kernelformer.training import trainer
 from tests.training import helpers
@@ -33,13 +33,14 @@ def test_encoder_and_decoder_declare_the_shared_fields_once():
 def test_the_trainer_builds_both_models_from_the_record(tmp_path):
   c = helpers.tiny_config(tmp_path, **{'model.dtype': 'bfloat16'})
   info = types.SimpleNamespace(vocab_size=21, max_length=17, num_classes=3, dual=False)
-  shared = ModelConfig.of(c.model, info)
+  shared = ModelConfig.of(run_config.of(c).model, info)
   assert shared['dtype'] == jnp.bfloat16 and shared['max_length'] == 17
-  enc = trainer.build_model(c, info).encoder
+  run = run_config.of(c)
+  enc = trainer.build_model(run, info).encoder
   assert {k: enc[k] for k in shared if k != 'attention'} == {k: v for k, v in shared.items()
                                                              if k != 'attention'}
   lm = types.SimpleNamespace(vocab_size=21, max_length=17, language_model=True)
-  dec = trainer.build_model(c, lm)
+  dec = trainer.build_model(run, lm)
   assert isinstance(dec, decoder.Decoder)
   assert {k: getattr(dec, k) for k in shared} == shared
 
@@ -50,4 +51,5 @@ def test_a_bad_dtype_is_the_same_line_for_encoder_and_decoder(tmp_path, language
   info = types.SimpleNamespace(vocab_size=21, max_length=17, num_classes=3, dual=False,
                                language_model=language_model)
   with pytest.raises(ValueError, match=r"^model.dtype must be one of float32, bfloat16, got 'float16'$"):
-    trainer.build_model(c, info)
+    run = run_config.of(c)
+    trainer.build_model(run, info)

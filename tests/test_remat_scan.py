@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from kernelformer import run_config
 from kernelformer import layers
 from kernelformer.encoder import Classifier
 from kernelformer.training import validate
@@ -181,7 +182,8 @@ def test_config_fields_validated_and_passed():
     layers.remat_block('dots')
   c.model.remat, c.model.scan_layers = 'dots_saveable', True
   validate.validate_config(c)
-  model = trainer.build_model(c, lra_tasks.get('text').info(c.data))
+  run = run_config.of(c)
+  model = trainer.build_model(run, lra_tasks.get('text').info(c.data))
   assert model.encoder['remat'] == 'dots_saveable' and model.encoder['scan_layers'] is True
   # The LM decoder takes neither: refused before anything is built.
   from configs import mqar  # pylint: disable=g-import-not-at-top

@@ -61,6 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernelformer import run_config
 from kernelformer.bench import measure
 from kernelformer.bench import pallas_reference as reference
 from kernelformer.pallas import FEATURES, feature_attention
@@ -448,10 +449,11 @@ def time_train_step(variant: str, opts: Options) -> dict[str, Any]:
     row['note'] = 'dry run: XLA softmax stands in for cuDNN'
   try:
     info = lra_tasks.get('text').info(config.data)
-    model = trainer.build_model(config, info)
-    tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
+    run = run_config.of(config)
+    model = trainer.build_model(run, info)
+    tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
     keys = trainer.run_keys(config.seed)
-    train_step, _ = trainer.make_steps(model, tx, schedule, config, keys)
+    train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
     length = info.max_length
     dummy = {'inputs': jnp.ones((1, length), jnp.int32)}
     variables = dict(model.init({'params': keys['init'], 'dropout': keys['init'],

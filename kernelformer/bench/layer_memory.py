@@ -18,6 +18,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from kernelformer import run_config
+
 DEFAULT_REMATS = ('none', 'block', 'dots_saveable', 'nothing_saveable')
 
 
@@ -31,10 +33,11 @@ def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bo
   c.model.attention.kind = kind
   c.model.remat, c.model.scan_layers = remat, scan_layers
   info = lra_tasks.get('text').info(c.data)
-  model = trainer.build_model(c, info)
+  run = run_config.of(c)
+  model = trainer.build_model(run, info)
   keys = trainer.run_keys(c.seed)
-  tx, schedule = optim.make_optimizer(c.optim, c.num_train_steps)
-  train_step, _ = trainer.make_steps(model, tx, schedule, c, keys)
+  tx, schedule = optim.make_optimizer(run.optim, run.num_train_steps)
+  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
   tokens = jax.random.randint(jax.random.key(1), (batch, info.max_length), 1, info.vocab_size)
   variables = dict(jax.jit(lambda: model.init(
       {'params': keys['init'], 'dropout': keys['init'], 'features': keys['features']},

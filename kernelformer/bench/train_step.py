@@ -26,6 +26,7 @@ import ml_collections
 import numpy as np
 
 import lra_tasks
+from kernelformer import run_config
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
 from kernelformer.training import trainer
@@ -50,12 +51,13 @@ def random_batch(info, batch_size: int, seed: int = 0) -> dict:
 
 
 def _compiled_step(config: ml_collections.ConfigDict, info, batch):
-  model = trainer.build_model(config, info)
+  run = run_config.of(config)
+  model = trainer.build_model(run, info)
   keys = trainer.run_keys(config.seed)
-  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
-  train_step, _ = trainer.make_steps(model, tx, schedule, config, keys)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
   mesh = sharding.make_mesh(None)
-  state = trainer.init_state(model, tx, info, config, keys, mesh)
+  state = trainer.init_state(model, tx, info, run, keys, mesh)
   start = time.perf_counter()
   compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile()
   return compiled, state, time.perf_counter() - start

@@ -68,6 +68,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from kernelformer import run_config
+
 TASKS = ('text', 'listops', 'retrieval', 'pathfinder', 'image')
 REFERENCE = 'softmax'
 KINDS = ('nystromformer', 'gaussian', 'skyformer')
@@ -253,9 +255,10 @@ def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *
   if int(c.optim.grad_accum_steps) != 1:
     raise InstabilityError('optim.grad_accum_steps must be 1 (one update per batch x_i)')
   info = lra_tasks.get(c.data.task).info(c.data)
-  model = trainer.build_model(c, info)
+  run = run_config.of(c)
+  model = trainer.build_model(run, info)
   keys = trainer.run_keys(c.seed)  # the trainer's key convention
-  tx, _ = optim_lib.make_optimizer(c.optim, c.num_train_steps)
+  tx, _ = optim_lib.make_optimizer(run.optim, run.num_train_steps)
   dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
   variables = dict(model.init({'params': keys['init'], 'dropout': keys['init'],
                                'features': keys['features']}, dummy, train=False))

@@ -126,7 +126,7 @@ def rows(tasks: tuple[str, ...] = TASKS) -> list[Row]:
           batch=c.batch_size, pooling=c.model.pooling, positions=c.model.pos_encoding, length=_length(c), attention=_attention(c),
           dropout=f'{c.model.dropout_rate:g} / {c.model.attention.attention_dropout:g}',
           eval_every=c.eval_every, weight_decay=c.optim.weight_decay,
-          decay_mask=optim_lib.decay_mode(c.optim), adam=_adam(c), clip=_clip(c),
+          decay_mask=c.optim.decay_mask, adam=_adam(c), clip=_clip(c),
           eval_batches=str(c.max_eval_batches) if c.max_eval_batches else 'all',
           test_checkpoint=c.eval.test_checkpoint, qkv_bias='yes' if c.model.qkv_bias else 'no',
           init=(f"{c.model.param_init} ({c.model.layer_norm_eps:g}, "

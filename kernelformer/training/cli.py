@@ -180,8 +180,7 @@ def parse_flags_one_line(argv: list, flag_values=None) -> list:
     if not is_config:
       _usage_error(f'--config {spec}: get_config() returned {type(config).__name__}, not an '
                    'ml_collections.ConfigDict')
-    # The user's kernels register before any kind is looked up (docs/extending.md).
-    plugins.load(config.model.attention.get('plugin'))
+    # The user's kernels register (docs/extending.md) and the kind resolves, once for the overrides.
     from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
     validate.check_attention_overrides(config, overridden_fields(argv))
   return rest

@@ -15,6 +15,8 @@ import hashlib
 import json
 from typing import Any, Mapping
 
+from kernelformer import run_config
+
 # numpy and jax are imported where they are used: the config fingerprint (and the workdir and signal
 # modules that use it) must load in a moment, before a training process imports jax (a Ctrl-C while
 # jax loads is handled by kernelformer.training.signals).
@@ -97,29 +99,14 @@ def digest(fields: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-# Fields added to the configs after runs were recorded whose absence means one value (the behaviour of
-# every earlier run): a resume whose config sets another value is a difference, not a new field.
-ADDED_FIELDS: dict[str, Any] = {
-    'optim.decay_mask': 'matrices',   # kernelformer/training/optim.py DEFAULT_DECAY_MASK
-    'model.short_conv': 0,            # kernelformer/decoder.py: no BaseConv layers
-    'model.state_mixer': 'mlp',
-    # Absent: a run of the MQAR task before it followed Zoology's generator, which is now ``mqar_legacy`` (lra_tasks/mqar.py);
-    # Zoology's ``mqar`` sets True or False, so resuming such a run on today's ``mqar`` is a difference.
-    'data.query_targets': None,
-    'data.eval_context': 'disjoint',  # enwik8's test scheme before lm_eval.py (non-overlapping windows)
-    'data.eval_stride': 0,
-    'early_stop_accuracy': 0.0,       # trainer: no stopping rule (configs/mqar.py)
-    # The paper-setting options (configs/common.py): these values are what every earlier run did.
-    'data.pixel_padding': 'none',     # pixels + 1, nothing masked
-    'model.qkv_bias': True,
-    'model.retrieval_head': 'nli',
-    'optim.grad_clip_value': 0.0,
-    'eval.test_checkpoint': 'best',
-    # The layers' initialisation and numerics (kernelformer/layers.py LayerDefaults): flax's.
-    'model.param_init': 'lra',
-    'model.layer_norm_eps': 1e-6,
-    'model.gelu_approximate': True,
-}
+# Fields added to the configs after runs were recorded: their absence means one value, the behaviour of
+# every earlier run (``run_config.legacy``, the record's defaults), so a resume whose config sets another
+# value is a difference, not a new field.
+ADDED_FIELDS: dict[str, Any] = {name: run_config.legacy(name) for name in (
+    'optim.decay_mask', 'model.short_conv', 'model.state_mixer', 'data.query_targets',
+    'data.eval_context', 'data.eval_stride', 'early_stop_accuracy', 'data.pixel_padding',
+    'model.qkv_bias', 'model.retrieval_head', 'optim.grad_clip_value', 'eval.test_checkpoint',
+    'model.param_init', 'model.layer_norm_eps', 'model.gelu_approximate')}
 
 
 def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelformer import decoder
+from kernelformer import run_config
 # The eval_context checks are config checks (``validate``); imported here under the names this module's
 # callers use.
 from kernelformer.training.validate import EvalContextError, eval_scheme as scheme, stateful_problem
@@ -117,12 +118,4 @@ def evaluate_windows(model, variables: dict, source, *, features_key,
 
 def stateful_problem_of_model(model) -> Optional[str]:
   """``stateful_problem`` for a built ``decoder.Decoder``."""
-  return stateful_problem(_ModelConfig(model))
-
-
-class _ModelConfig(dict):
-  """The fields of ``config.model`` that ``stateful_problem`` reads, from a built Decoder."""
-
-  def __init__(self, model):
-    super().__init__(attention=dict(model.attention), pos_encoding=model.pos_encoding)
-    self.attention = self['attention']
+  return stateful_problem(run_config.attention_of(model.attention), model.pos_encoding)

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from kernelformer import run_config
+
 SCHEDULES = ('rsqrt', 'cosine', 'linear', 'constant', 'onecycle-linear', 'onecycle-cosine')
 
 # torch.optim.lr_scheduler.OneCycleLR's defaults, which Skyformer's src/main.py 292-298 keeps
@@ -82,8 +84,6 @@ def make_schedule(optim, num_train_steps: int) -> optax.Schedule:
 
 # The choices of ``optim.decay_mask`` (configs/common.py), i.e. which parameters AdamW decays.
 DECAY_MASKS = ('matrices', 'all')
-# Configs written before the field existed decayed by the 'matrices' rule.
-DEFAULT_DECAY_MASK = 'matrices'
 
 # Parameter names that 'matrices' never decays: Dense/DenseGeneral and LayerNorm offsets ('bias', which
 # for the per-head q/k/v projections and vmapped samplers is 2-D), LayerNorm gains ('scale') and the
@@ -102,7 +102,7 @@ def _names(path) -> list[str]:
   return [str(getattr(k, 'key', getattr(k, 'name', k))) for k in path]
 
 
-def decay_mask(params, mode: str = DEFAULT_DECAY_MASK):
+def decay_mask(params, mode: str = run_config.Optim.decay_mask):
   """AdamW's decay mask for ``params``: a tree of bools, True where the parameter is decayed.
 
   * ``'all'``: every parameter, as LRA's optimizer: flax ``optim.Adam(weight_decay=...)``
@@ -134,11 +134,6 @@ def decay_mask(params, mode: str = DEFAULT_DECAY_MASK):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def decay_mode(optim) -> str:
-  """``optim.decay_mask``, or 'matrices' for a config written before the field existed."""
-  return str(optim.get('decay_mask', DEFAULT_DECAY_MASK)) if hasattr(optim, 'get') else DEFAULT_DECAY_MASK
-
-
 def momentum_schedule(optim, num_train_steps: int) -> optax.Schedule | None:
   """Adam's beta1 at each step under a one-cycle schedule (torch OneCycleLR ``cycle_momentum=True``:
   ``ONECYCLE_MAX_MOMENTUM`` -> ``ONECYCLE_BASE_MOMENTUM`` at the rate's peak -> back at the last step,
@@ -159,13 +154,12 @@ def make_optimizer(optim, num_train_steps: int) -> tuple[optax.GradientTransform
   rate and beta1)."""
   schedule = make_schedule(optim, num_train_steps)
   parts = []
-  clip_value = float(optim.get('grad_clip_value', 0.0) or 0.0) if hasattr(optim, 'get') else 0.0
-  if clip_value > 0:
-    parts.append(optax.clip(clip_value))
+  if optim.grad_clip_value > 0:
+    parts.append(optax.clip(float(optim.grad_clip_value)))
   if optim.grad_clip_norm and optim.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(float(optim.grad_clip_norm)))
   adamw = dict(b2=float(optim.b2), eps=float(optim.eps), weight_decay=float(optim.weight_decay),
-               mask=functools.partial(decay_mask, mode=decay_mode(optim)))
+               mask=functools.partial(decay_mask, mode=optim.decay_mask))
   b1 = momentum_schedule(optim, num_train_steps)
   if b1 is None:
     parts.append(optax.adamw(schedule, b1=float(optim.b1), **adamw))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-DEFAULT = 'best'
 CHOICES = "'best', 'final' or 'best_after:<fraction>' with 0 <= fraction < 1"
 
 
@@ -38,12 +37,6 @@ def parse(rule: str) -> tuple[str, float]:
     if 0.0 <= fraction < 1.0:
       return 'best_after', fraction
   raise ValueError(f'config.eval.test_checkpoint={rule!r} is invalid: must be {CHOICES}')
-
-
-def rule_of(config: Any) -> str:
-  """``config.eval.test_checkpoint``, or ``'best'`` for a config written before the field existed."""
-  ev = config.get('eval') if hasattr(config, 'get') else None
-  return str(ev.get('test_checkpoint', DEFAULT)) if ev is not None else DEFAULT
 
 
 def tests_best(rule: str) -> bool:

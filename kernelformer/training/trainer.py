@@ -15,10 +15,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import flax.linen as nn
 import flax.struct
@@ -29,11 +30,10 @@ import numpy as np
 import optax
 
 import lra_tasks
+from kernelformer import encoder
 from kernelformer import plugins
-from kernelformer import registry
+from kernelformer import run_config
 from kernelformer.attention import distill as distill_lib
-from kernelformer.encoder import Classifier
-from kernelformer.layers import ModelConfig, check_init
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import lm_eval
@@ -54,34 +54,13 @@ class TrainState:
   model_state: Any          # non-parameter collections (e.g. batch statistics of a generative sampler)
 
 
-def build_model(config: ml_collections.ConfigDict, info: lra_tasks.TaskInfo) -> Classifier:
-  m = config.model
+def build_model(run: run_config.Run, info: lra_tasks.TaskInfo) -> nn.Module:
+  """The classifier (dual encoder for Retrieval), or for causal LM tasks (enwik8, MQAR, selective copy)
+  the decoder-only model with per-token targets."""
   if is_language_model(info):
-    # Causal LM tasks (enwik8, MQAR, selective copy): the decoder-only model, per-token targets.
-    if m.get('remat', 'none') != 'none' or m.get('scan_layers', False):
-      raise ValueError('model.remat and model.scan_layers apply to the encoder of classification '
-                       "tasks; the decoder of LM tasks does not take them (leave 'none' / False)")
-    if (m.get('param_init', 'lra'), m.get('layer_norm_eps', 1e-6), m.get('gelu_approximate', True)) != (
-        'lra', 1e-6, True):
-      raise ValueError('model.param_init, model.layer_norm_eps and model.gelu_approximate apply to the '
-                       'encoder of classification tasks; the decoder of LM tasks keeps its own (leave '
-                       "'lra', 1e-6, True)")
     from kernelformer import decoder  # pylint: disable=g-import-not-at-top
-    return decoder.build_decoder(m, info)
-  fields = ModelConfig.of(m, info)   # the fields the encoder shares with the decoder; dtype checked
-  attention = fields['attention']
-  plugins.load(attention.get('plugin'))  # the user's kernels (docs/extending.md), before the name is looked up
-  registry.get(attention['kind'])  # an unknown kind fails here, with the list of valid kinds
-  if attention.get('max_length') is None and 'max_length' in attention:
-    attention['max_length'] = info.max_length + (1 if m.pooling == 'cls' else 0)
-  encoder = dict(fields, pooling=m.pooling, rpe_per_layer=m.rpe_per_layer,
-                 remat=m.get('remat', 'none'), scan_layers=bool(m.get('scan_layers', False)),
-                 qkv_bias=bool(m.get('qkv_bias', True)),
-                 param_init=check_init(m.get('param_init', 'lra')),
-                 layer_norm_eps=float(m.get('layer_norm_eps', 1e-6)),
-                 gelu_approximate=bool(m.get('gelu_approximate', True)))
-  return Classifier(num_classes=info.num_classes, encoder=encoder, mlp_dim=m.mlp_dim, dual=info.dual,
-                    retrieval_head=m.get('retrieval_head', 'nli'))
+    return decoder.build_decoder(run.model, info)
+  return encoder.build_classifier(run.model, info)
 
 
 def is_language_model(info) -> bool:
@@ -114,98 +93,108 @@ def cross_entropy(logits, labels, weights=None):
   return losses * weights, correct * weights, weights
 
 
-def make_steps(model: Classifier, tx: optax.GradientTransformation, schedule, config,
+def make_steps(model: nn.Module, tx: optax.GradientTransformation, schedule, run: run_config.Run,
                keys: dict):
   """The jitted-to-be train and eval steps (pure functions of state and batch)."""
-  accum = int(config.optim.grad_accum_steps)
-  names = None  # filled lazily from the batch
   lm = is_decoder(model)
   # Auxiliary losses sown by the model (Hedgehog's attention distillation, attention/distill.py): only
   # when asked for, so with weight 0 the step is the plain one.
-  aux = ((distill_lib.DISTILL_COLLECTION,)
-         if float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0 else ())
-
-  def loss_fn(params, model_state, batch, step, dropout_key):
-    variables = {'params': params, **model_state}
-    rngs = {'dropout': dropout_key, 'features': keys['features']}
-    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    mutable = list(model_state.keys()) + list(aux)
-    if mutable:
-      logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs,
-                                      mutable=mutable)
-    else:
-      logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs), {}
-    extra = {}
-    if aux:
-      new_state = dict(new_state)
-      extra['aux_loss'] = sum((jnp.sum(x) for x in jax.tree.leaves(new_state.pop(aux[0], {}))),
-                              jnp.zeros((), jnp.float32))
-    if lm:
-      # Next-token loss per position, weight 0 where targets == 0 (padding / not a query).
-      losses, correct, w = cross_entropy(logits, batch['targets'],
-                                         (batch['targets'] != 0).astype(jnp.float32))
-      n = jnp.maximum(jnp.sum(w), 1.0)
-      task, acc = jnp.sum(losses) / n, jnp.sum(correct) / n
-    else:
-      losses, correct, _ = cross_entropy(logits, batch['targets'])
-      task, acc = jnp.mean(losses), jnp.mean(correct)
-    if aux:
-      return task + extra['aux_loss'], ({'acc': acc, **extra}, new_state)
-    return task, (acc, new_state)
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  aux = (distill_lib.DISTILL_COLLECTION,) if run.model.attention.distills else ()
+  grad_fn = jax.value_and_grad(functools.partial(step_loss, model, keys['features'], lm, aux),
+                               has_aux=True)
+  accum = run.optim.grad_accum_steps
 
   def train_step(state: TrainState, batch):
     dropout_key = jax.random.fold_in(keys['dropout'], state.step)
     if accum == 1:
-      (loss, (acc, new_model_state)), grads = grad_fn(state.params, state.model_state, batch,
-                                                      state.step, dropout_key)
+      (loss, (acc, model_state)), grads = grad_fn(state.params, state.model_state, batch,
+                                                  state.step, dropout_key)
     else:
-      # Micro-batches of one global batch, gradients averaged: the update equals the large-batch one.
-      # Strided rows (micro-batch i = rows i, i+k, ...) keep each device's rows on that device: with
-      # the batch sharded on its leading axis, contiguous blocks would be resharded every step.
-      micro = jax.tree.map(
-          lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+      grads, loss, acc, model_state = accumulated_grads(grad_fn, state, batch, dropout_key, accum,
+                                                        bool(aux))
+    return apply_update(tx, schedule, state, grads, loss, acc, model_state, bool(aux))
 
-      def body(carry, xs):
-        g_sum, l_sum, a_sum, mstate = carry
-        mb, i = xs
-        (l, (a, ms)), g = grad_fn(state.params, mstate, mb, state.step,
-                                  jax.random.fold_in(dropout_key, i))
-        return (jax.tree.map(jnp.add, g_sum, g), l_sum + l, jax.tree.map(jnp.add, a_sum, a), ms), None
+  return train_step, functools.partial(eval_sums, model, keys['features'], lm)
 
-      zeros = jax.tree.map(jnp.zeros_like, state.params)
-      acc0 = {'acc': 0.0, 'aux_loss': 0.0} if aux else 0.0
-      (grads, loss, acc, new_model_state), _ = jax.lax.scan(
-          body, (zeros, 0.0, acc0, state.model_state), (micro, jnp.arange(accum)))
-      grads = jax.tree.map(lambda g: g / accum, grads)
-      loss, acc = loss / accum, jax.tree.map(lambda a: a / accum, acc)
-    extra = {}
-    if aux:   # the sown auxiliary losses, logged beside the total loss they are part of
-      acc, extra = acc['acc'], {'aux_loss': acc['aux_loss']}
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                           model_state=new_model_state if new_model_state else state.model_state)
-    metrics = {'loss': loss, 'accuracy': acc, 'learning_rate': schedule(state.step),
-               'grad_norm': optax.global_norm(grads), **extra}
-    return new_state, metrics
 
-  def eval_step(state: TrainState, batch, draw_step=None):
-    """Loss, correct and count sums. ``draw_step`` None: the random draws of the last training step
-    (kept in ``state.model_state``, attention/draws.py); a step: that training step's draws."""
-    variables = {'params': state.params, **state.model_state}
-    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    logits = model.apply(variables, inputs, train=False, step=draw_step,
-                         rngs={'features': keys['features']})
-    weights = batch['weights']
-    if lm:
-      weights = weights[:, None] * (batch['targets'] != 0).astype(jnp.float32)
-    losses, correct, weights = cross_entropy(logits, batch['targets'], weights)
-    return {'loss': jnp.sum(losses), 'correct': jnp.sum(correct), 'count': jnp.sum(weights)}
+def step_loss(model, features_key, lm: bool, aux: tuple, params, model_state, batch, step,
+              dropout_key):
+  """The training loss of ``batch`` and ``(accuracy, new model state)``; with ``aux`` (the sown
+  collections) the loss includes their sum and the accuracy is ``{'acc', 'aux_loss'}``."""
+  variables = {'params': params, **model_state}
+  rngs = {'dropout': dropout_key, 'features': features_key}
+  inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+  mutable = list(model_state.keys()) + list(aux)
+  if mutable:
+    logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs,
+                                    mutable=mutable)
+  else:
+    logits, new_state = model.apply(variables, inputs, train=True, step=step, rngs=rngs), {}
+  if lm:
+    # Next-token loss per position, weight 0 where targets == 0 (padding / not a query).
+    losses, correct, w = cross_entropy(logits, batch['targets'],
+                                       (batch['targets'] != 0).astype(jnp.float32))
+    n = jnp.maximum(jnp.sum(w), 1.0)
+    task, acc = jnp.sum(losses) / n, jnp.sum(correct) / n
+  else:
+    losses, correct, _ = cross_entropy(logits, batch['targets'])
+    task, acc = jnp.mean(losses), jnp.mean(correct)
+  if not aux:
+    return task, (acc, new_state)
+  new_state = dict(new_state)
+  aux_loss = sum((jnp.sum(x) for x in jax.tree.leaves(new_state.pop(aux[0], {}))),
+                 jnp.zeros((), jnp.float32))
+  return task + aux_loss, ({'acc': acc, 'aux_loss': aux_loss}, new_state)
 
-  del names
-  return train_step, eval_step
+
+def accumulated_grads(grad_fn, state: TrainState, batch, dropout_key, accum: int, aux: bool):
+  """Micro-batches of one global batch, gradients averaged: the update equals the large-batch one.
+  Strided rows (micro-batch i = rows i, i+k, ...) keep each device's rows on that device: with the
+  batch sharded on its leading axis, contiguous blocks would be resharded every step."""
+  micro = jax.tree.map(
+      lambda x: x.reshape(x.shape[0] // accum, accum, *x.shape[1:]).swapaxes(0, 1), batch)
+
+  def body(carry, xs):
+    g_sum, l_sum, a_sum, mstate = carry
+    mb, i = xs
+    (l, (a, ms)), g = grad_fn(state.params, mstate, mb, state.step,
+                              jax.random.fold_in(dropout_key, i))
+    return (jax.tree.map(jnp.add, g_sum, g), l_sum + l, jax.tree.map(jnp.add, a_sum, a), ms), None
+
+  zeros = jax.tree.map(jnp.zeros_like, state.params)
+  acc0 = {'acc': 0.0, 'aux_loss': 0.0} if aux else 0.0
+  (grads, loss, acc, model_state), _ = jax.lax.scan(
+      body, (zeros, 0.0, acc0, state.model_state), (micro, jnp.arange(accum)))
+  return (jax.tree.map(lambda g: g / accum, grads), loss / accum,
+          jax.tree.map(lambda a: a / accum, acc), model_state)
+
+
+def apply_update(tx, schedule, state: TrainState, grads, loss, acc, model_state, aux: bool):
+  """The optimizer's update and the step's metrics (the sown auxiliary losses logged beside the total
+  loss they are part of)."""
+  extra = {}
+  if aux:
+    acc, extra = acc['acc'], {'aux_loss': acc['aux_loss']}
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                         model_state=model_state if model_state else state.model_state)
+  metrics = {'loss': loss, 'accuracy': acc, 'learning_rate': schedule(state.step),
+             'grad_norm': optax.global_norm(grads), **extra}
+  return new_state, metrics
+
+
+def eval_sums(model, features_key, lm: bool, state: TrainState, batch, draw_step=None):
+  """Loss, correct and count sums. ``draw_step`` None: the random draws of the last training step
+  (kept in ``state.model_state``, attention/draws.py); a step: that training step's draws."""
+  variables = {'params': state.params, **state.model_state}
+  inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
+  logits = model.apply(variables, inputs, train=False, step=draw_step, rngs={'features': features_key})
+  weights = batch['weights']
+  if lm:
+    weights = weights[:, None] * (batch['targets'] != 0).astype(jnp.float32)
+  losses, correct, weights = cross_entropy(logits, batch['targets'], weights)
+  return {'loss': jnp.sum(losses), 'correct': jnp.sum(correct), 'count': jnp.sum(weights)}
 
 
 def init_state(model, tx, info, config, keys, mesh) -> TrainState:
@@ -223,19 +212,18 @@ def init_state(model, tx, info, config, keys, mesh) -> TrainState:
   return jax.jit(init, out_shardings=sharding.replicated(mesh))(keys['init'])
 
 
-def evaluate(eval_step, state, source, config, mesh, *, max_batches: Optional[int] = None,
+def evaluate(eval_step, state, source, run: run_config.Run, mesh, *, max_batches: Optional[int] = None,
              on_batch: Optional[Callable[[int], None]] = None) -> dict[str, float]:
   """Loss, accuracy and example count over ``source`` (``max_batches``: None = the periodic-validation
-  cap ``config.max_eval_batches``; 0 = the whole split, which the final test always uses).
+  cap ``run.max_eval_batches``; 0 = the whole split, which the final test always uses).
 
   ``on_batch(i)`` is called before batch ``i`` (the watchdog counts evaluation batches as progress).
   The per-batch sums stay on the device and are read once, at the end (summed in float64 on the host).
   """
-  batch_size = config.eval_batch_size or config.batch_size
   if max_batches is None:
-    max_batches = config.max_eval_batches
+    max_batches = run.max_eval_batches
   outs = []
-  for i, batch in enumerate(input_pipeline.eval_batches(source, batch_size, max_batches)):
+  for i, batch in enumerate(input_pipeline.eval_batches(source, run.test_batch_size, max_batches)):
     if on_batch is not None:
       on_batch(i)
     outs.append(eval_step(state, sharding.shard_batch(batch, mesh)))
@@ -254,7 +242,6 @@ def count_params(params) -> int:
 # on_nonfinite='skip': after this many consecutive non-finite steps the run stops anyway (a run that
 # only skips is not training).
 MAX_CONSECUTIVE_SKIPS = 10
-ON_NONFINITE = ('stop', 'skip')
 # Steps dispatched ahead of the one the host waits for: the device always has the next steps queued,
 # while the watchdog still names the first step that does not finish. Each holds only its batch and
 # its window. When more than MAX_IN_FLIGHT are in flight the host waits until RESUME_IN_FLIGHT are:
@@ -303,7 +290,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     after the restored step.
   """
   logging.getLogger('absl').setLevel(logging.WARNING)
-  validate.validate_run(config, workdir, devices)  # user mistakes: one line, before anything is created
+  run = validate.validate_run(config, workdir, devices)  # user mistakes: one line, before anything is created
   workdir = os.path.abspath(workdir)
   is_lead = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
@@ -313,30 +300,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   watchdog = signals_lib.Watchdog()
   watchdog.on_fire = lock.release
   try:
-    return _train_and_evaluate(config, workdir, hooks, devices, watchdog)
+    return _train_and_evaluate(config, run, workdir, hooks, devices, watchdog)
   finally:
     watchdog.close()
     lock.release()
 
 
-def _train_and_evaluate(config, workdir, hooks, devices, watchdog) -> dict:
+def _train_and_evaluate(config, run, workdir, hooks, devices, watchdog) -> dict:
   """read the workdir -> build -> restore -> train (steps and boundaries: log, evaluate, save) -> test
   -> finish: each phase a function of the values the one before returned (``Setup``, ``RunMeta``,
   ``Segment``, ``Journal``, the state)."""
   t0, started = time.monotonic(), workdir_lib.now_iso()
-  policy = nonfinite_policy(config)
-  prior = read_prior(config, workdir)
-  finished = finished_results(config, prior)
+  prior = read_prior(config, run, workdir)
+  finished = finished_results(run, prior)
   if finished is not None:
     return finished
-  setup, state = build(config, workdir, prior, policy=policy, hooks=hooks, devices=devices,
-                       watchdog=watchdog)
+  setup, state = build(config, run, workdir, prior, hooks=hooks, devices=devices, watchdog=watchdog)
   setup, state, meta, segment, journal = restore(setup, state, t0=t0, started=started)
   completed = False
   try:
     with setup.stop:
-      state = Loop(setup, meta, segment, journal).run(state, segment.start_step, setup.num_steps,
-                                                       setup.batches)
+      loop = Loop(setup, meta, segment, journal)
+      state = loop.run(state, segment.start_step, setup.num_steps, setup.batches)
+      meta = loop.meta
       tested = test(setup, meta, state, segment)
     completed = True
   finally:
@@ -488,18 +474,18 @@ class Prior:
     return self.previous is not None
 
 
-def read_prior(config: ml_collections.ConfigDict, workdir: str) -> Prior:
+def read_prior(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str) -> Prior:
   record = workdir_lib.RunRecord(workdir)
   record.load()
-  allowed = record.check(config, None)
+  allowed = record.check(config, run.allow_config_change)
   return Prior(record=record, allowed=allowed, previous=workdir_lib.read_results(workdir))
 
 
-def finished_results(config: ml_collections.ConfigDict, prior: Prior) -> Optional[RunResults]:
+def finished_results(run: run_config.Run, prior: Prior) -> Optional[RunResults]:
   """A workdir belongs to one config; a finished run is finished. Decided before any write."""
   previous = prior.previous
-  if previous is not None and not prior.allowed and not bool(config.get('reevaluate', False)) and \
-      (previous.get('final_step') == int(config.num_train_steps) or previous.get('stopped_early')) and \
+  if previous is not None and not prior.allowed and not run.reevaluate and \
+      (previous.get('final_step') == run.num_train_steps or previous.get('stopped_early')) and \
       previous.get('config_fingerprint') in (None, prior.record.fingerprint):
     done = RunResults(previous)
     done.status = 'finished'
@@ -511,10 +497,10 @@ class Watch:
   """The run's watchdog with its two limits (``watchdog_step_s``; ``watchdog_compile_s`` while
   compiling). The run's first evaluation batch compiles the eval step and gets the compile limit."""
 
-  def __init__(self, watchdog: signals_lib.Watchdog, config: ml_collections.ConfigDict):
+  def __init__(self, watchdog: signals_lib.Watchdog, run: run_config.Run):
     self.watchdog = watchdog
-    self.step_limit = float(config.get('watchdog_step_s', 0) or 0)
-    self.compile_limit = float(config.get('watchdog_compile_s', 0) or 0)
+    self.step_limit = float(run.watchdog_step_s)
+    self.compile_limit = float(run.watchdog_compile_s)
     self.eval_compiled = False
 
   def step(self, what, progress: Optional[Callable[[], int]] = None) -> None:
@@ -539,7 +525,8 @@ class Watch:
 class Setup:
   """What a run is built from, once (``build``, ``refuse_silent_restart``): nothing in it is reassigned
   while the run trains. The bench's loop (``benchmark_loop``) has no sources and no checkpoints."""
-  config: ml_collections.ConfigDict
+  config: ml_collections.ConfigDict   # the user's, as recorded (run.json, config.json, results.json)
+  run: run_config.Run                 # what the run reads
   workdir: str
   prior: Optional[Prior]
   is_lead: bool
@@ -548,93 +535,77 @@ class Setup:
   hooks: tuple
   stop: signals_lib.StopSignals
   watch: Watch
-  info: Any                       # the task's TaskInfo
-  mesh: Any
+  info: lra_tasks.TaskInfo
+  mesh: jax.sharding.Mesh
   model: nn.Module
   features_key: jax.Array         # the random-feature key (stateful LM testing, ``lm_eval``)
-  loop_step: Any                  # jitted ``make_loop_step``: (state, window, batch) -> (state, window)
-  eval_step: Any                  # jitted: (state, batch) -> loss, correct and count sums
-  task: Any = None
-  val_source: Any = None
-  batches: Any = None             # ``input_pipeline.TrainBatches`` of the training split
+  loop_step: jax.stages.Wrapped   # jitted ``make_loop_step``: (state, window, batch) -> (state, window)
+  eval_step: jax.stages.Wrapped   # jitted: (state, batch) -> loss, correct and count sums
+  task: Optional[lra_tasks.Task] = None
+  val_source: Optional[Sequence[dict]] = None
+  batches: Optional[input_pipeline.TrainBatches] = None   # the training split's
   checkpoints: Optional[ckpt_lib.Checkpoints] = None   # checkpoints/: the latest, for resuming
   best: Optional[ckpt_lib.Checkpoints] = None          # best/: the last KEEP_BEST bests
 
 
-def nonfinite_policy(config: ml_collections.ConfigDict) -> str:
-  policy = config.get('on_nonfinite', 'stop')
-  if policy not in ON_NONFINITE:
-    raise workdir_lib.RunError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got "
-                               f'{policy!r}')
-  return policy
-
-
-def prepare_data(config: ml_collections.ConfigDict, is_lead: bool):
+def prepare_data(run: run_config.Run, is_lead: bool):
   """The task and its ``TaskInfo``; missing data stops here, before any compilation."""
-  task = lra_tasks.get(config.data.task)
+  task = lra_tasks.get(run.data.task)
   if is_lead:
     try:
-      task.prepare(config.data)
+      task.prepare(run.data)
     except OSError as e:   # a read-only or unwritable data directory: one line, not a traceback
-      line = workdir_lib.unwritable_data(e, str(config.data.data_dir))
+      line = workdir_lib.unwritable_data(e, str(run.data.data_dir))
       if line is None:
         raise
       raise lra_tasks.DataError(f'{task.name}: {line}') from None
   _sync('prepare_data')
-  missing = task.check(config.data)
+  missing = task.check(run.data)
   if missing:
     raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
-  return task, task.info(config.data)
+  return task, task.info(run.data)
 
 
-def build_steps(config, info, devices, policy: str) -> tuple[dict, TrainState]:
+def build_steps(run: run_config.Run, info, devices) -> tuple[dict, TrainState]:
   """Mesh, model, optimizer, the jitted loop and eval steps (``Setup`` fields) and a fresh state."""
   mesh = sharding.make_mesh(devices)
-  sharding.check_batch_size(config.batch_size, mesh, 'batch_size')
-  sharding.check_batch_size(config.eval_batch_size or config.batch_size, mesh,
-                            'eval_batch_size' if config.eval_batch_size else 'batch_size')
-  accum = int(config.optim.grad_accum_steps)
-  if accum < 1 or (config.batch_size // jax.process_count()) % accum:
-    raise sharding.ShardingError(
-        f'optim.grad_accum_steps={accum} must divide the per-process batch '
-        f'{config.batch_size // jax.process_count()}')
-  model = build_model(config, info)
-  keys = run_keys(config.seed)
-  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
-  train_step, eval_step = make_steps(model, tx, schedule, config, keys)
+  validate.check_batches(run, mesh)
+  model = build_model(run, info)
+  keys = run_keys(run.seed)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  train_step, eval_step = make_steps(model, tx, schedule, run, keys)
   repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
-  loop_step = jax.jit(make_loop_step(train_step, policy, int(config.log_every)),
+  loop_step = jax.jit(make_loop_step(train_step, run.on_nonfinite, run.log_every),
                       in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl), donate_argnums=0)
   eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
-  state = init_state(model, tx, info, config, keys, mesh)
+  state = init_state(model, tx, info, run, keys, mesh)
   return dict(mesh=mesh, model=model, features_key=keys['features'], loop_step=loop_step,
               eval_step=eval_step), state
 
 
-def build(config: ml_collections.ConfigDict, workdir: str, prior: Prior, *, policy: str,
+def build(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str, prior: Prior, *,
           hooks: Iterable = (), devices: Optional[list] = None,
           watchdog: Optional[signals_lib.Watchdog] = None) -> tuple[Setup, TrainState]:
   """Data (missing data stops here), mesh, model, the compiled-to-be steps, the sources, the checkpoint
   managers, and a fresh state."""
   is_lead = jax.process_index() == 0
-  task, info = prepare_data(config, is_lead)
-  parts, state = build_steps(config, info, devices, policy)
+  task, info = prepare_data(run, is_lead)
+  parts, state = build_steps(run, info, devices)
   setup = Setup(
-      config=config, workdir=workdir, prior=prior, is_lead=is_lead,
-      num_steps=int(config.num_train_steps), policy=policy, hooks=tuple(hooks),
-      stop=signals_lib.StopSignals(), watch=Watch(watchdog, config), info=info, task=task, **parts,
-      val_source=task.source(config.data, 'val'),
-      batches=input_pipeline.TrainBatches(task.source(config.data, 'train'), config.batch_size,
-                                          config.seed),
-      checkpoints=ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'), config.keep_checkpoints),
+      config=config, run=run, workdir=workdir, prior=prior, is_lead=is_lead,
+      num_steps=run.num_train_steps, policy=run.on_nonfinite, hooks=tuple(hooks),
+      stop=signals_lib.StopSignals(), watch=Watch(watchdog, run), info=info, task=task, **parts,
+      val_source=task.source(run.data, 'val'),
+      batches=input_pipeline.TrainBatches(task.source(run.data, 'train'), run.batch_size, run.seed),
+      checkpoints=ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'), run.keep_checkpoints),
       best=ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), KEEP_BEST))
   return setup, state
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunMeta:
   """The run's record: what every checkpoint carries as its meta and results.json reports. Restored with
-  the state (``from_meta``), updated at the loop's boundaries, written by ``as_meta``."""
+  the state (``from_meta``), replaced at the loop's boundaries (``Loop.update``), written by ``as_meta``."""
   started: str                                # when the run's first segment started (ISO)
   code_versions: list                         # ``code_segments``
   data_order: list                            # ``input_pipeline.data_order_segments``
@@ -781,7 +752,7 @@ def restore(setup: Setup, state: TrainState, *, t0: float, started: str
     setup.best.keep_through(stretch_from)
   segment = Segment(start_step=start, last_saved=start if restored is not None else None, t0=t0,
                     progress=metrics_lib.Progress(setup.num_steps, start,
-                                                  enabled=setup.is_lead and setup.config.progress),
+                                                  enabled=setup.is_lead and setup.run.progress),
                     timer=metrics_lib.StepTimer())
   return setup, state, record, segment, Journal(setup, stretch_from, start, events)
 
@@ -802,7 +773,7 @@ def refuse_silent_restart(setup: Setup) -> Setup:
           f"{'config.json' if prior.record.data.get('from') == 'config.json' else 'run.json'} "
           f'records a run started here, but {checkpoints.directory} holds no checkpoint '
           f'(emptied or removed)')
-  if not setup.config.get('start_over', False):
+  if not setup.run.start_over:
     raise workdir_lib.RunError(
         f'workdir {setup.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
         f'back, or pass --config.start_over=True to train from step 0 (best/ is then moved aside)')
@@ -818,11 +789,11 @@ def refuse_silent_restart(setup: Setup) -> Setup:
   return dataclasses.replace(setup, best=ckpt_lib.Checkpoints(best.directory, KEEP_BEST))
 
 
-def next_boundary(config: ml_collections.ConfigDict, num_steps: int, step: int) -> int:
+def next_boundary(run: run_config.Run, num_steps: int, step: int) -> int:
   """The first step after ``step`` that ends with validation, a checkpoint or the end: the host waits
   for the device there (computed once per boundary, not per step)."""
   candidates = [step + every - step % every
-                for every in (int(config.eval_every), int(config.checkpoint_every)) if every > 0]
+                for every in (run.eval_every, run.checkpoint_every) if every > 0]
   if num_steps > step:
     candidates.append(num_steps)
   return min(candidates, default=step + 1)
@@ -876,21 +847,26 @@ class Loop:
     self.in_flight = collections.deque()      # (step, its window) of steps dispatched, not waited for
     self.pending_logs = collections.deque()   # (log step, its window), read once the step is done
     self.dispatching = self.dispatched = segment.start_step
+    self.steps_before = meta.steps_trained - segment.start_step   # steps_trained = this + dispatched
+
+  def update(self, **changes) -> RunMeta:
+    """The run's record with ``changes``: every change of ``RunMeta`` in a run is one of these."""
+    self.meta = dataclasses.replace(self.meta, **changes)
+    return self.meta
 
   # ---- the steps ----------------------------------------------------------------------------------
   def run(self, state: TrainState, start: int, until: int, batches) -> TrainState:
     """Dispatches steps start..``until`` of ``batches``; the host waits for the device only at
     validation and checkpoint boundaries (and after step ``until``). A log boundary queues the window
     of its step and reads it once that step is done, while later steps run. Returns the state."""
-    setup, meta, segment, watch = self.setup, self.meta, self.segment, self.setup.watch
-    config = setup.config
+    setup, segment, watch, run = self.setup, self.segment, self.setup.watch, self.setup.run
     self.in_flight.clear()
     self.pending_logs.clear()
-    if meta.stopped_early is not None:   # restored from the checkpoint where the run stopped early
+    if self.meta.stopped_early is not None:   # restored from the checkpoint where the run stopped early
       return state
+    self.steps_before = self.meta.steps_trained - start
     placed = batches.device_iterate(start, until, setup.mesh)   # placed ahead, by a thread
-    log_every, profile = int(config.log_every), int(config.get('profile_steps', 0)) > 0
-    boundary = next_boundary(config, setup.num_steps, start)
+    boundary = next_boundary(run, setup.num_steps, start)
     for step, batch in zip(range(start, until), placed):
       done = step + 1
       if self.compiled is None:
@@ -898,12 +874,11 @@ class Loop:
       # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
       self.dispatching = done
       watch.step(self.unfinished_steps, self.first_unfinished)
-      if profile:
-        with _maybe_profile(config, setup.workdir, step, start):
+      if run.profile_steps > 0:
+        with _maybe_profile(run, setup.workdir, step, start):
           state, self.window = self.compiled(state, self.window, batch)
       else:
         state, self.window = self.compiled(state, self.window, batch)
-      meta.steps_trained += 1
       self.dispatched = done
       self.in_flight.append((done, self.window))
       if done == start + 1:
@@ -915,11 +890,11 @@ class Loop:
         segment.timer.tick(done)
       if done == boundary:
         self.boundary(done, state)
-        boundary = next_boundary(config, setup.num_steps, done)
-        if meta.stopped_early is not None:
+        boundary = next_boundary(run, setup.num_steps, done)
+        if self.meta.stopped_early is not None:
           break
       else:
-        if done % log_every == 0:
+        if done % run.log_every == 0:
           self.pending_logs.append((done, self.window))   # the next step starts a new window
         if done == until:   # (a log step too: it is read and written here, with every step done)
           self.read_window(done)
@@ -938,7 +913,7 @@ class Loop:
     """Compiles the loop step ahead of time once: the same executable runs every step."""
     self.setup.watch.compiling(f'compiling the train step (before step {done})')
     self.compiled = self.setup.loop_step.lower(state, self.window, batch).compile()
-    self.meta.compiled_memory_bytes = metrics_lib.memory_of(self.compiled)
+    self.update(compiled_memory_bytes=metrics_lib.memory_of(self.compiled))
     if self.setup.stop.requested:
       raise self.setup.stop.stop_error(self.segment.last_saved, self.setup.workdir)
 
@@ -979,10 +954,11 @@ class Loop:
   def read(self, done: int, window) -> dict:
     """Reads a window (the one transfer of a boundary); stops a diverged run."""
     window = window_values(window)
-    meta, segment = self.meta, self.segment
+    segment = self.segment
     first, t0 = segment.span
-    meta.timed_steps += done - first
-    meta.train_seconds += time.perf_counter() - t0
+    meta = self.update(timed_steps=self.meta.timed_steps + done - first,
+                       train_seconds=self.meta.train_seconds + time.perf_counter() - t0,
+                       steps_trained=self.steps_before + self.dispatched)
     segment.span = (done, time.perf_counter())
     segment.timer.tick(done)
     segment.progress.timed(meta.timed_steps, meta.train_seconds)  # the rate results.json gives
@@ -998,27 +974,26 @@ class Loop:
 
   def boundary(self, done: int, state: TrainState) -> None:
     """Logging, validation and checkpoints due after step ``done``."""
-    c, meta, num_steps = self.setup.config, self.meta, self.setup.num_steps
+    run, num_steps = self.setup.run, self.setup.num_steps
     window = self.read_window(done)
-    if done % c.log_every == 0 or done == num_steps:
+    if done % run.log_every == 0 or done == num_steps:
       self.log(done, window)
     val = None
-    if done % c.eval_every == 0 or done == num_steps:
+    if done % run.eval_every == 0 or done == num_steps:
       val = self.validate(done, state)
       update, keep = selection.on_validation(
-          selection.rule_of(c), val['accuracy'], done, num_steps,
-          {'best_val_accuracy': meta.best_val_accuracy, 'best_step': meta.best_step})
+          run.eval.test_checkpoint, val['accuracy'], done, num_steps,
+          {'best_val_accuracy': self.meta.best_val_accuracy, 'best_step': self.meta.best_step})
       if update:
         self.check_finite(done, state, val)
-        meta.best_val_accuracy = update['best_val_accuracy']
-        meta.best_step = update.get('best_step', meta.best_step)
+        self.update(**update)   # best_val_accuracy, and best_step where best/ keeps this step
         if keep:
           self.save(self.setup.best, done, state)
-      if good_loss(val['loss'], meta.lowest_val_loss):
-        lowest = meta.lowest_val_loss
-        meta.lowest_val_loss = val['loss'] if lowest is None else min(lowest, val['loss'])
+      lowest = self.meta.lowest_val_loss
+      if good_loss(val['loss'], lowest):
+        self.update(lowest_val_loss=val['loss'] if lowest is None else min(lowest, val['loss']))
       self.stop_early(done, val)
-    if done % c.checkpoint_every == 0 or done == num_steps or meta.stopped_early is not None:
+    if done % run.checkpoint_every == 0 or done == num_steps or self.meta.stopped_early is not None:
       self.save_checkpoint(done, state, val)
     self.setup.watch.step(f'after step {done}')
     self.segment.span = (done, time.perf_counter())
@@ -1027,9 +1002,9 @@ class Loop:
     """``config.early_stop_accuracy`` > 0: validation accuracy above it ends the training here
     (Zoology's rule, ``zoology/train.py`` 197-205); the checkpoint then written carries the reason, so
     a resumed or re-run workdir does not train further, and results.json records it."""
-    threshold = float(self.setup.config.get('early_stop_accuracy', 0.0) or 0.0)
+    threshold = self.setup.run.early_stop_accuracy
     if threshold > 0 and val['accuracy'] > threshold:
-      self.meta.stopped_early = {'step': done, 'val_accuracy': val['accuracy'], 'threshold': threshold}
+      self.update(stopped_early={'step': done, 'val_accuracy': val['accuracy'], 'threshold': threshold})
       workdir_lib.say(f"step {done}: validation accuracy {val['accuracy']:.4f} > {threshold}: "
                       f'training ends here (early_stop_accuracy)')
 
@@ -1043,10 +1018,10 @@ class Loop:
 
   def validate(self, done: int, state: TrainState) -> dict:
     setup = self.setup
-    val = evaluate(setup.eval_step, state, setup.val_source, setup.config, setup.mesh,
+    val = evaluate(setup.eval_step, state, setup.val_source, setup.run, setup.mesh,
                    on_batch=setup.watch.eval_progress(f'validating at step {done}'))
     self.journal.write('val', done, val)
-    self.meta.val_examples = val['examples']
+    self.update(val_examples=val['examples'])
     return val
 
   def save_checkpoint(self, done: int, state: TrainState, val: Optional[dict] = None) -> None:
@@ -1064,7 +1039,7 @@ class Loop:
       reason = 'non-finite parameters'
     else:
       if val is None:
-        val = evaluate(setup.eval_step, state, setup.val_source, setup.config, setup.mesh,
+        val = evaluate(setup.eval_step, state, setup.val_source, setup.run, setup.mesh,
                        max_batches=1, on_batch=setup.watch.eval_progress(f'checking step {done}'))
       lowest = self.meta.lowest_val_loss
       if good_loss(val['loss'], lowest):
@@ -1080,7 +1055,7 @@ class Loop:
     n = window['applied']
     summary = {k: window[k] / n if n else float('nan')
                for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm')}
-    if float(self.setup.config.model.attention.get('distill_weight', 0.0) or 0.0) > 0:
+    if self.setup.run.model.attention.distills:
       summary['aux_loss'] = window['aux_loss'] / n if n else float('nan')   # part of 'loss'
     summary['steps_per_sec'] = self.segment.timer.rate()
     if window['skipped']:
@@ -1111,12 +1086,12 @@ def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tup
   taken as unbounded; set ``eval_every`` and ``checkpoint_every`` past the steps run) -- the loop alone,
   for timing it against a bare loop (``kernelformer benchmark loop``). ``Loop.run(state, start,
   until, batches)`` runs it; ``workdir`` is only where a profile would go."""
-  policy = nonfinite_policy(config)
-  parts, state = build_steps(config, info, None, policy)
+  run = run_config.of(config)
+  parts, state = build_steps(run, info, None)
   num_steps = 1 << 30
-  setup = Setup(config=config, workdir=workdir, prior=None, is_lead=jax.process_index() == 0,
-                num_steps=num_steps, policy=policy, hooks=(), stop=signals_lib.StopSignals(),
-                watch=Watch(signals_lib.Watchdog(), config), info=info, **parts)
+  setup = Setup(config=config, run=run, workdir=workdir, prior=None, is_lead=jax.process_index() == 0,
+                num_steps=num_steps, policy=run.on_nonfinite, hooks=(), stop=signals_lib.StopSignals(),
+                watch=Watch(signals_lib.Watchdog(), run), info=info, **parts)
   meta, _ = RunMeta.from_meta({}, 0, False, workdir_lib.now_iso())
   segment = Segment(start_step=0, last_saved=None, t0=time.monotonic(),
                     progress=metrics_lib.Progress(0, 0, enabled=False), timer=metrics_lib.StepTimer())
@@ -1143,7 +1118,7 @@ def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Te
   the best step's name.
   """
   best, tested_meta = setup.best, None
-  rule = selection.rule_of(setup.config)   # eval.test_checkpoint
+  rule = setup.run.eval.test_checkpoint
   checkpoint = {'which': 'final', 'step': int(state.step), 'rule': rule}
   if selection.tests_best(rule) and (best.all_steps() or best.damaged()):
     restored = best.restore_latest(ckpt_lib.abstract_like(state))
@@ -1158,14 +1133,14 @@ def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Te
       workdir_lib.say(f"testing best/{checkpoint['step']} (validation accuracy "
                       f"{tested_meta.get('best_val_accuracy')}): the newest best/ that "
                       f'restores; best/{meta.best_step} did not')
-  test_source = setup.task.source(setup.config.data, 'test')
+  test_source = setup.task.source(setup.run.data, 'test')
   on_batch = setup.watch.eval_progress(f"testing the {checkpoint['which']} checkpoint")
-  if lm_eval.is_stateful(setup.config):   # enwik8: windows in order, the decoder's state carried
+  if lm_eval.is_stateful(setup.run):   # enwik8: windows in order, the decoder's state carried
     result = lm_eval.evaluate_stateful(
         setup.model, {'params': state.params, **state.model_state}, test_source,
         features_key=setup.features_key, on_batch=on_batch)
   else:
-    result = evaluate(setup.eval_step, state, test_source, setup.config, setup.mesh, max_batches=0,
+    result = evaluate(setup.eval_step, state, test_source, setup.run, setup.mesh, max_batches=0,
                       on_batch=on_batch)
   setup.watch.disarm()
   if setup.stop.requested:
@@ -1199,15 +1174,15 @@ def finish(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal, stat
 
 def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal,
                   state: TrainState, tested: Tested) -> dict:
-  config, test_result = setup.config, tested.result
+  config, run, test_result = setup.config, setup.run, tested.result
   journal.commit()
   journal.write('test', tested.checkpoint['step'], test_result)
-  cap = int(config.max_eval_batches or 0)
+  cap = run.max_eval_batches
   selected = tested.meta if tested.meta else {'best_val_accuracy': meta.best_val_accuracy,
                                               'best_step': meta.best_step}
   results = {
-      'task': config.data.task,
-      'attention': registry.canonical_name(config.model.attention.kind),  # aliases resolved
+      'task': run.data.task,
+      'attention': run.model.attention.spec.name,  # aliases resolved
       'plugins': plugins.provenance(config.model.attention),  # [{file, sha256}] of user kernel code
       'test_accuracy': test_result['accuracy'],
       'test_loss': test_result['loss'],
@@ -1215,7 +1190,7 @@ def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journa
       'tested_checkpoint': tested.checkpoint,   # {'which': 'best' | 'final', 'step', 'rule'}
       'best_val_accuracy': selected['best_val_accuracy'],
       'best_step': selected['best_step'],
-      'selected_on': (f"validation accuracy every {config.eval_every} steps over "
+      'selected_on': (f"validation accuracy every {run.eval_every} steps over "
                       f"{meta.val_examples} examples" +
                       (f' (periodic validation capped at max_eval_batches={cap})' if cap
                        else ' (the whole validation split)')),
@@ -1242,7 +1217,7 @@ def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journa
   if getattr(setup.info, 'metric', None) == 'bits_per_byte':
     # Byte-level LM (enwik8): mean next-byte cross-entropy in bits (nats / ln 2).
     results['test_bits_per_byte'] = test_result['loss'] / float(np.log(2.0))
-    results.update(lm_eval.describe(config))   # the test's context scheme (eval_context, stride)
+    results.update(lm_eval.describe(run))   # the test's context scheme (eval_context, stride)
   journal.writer.write_results(results)
   return results
 
@@ -1270,9 +1245,9 @@ def _sync(name: str) -> None:
     multihost_utils.sync_global_devices(name)
 
 
-def _maybe_profile(config, workdir: str, step: int, start_step: int):
-  """A jax.profiler trace of ``config.profile_steps`` steps, starting after the first (compiled) one."""
-  n = int(config.profile_steps)
+def _maybe_profile(run: run_config.Run, workdir: str, step: int, start_step: int):
+  """A jax.profiler trace of ``run.profile_steps`` steps, starting after the first (compiled) one."""
+  n = run.profile_steps
   if n <= 0 or jax.process_index() != 0:
     return contextlib.nullcontext()
   first = start_step + 1

@@ -26,17 +26,17 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 import lra_tasks
 from kernelformer import decoder
+from kernelformer import encoder
 from kernelformer import layers
-from kernelformer import plugins
 from kernelformer import registry
+from kernelformer import run_config
 from kernelformer.attention import random_features as rf_lib
 from kernelformer.features import catalog
 from kernelformer.training import sharding
 from kernelformer.training import workdir as workdir_lib
 
 
-class ConfigError(ValueError):
-  """A config field with a wrong type, an out-of-range value or an impossible combination (one line)."""
+ConfigError = run_config.ConfigError
 
 
 class WorkdirError(ValueError):
@@ -47,33 +47,7 @@ class WorkdirError(ValueError):
 # Field rules.
 
 
-def _check_paper_options(config: Any) -> None:
-  """The options that set a paper's pixels, head, biases, clipping, schedule and tested checkpoint
-  (configs/common.py); a config written before one existed lacks it and gets its old behaviour."""
-  from kernelformer import encoder  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import selection  # pylint: disable=g-import-not-at-top
-  from lra_tasks import image  # pylint: disable=g-import-not-at-top
-  if 'pixel_padding' in config.data:
-    _check_choice(config, 'data.pixel_padding', image.PIXEL_PADDINGS)
-  if 'qkv_bias' in config.model:
-    _check_bool(config, 'model.qkv_bias')
-  if 'retrieval_head' in config.model:
-    _check_choice(config, 'model.retrieval_head', encoder.RETRIEVAL_HEADS)
-  if 'grad_clip_value' in config.optim:
-    _check_float(config, 'optim.grad_clip_value', low=0.0, low_open=False)
-  if 'eval' in config and 'test_checkpoint' in config.eval:
-    try:
-      selection.parse(_get(config, 'eval.test_checkpoint'))
-    except ValueError as e:
-      raise ConfigError(str(e)) from None
-  if str(_get(config, 'optim.schedule')).startswith('onecycle-'):
-    warmup, steps = _get(config, 'optim.warmup_steps'), _get(config, 'num_train_steps')
-    if _is_int(warmup) and _is_int(steps) and not 2 <= warmup < steps:
-      raise ConfigError(f'config.optim.warmup_steps={warmup} is invalid with optim.schedule='
-                        f"{_get(config, 'optim.schedule')!r}: must be >= 2 and < num_train_steps={steps} "
-                        '(the one-cycle rate peaks at step warmup_steps - 1)')
-
-_INT, _FLOAT, _BOOL, _STR = 'an integer', 'a number', 'true or false', 'a string'
+_INT, _BOOL = 'an integer', 'true or false'
 
 
 def _is_int(v: Any) -> bool:
@@ -99,10 +73,8 @@ def _get(config: Any, field: str) -> Any:
   return node
 
 
-def _check_int(config: Any, field: str, low: int, *, allow_none: bool = False) -> Optional[int]:
+def _check_int(config: Any, field: str, low: int) -> int:
   v = _get(config, field)
-  if v is None and allow_none:
-    return None
   if not _is_int(v):
     _fail(field, v, f'{_INT} >= {low}')
   if v < low:
@@ -110,17 +82,15 @@ def _check_int(config: Any, field: str, low: int, *, allow_none: bool = False) -
   return int(v)
 
 
-def _check_float(config: Any, field: str, *, low: float, low_open: bool, high: float = math.inf,
-                 high_open: bool = True) -> float:
+def _check_float(config: Any, field: str, *, low: float, low_open: bool, high: float = math.inf) -> float:
   v = _get(config, field)
   lo = '(' if low_open else '['
-  hi = ')' if high_open else ']'
-  rng = f'{lo}{low:g}, {high:g}{hi}' if high != math.inf else (
+  rng = f'{lo}{low:g}, {high:g})' if high != math.inf else (
       f'> {low:g}' if low_open else f'>= {low:g}')
   if not _is_number(v) or not math.isfinite(float(v)):
     _fail(field, v, f'a finite number {rng}' if high == math.inf else f'a finite number in {rng}')
   x = float(v)
-  if (x <= low if low_open else x < low) or (x >= high if high_open else x > high):
+  if (x <= low if low_open else x < low) or x >= high:
     _fail(field, v, f'a number {rng}' if high == math.inf else f'a number in {rng}')
   return x
 
@@ -139,10 +109,10 @@ def _check_bool(config: Any, field: str) -> bool:
   return v
 
 
-def _check_str(config: Any, field: str, *, nonempty: bool = True) -> str:
+def _check_str(config: Any, field: str) -> str:
   v = _get(config, field)
-  if not isinstance(v, str) or (nonempty and not v):
-    _fail(field, v, 'a non-empty string' if nonempty else _STR)
+  if not isinstance(v, str) or not v:
+    _fail(field, v, 'a non-empty string')
   return v
 
 
@@ -177,35 +147,23 @@ STATE_MIXERS = ('mlp', 'identity', 'none')   # kernelformer/decoder.py STATE_MIX
 DTYPES = tuple(layers.DTYPES)   # the model's table (layers.ModelConfig.of)
 
 
-def _check_attention(config: Any) -> None:
-  attention = _get(config, 'model.attention')
-  kind = _check_str(config, 'model.attention.kind')
-  if attention.get('plugin'):
-    plugins.load(attention.get('plugin'))  # the user's kernels register before the name is looked up
-  spec = registry.get(kind)  # UnknownKernelError lists the valid kinds
-  rpe = _check_bool(config, 'model.attention.rpe')
-  if (rpe or spec.requires_position_bias) and not spec.supports_position_bias:
-    kinds = ', '.join(s.name for s in registry.specs() if s.supports_position_bias)
-    raise ConfigError(f'config.model.attention.rpe=True is invalid for kind {spec.name!r}, which '
-                      f'takes no relative-position bias; kinds that do: {kinds}')
-  for name in registry.option_names(spec.name):
-    if name not in attention:
-      continue
-    v = attention[name]
-    if v is None:
-      continue
+def _check_attention(attention: run_config.Attention) -> None:
+  """The options the resolved kind reads (``_OPTION_RULES``), distillation and the fused kernels."""
+  spec = attention.spec
+  reads = registry.option_names(spec.name)
+  for name in reads:
+    v = attention.option(name)
     check, valid = _OPTION_RULES.get(name, (None, ''))
-    if check is not None and not check(v):
+    if v is not None and check is not None and not check(v):
       _fail(f'model.attention.{name}', v, f'{valid} (for kind {spec.name!r})')
-  if (attention.get('distill_weight') or 0) > 0 and spec.fixed.get('weights') != 'map':
+  if attention.distills and spec.fixed.get('weights') != 'map':
     learned = ', '.join(s.name for s in registry.specs() if s.fixed.get('weights') == 'map')
     raise ConfigError(f'config.model.attention.distill_weight > 0 is invalid for kind {spec.name!r}, '
                       f'which has no learned feature map to distil into; kinds that do: {learned}')
-  impl = attention.get('impl') if 'impl' in registry.option_names(spec.name) else None
-  if impl == 'pallas':
+  if 'impl' in reads and attention.option('impl') == 'pallas':
     component = spec.fixed.get('component')
     fused = catalog.has(component) and catalog.get(component).pallas_feature
-    if not fused or rpe or spec.requires_position_bias:
+    if not fused or attention.position_bias:
       raise ConfigError(
           f"config.model.attention.impl='pallas' is invalid for kind {spec.name!r}: the fused "
           f'kernels cover components {", ".join(rf_lib.pallas_components())} without a position bias; '
@@ -217,60 +175,60 @@ class EvalContextError(ConfigError):
 
 
 def eval_scheme(config: Any) -> Optional[tuple[str, int]]:
-  """``(eval_context, stride)`` of an enwik8 config, None for other tasks."""
+  """``(eval_context, stride)`` of an enwik8 config (or record), None for other tasks."""
   if config.data.task != 'enwik8':
     return None
   from lra_tasks import enwik8  # pylint: disable=g-import-not-at-top
   return enwik8.eval_scheme(config.data)
 
 
-def stateful_problem(model_config: Any) -> Optional[str]:
-  """Why ``model_config`` cannot carry a recurrent state across windows (one line), or None."""
-  attention = model_config.attention
-  kind = attention['kind'] if hasattr(attention, '__getitem__') else attention.kind
-  spec = registry.get(kind)
+def stateful_problem(attention: run_config.Attention, pos_encoding: str) -> Optional[str]:
+  """Why a model of ``attention`` cannot carry a recurrent state across windows (one line), or None."""
+  spec = attention.spec
   causal = decoder.causal_problem(spec.name)
   if causal:
     return causal
-  rpe = bool(attention.get('rpe', False)) if hasattr(attention, 'get') else False
   if not issubclass(spec.module, rf_lib.RandomFeatureAttention):
     return (f"data.eval_context='stateful' needs a causal linear (feature-map) kernel with a "
             f'recurrent state; attention kind {spec.name!r} keeps every past key (a KV cache): use '
             "eval_context='sliding'")
-  if rpe or spec.requires_position_bias:
+  if attention.position_bias:
     return (f"data.eval_context='stateful' needs a finite recurrent state; attention kind "
             f'{spec.name!r} with a relative-position bias weights every past key by its offset '
             "(Luo et al. eq. 10, no recurrence): use eval_context='sliding'")
-  if model_config.get('pos_encoding', 'sinusoidal') == 'learned':
+  if pos_encoding == 'learned':
     return ("data.eval_context='stateful' runs positions past max_length, which learned positions "
             "(model.pos_encoding='learned') do not have: use 'sinusoidal', 'none' or "
             "eval_context='sliding'")
   return None
 
 
-def check_eval_context(config: Any) -> None:
+def check_eval_context(run: run_config.Run) -> None:
   """Raises ``EvalContextError`` for ``eval_context='stateful'`` with a model that cannot run it."""
-  s = eval_scheme(config)
+  s = eval_scheme(run)
   if s is not None and s[0] == 'stateful':
-    problem = stateful_problem(config.model)
+    problem = stateful_problem(run.model.attention, run.model.pos_encoding)
     if problem:
       raise EvalContextError(problem)
 
 
-
-def _check_cos_length(config: Any, info: Any) -> None:
-  """cosFormer's fixed horizon M (``cos_length`` > 0) must cover the longest sequence the model sees.
-
-  The encoder of a classification task with CLS pooling sees one token more than the data's
-  ``max_length``; the decoder of an LM task sees ``max_length`` tokens and sets M to it when 0.
-  """
-  attention = config.model.attention
-  cos_length = attention.get('cos_length') or 0
-  if not cos_length or 'cos_length' not in registry.option_names(attention.kind):
+def _check_model_for_task(run: run_config.Run, info: Any) -> None:
+  """The encoder's options are the encoder's, the decoder's the decoder's (left at their defaults
+  otherwise); cosFormer's fixed horizon M (``cos_length`` > 0) covers the longest sequence the model
+  sees: the data's ``max_length``, plus the CLS token of an encoder that pools by it."""
+  lm = bool(getattr(info, 'language_model', False))
+  for names, whose in ((('remat', 'scan_layers', 'param_init', 'layer_norm_eps', 'gelu_approximate'),
+                        'the encoder of classification tasks'),
+                       (('short_conv', 'state_mixer'), 'the decoder of LM tasks')):
+    changed = [n for n in names if getattr(run.model, n) != run_config.legacy(f'model.{n}')]
+    if changed and lm == whose.startswith('the encoder'):
+      raise ConfigError(f"config.model.{' / model.'.join(changed)} apply to {whose}; task "
+                        f'{run.data.task!r} does not take them (leave them at their defaults)')
+  attention = run.model.attention
+  cos_length = attention.option('cos_length') or 0
+  if not cos_length or 'cos_length' not in registry.option_names(attention.spec.name):
     return
-  longest = int(info.max_length)
-  if not getattr(info, 'language_model', False) and config.model.get('pooling', 'cls') == 'cls':
-    longest += 1
+  longest = int(info.max_length) + (0 if lm or run.model.pooling != 'cls' else 1)
   if cos_length < longest:
     raise ConfigError(f"config.model.attention.cos_length={cos_length} is invalid: cosFormer's horizon M "
                       f'must cover the longest sequence the model sees ({longest} tokens); set it to at '
@@ -284,8 +242,7 @@ def check_attention_overrides(config: Any, overridden: Iterable[str]) -> None:
   itself are not checked (presets set e.g. both ``num_features`` and ``num_landmarks`` so that
   ``kind`` can be switched alone).
   """
-  kind = _get(config, 'model.attention.kind')
-  spec = registry.get(kind)
+  spec = run_config.attention_of(_get(config, 'model.attention')).spec   # the plugin loaded first
   always = {'kind', 'rpe', 'plugin'}
   reads = set(registry.option_names(spec.name)) | always
   for path in overridden:
@@ -299,111 +256,103 @@ def check_attention_overrides(config: Any, overridden: Iterable[str]) -> None:
           f'{", ".join(sorted(reads - always)) or "no options"} (and rpe)')
 
 
-def validate_config(config: Any, devices: Optional[list] = None) -> None:
-  """Raises ``ConfigError`` (or the registry's / sharding's one-line errors) for a bad config.
+def _field_rules() -> tuple[dict[str, Callable[[Any, str], Any]], dict[str, Callable[[Any, str], Any]]]:
+  """Each field's check: the required fields', and the optional ones', which a config written before
+  the field existed lacks (the record's default then applies, ``run_config``)."""
+  from kernelformer.training import optim, selection  # pylint: disable=g-import-not-at-top
+  from lra_tasks import image  # pylint: disable=g-import-not-at-top
+  at_least = lambda low: lambda c, f: _check_int(c, f, low)
+  choice = lambda choices: lambda c, f: _check_choice(c, f, choices)
+  number = lambda **kw: lambda c, f: _check_float(c, f, **kw)
+  nonneg, fraction = number(low=0.0, low_open=False), number(low=0.0, low_open=False, high=1.0)
+  rules = {'seed': at_least(0), 'data.data_dir': _check_str,
+           **{f'model.{n}': at_least(1) for n in ('emb_dim', 'num_layers', 'num_heads', 'qkv_dim',
+                                                  'mlp_dim')},
+           'model.dropout_rate': fraction, 'model.pos_encoding': choice(POS_ENCODINGS),
+           'model.pooling': choice(POOLINGS), 'model.rpe_per_layer': _check_bool,
+           'model.dtype': choice(DTYPES), 'model.attention.kind': _check_str,
+           'model.attention.rpe': _check_bool,
+           'optim.learning_rate': number(low=0.0, low_open=True), 'optim.schedule': choice(optim.SCHEDULES),
+           'optim.warmup_steps': at_least(0), 'optim.weight_decay': nonneg, 'optim.b1': fraction,
+           'optim.b2': fraction, 'optim.eps': number(low=0.0, low_open=True),
+           'optim.grad_clip_norm': nonneg, 'optim.grad_accum_steps': at_least(1),
+           'batch_size': at_least(1), 'eval_batch_size': at_least(0), 'num_train_steps': at_least(1),
+           **{n: at_least(1) for n in ('eval_every', 'checkpoint_every', 'log_every', 'keep_checkpoints')},
+           'max_eval_batches': at_least(0), 'profile_steps': at_least(0), 'progress': _check_bool}
+  optional = {'model.remat': choice(layers.REMAT_CHOICES), 'model.scan_layers': _check_bool,
+              'model.qkv_bias': _check_bool, 'model.retrieval_head': choice(encoder.RETRIEVAL_HEADS),
+              'model.param_init': choice(layers.INITS), 'model.layer_norm_eps': number(low=0.0, low_open=True),
+              'model.gelu_approximate': _check_bool, 'model.short_conv': at_least(0),
+              'model.state_mixer': choice(STATE_MIXERS), 'optim.decay_mask': choice(optim.DECAY_MASKS),
+              'optim.grad_clip_value': nonneg, 'data.pixel_padding': choice(image.PIXEL_PADDINGS),
+              'eval.test_checkpoint': lambda c, f: _parse(selection.parse, _get(c, f)),
+              'on_nonfinite': choice(('stop', 'skip')), 'watchdog_step_s': nonneg,
+              'watchdog_compile_s': nonneg, 'allow_config_change': _check_bool,
+              'reevaluate': _check_bool, 'start_over': _check_bool}
+  return rules, optional
+
+
+def _parse(parse: Callable[[Any], Any], value: Any) -> None:
+  try:
+    parse(value)
+  except ValueError as e:   # the parser's one line
+    raise ConfigError(str(e)) from None
+
+
+def _present(config: Any, field: str) -> bool:
+  node = config
+  for part in field.split('.'):
+    if part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def validate_config(config: Any, devices: Optional[list] = None) -> run_config.Run:
+  """Raises ``ConfigError`` (or the registry's / sharding's one-line errors) for a bad config; returns
+  the run's record, built here once (``run_config.of``: plugins loaded, the kind resolved).
 
   ``devices``: the devices the run will use (default: all), for the batch divisibility checks.
   """
-  _check_int(config, 'seed', 0)
   task = _check_str(config, 'data.task')
   if task not in lra_tasks.names():
     _fail('data.task', task, 'one of ' + ', '.join(repr(n) for n in lra_tasks.names()))
-  _check_str(config, 'data.data_dir')
   _check_int(config, 'data.max_length', 0 if task in ('image', 'pathfinder') else 1)
-
-  m = 'model.'
-  for name in ('emb_dim', 'num_layers', 'num_heads', 'qkv_dim', 'mlp_dim'):
-    _check_int(config, m + name, 1)
-  _check_float(config, m + 'dropout_rate', low=0.0, low_open=False, high=1.0)
-  _check_choice(config, m + 'pos_encoding', POS_ENCODINGS)
-  _check_choice(config, m + 'pooling', POOLINGS)
-  _check_bool(config, m + 'rpe_per_layer')
-  if 'remat' in config.model:       # configs written before the field existed mean 'none'
-    from kernelformer import layers  # pylint: disable=g-import-not-at-top
-    _check_choice(config, m + 'remat', layers.REMAT_CHOICES)
-  if 'scan_layers' in config.model:
-    _check_bool(config, m + 'scan_layers')
-  if config.model.get('remat', 'none') != 'none' or config.model.get('scan_layers', False):
-    try:
-      lm = getattr(lra_tasks.get(task).info(config.data), 'language_model', False)
-    except Exception:  # pylint: disable=broad-except  # the data checks below report a bad data config
-      lm = False
-    if lm:
-      raise ConfigError(f'config.model.remat / model.scan_layers apply to the encoder of classification '
-                        f"tasks; the decoder of task {task!r} does not take them (leave 'none' / False)")
-  # The decoder's Zoology options (kernelformer/decoder.py): LM tasks only.
-  if 'short_conv' in config.model:
-    _check_int(config, m + 'short_conv', 0)
-  if 'state_mixer' in config.model:
-    _check_choice(config, m + 'state_mixer', STATE_MIXERS)
-  if config.model.get('short_conv', 0) or config.model.get('state_mixer', 'mlp') != 'mlp':
-    try:
-      lm = getattr(lra_tasks.get(task).info(config.data), 'language_model', False)
-    except Exception:  # pylint: disable=broad-except  # the data checks below report a bad data config
-      lm = True
-    if not lm:
-      raise ConfigError(f'config.model.short_conv / model.state_mixer are options of the decoder of LM '
-                        f"tasks; the encoder of task {task!r} does not take them (leave 0 / 'mlp')")
-  _check_choice(config, m + 'dtype', DTYPES)
-  qkv, heads = _get(config, m + 'qkv_dim'), _get(config, m + 'num_heads')
-  if qkv % heads:
-    raise ConfigError(f'config.model.qkv_dim={qkv} is invalid: must be divisible by '
-                      f'model.num_heads={heads} (head_dim = qkv_dim / num_heads)')
-  _check_attention(config)
-
-  o = 'optim.'
-  from kernelformer.training import optim  # pylint: disable=g-import-not-at-top
-  _check_float(config, o + 'learning_rate', low=0.0, low_open=True)
-  _check_choice(config, o + 'schedule', optim.SCHEDULES)
-  _check_int(config, o + 'warmup_steps', 0)
-  _check_float(config, o + 'weight_decay', low=0.0, low_open=False)
-  if 'decay_mask' in config.optim:   # configs written before the field existed mean 'matrices'
-    _check_choice(config, o + 'decay_mask', optim.DECAY_MASKS)
-  _check_float(config, o + 'b1', low=0.0, low_open=False, high=1.0)
-  _check_float(config, o + 'b2', low=0.0, low_open=False, high=1.0)
-  _check_float(config, o + 'eps', low=0.0, low_open=True)
-  _check_float(config, o + 'grad_clip_norm', low=0.0, low_open=False)
-  accum = _check_int(config, o + 'grad_accum_steps', 1)
-  _check_paper_options(config)
-
-  batch = _check_int(config, 'batch_size', 1)
-  eval_batch = _check_int(config, 'eval_batch_size', 0)
-  _check_int(config, 'num_train_steps', 1)
-  for name in ('eval_every', 'checkpoint_every', 'log_every', 'keep_checkpoints'):
-    _check_int(config, name, 1)
-  _check_int(config, 'max_eval_batches', 0)
-  _check_int(config, 'profile_steps', 0)
-  _check_bool(config, 'progress')
-  # Run-safety fields (configs/common.py; a config file of one's own may lack them: defaults apply).
-  if 'on_nonfinite' in config:
-    _check_choice(config, 'on_nonfinite', ('stop', 'skip'))
-  for name in ('watchdog_step_s', 'watchdog_compile_s'):
-    if name in config:
-      _check_float(config, name, low=0.0, low_open=False)
-  for name in ('allow_config_change', 'reevaluate', 'start_over'):
-    if name in config:
-      _check_bool(config, name)
-
+  required, optional = _field_rules()
+  for field, check in [*required.items(), *((f, c) for f, c in optional.items() if _present(config, f))]:
+    check(config, field)
+  run = run_config.of(config)
+  m, o = run.model, run.optim
+  if m.qkv_dim % m.num_heads:
+    raise ConfigError(f'config.model.qkv_dim={m.qkv_dim} is invalid: must be divisible by '
+                      f'model.num_heads={m.num_heads} (head_dim = qkv_dim / num_heads)')
+  if o.schedule.startswith('onecycle-') and not 2 <= o.warmup_steps < run.num_train_steps:
+    raise ConfigError(f'config.optim.warmup_steps={o.warmup_steps} is invalid with optim.schedule='
+                      f'{o.schedule!r}: must be >= 2 and < num_train_steps={run.num_train_steps} '
+                      '(the one-cycle rate peaks at step warmup_steps - 1)')
+  _check_attention(m.attention)
   # The task's own data fields (pure checks: nothing is read or created).
-  task_obj = lra_tasks.get(task)
-  info = task_obj.info(config.data)
-  _check_cos_length(config, info)
+  info = lra_tasks.get(task).info(config.data)
+  _check_model_for_task(run, info)
   for split in ('train', 'val', 'test'):   # generated tasks: a split of 0 examples cannot train/test
-    if f'num_{split}' in config.data:
-      v = _get(config, f'data.num_{split}')
-      if not _is_int(v) or v < 1:
-        _fail(f'data.num_{split}', v, f'an integer >= 1 (the {split} split would be empty)')
-  check_eval_context(config)   # eval_context='stateful' with a model that has no recurrent state
+    v = config.data[f'num_{split}'] if f'num_{split}' in config.data else 1
+    if not _is_int(v) or v < 1:
+      _fail(f'data.num_{split}', v, f'an integer >= 1 (the {split} split would be empty)')
+  check_eval_context(run)   # eval_context='stateful' with a model that has no recurrent state
   if task == 'listops':
     from lra_tasks import listops  # pylint: disable=g-import-not-at-top
     listops.GeneratorParams.from_data(config.data).validate()
+  check_batches(run, sharding.make_mesh(devices))
+  return run
 
+
+def check_batches(run: run_config.Run, mesh: Any) -> None:
+  """The global batches divide over ``mesh``, the per-process batch over ``grad_accum_steps``."""
   import jax  # pylint: disable=g-import-not-at-top
-  mesh = sharding.make_mesh(devices)
-  sharding.check_batch_size(batch, mesh, 'batch_size')
-  if eval_batch:
-    sharding.check_batch_size(eval_batch, mesh, 'eval_batch_size')
-  per_process = batch // jax.process_count()
+  sharding.check_batch_size(run.batch_size, mesh, 'batch_size')
+  if run.eval_batch_size:
+    sharding.check_batch_size(run.eval_batch_size, mesh, 'eval_batch_size')
+  per_process, accum = run.batch_size // jax.process_count(), run.optim.grad_accum_steps
   if per_process % accum:
     raise sharding.ShardingError(
         f'optim.grad_accum_steps={accum} must divide the per-process batch {per_process}; set '
@@ -419,10 +368,10 @@ CHECKPOINT_OVERHEAD = 256 << 10   # per checkpoint: orbax metadata (~30 KiB), OC
 EVENT_BYTES = 1 << 10             # per logged event: a metrics.jsonl line and its TensorBoard scalars
 
 
-def estimate_param_count(config: Any) -> int:
-  """An upper-bound estimate of the model's parameter count from the config (no model is built)."""
-  m = config.model
-  info = lra_tasks.get(config.data.task).info(config.data)
+def estimate_param_count(run: run_config.Run) -> int:
+  """An upper-bound estimate of the model's parameter count from the record (no model is built)."""
+  m = run.model
+  info = lra_tasks.get(run.data.task).info(run.data)
   emb, qkv, mlp, layers = int(m.emb_dim), int(m.qkv_dim), int(m.mlp_dim), int(m.num_layers)
   length = info.max_length + 1
   per_layer = 4 * emb * qkv + 4 * qkv + 2 * emb * mlp + mlp + emb + 4 * emb
@@ -433,7 +382,7 @@ def estimate_param_count(config: Any) -> int:
           + mlp * info.num_classes + 4 * emb)
 
 
-def checkpoint_bytes_needed(config: Any) -> int:
+def checkpoint_bytes_needed(run: run_config.Run) -> int:
   """Free space a run needs, proportional to what it writes.
 
   One checkpoint is the parameters and the two Adam moments in float32 plus orbax's per-checkpoint
@@ -442,11 +391,9 @@ def checkpoint_bytes_needed(config: Any) -> int:
   take ``EVENT_BYTES`` per logged event; ``MIN_FREE_BYTES`` covers the small JSON files. (The tiny
   ListOps run writes 0.45 MB and is asked for 2.6 MiB.)
   """
-  one = 3 * 4 * estimate_param_count(config) + CHECKPOINT_OVERHEAD
-  keep = int(getattr(config, 'keep_checkpoints', 2) or 2)
-  steps = max(int(getattr(config, 'num_train_steps', 0) or 0), 0)
-  events = 2 + sum(steps // max(int(getattr(config, k, 1) or 1), 1) for k in ('log_every', 'eval_every'))
-  return (keep + 3) * one + events * EVENT_BYTES + MIN_FREE_BYTES
+  one = 3 * 4 * estimate_param_count(run) + CHECKPOINT_OVERHEAD
+  events = 2 + run.num_train_steps // run.log_every + run.num_train_steps // run.eval_every
+  return (run.keep_checkpoints + 3) * one + events * EVENT_BYTES + MIN_FREE_BYTES
 
 
 def _nearest_existing(path: str) -> str:
@@ -470,7 +417,7 @@ def _probe_write(directory: str) -> Optional[OSError]:
   return None
 
 
-def validate_workdir(workdir: str, config: Any = None) -> None:
+def validate_workdir(workdir: str, run: Optional[run_config.Run] = None) -> None:
   """Raises ``WorkdirError`` unless ``workdir`` is (or can be made) a writable directory with room.
 
   Nothing is created: only a temporary probe file, removed at once, in the workdir or in the nearest
@@ -503,8 +450,8 @@ def validate_workdir(workdir: str, config: Any = None) -> None:
     err = _probe_write(d)
     if err is not None:
       raise WorkdirError(f'{what} is not writable ({err.strerror or err}); pass a writable --workdir')
-  if config is not None:
-    need = checkpoint_bytes_needed(config)
+  if run is not None:
+    need = checkpoint_bytes_needed(run)
     free = shutil.disk_usage(existing).free
     if free < need:
       raise WorkdirError(
@@ -540,9 +487,10 @@ def check_data(config: Any) -> None:
       raise lra_tasks.DataError(f'{task.name}: the {split} split is empty; check {root}')
 
 
-def validate_run(config: Any, workdir: str, devices: Optional[list] = None) -> None:
-  """All checks of a run, in order: config, workdir, data files. Creates nothing."""
-  validate_config(config, devices)
-  validate_workdir(workdir, config)
-  check_data(config)
+def validate_run(config: Any, workdir: str, devices: Optional[list] = None) -> run_config.Run:
+  """All checks of a run, in order: config, workdir, data files. Creates nothing; returns the record."""
+  run = validate_config(config, devices)
+  validate_workdir(workdir, run)
+  check_data(run)
+  return run
 

@@ -436,7 +436,7 @@ class RunRecord:
       return self.data
     return None
 
-  def check(self, config, resume_step: Optional[int]) -> list[str]:
+  def check(self, config, allow_change: bool) -> list[str]:
     """Refuses (RunError) a config that differs from the record, unless ``allow_config_change``.
 
     Returns the differences that were allowed (empty when none). Writes nothing.
@@ -447,7 +447,7 @@ class RunRecord:
     diffs = fp.differences(self.data['fields'], fields)
     if not diffs:
       return []
-    if not config.get('allow_config_change', False):
+    if not allow_change:
       shown = '; '.join(diffs[:6]) + (f'; and {len(diffs) - 6} more' if len(diffs) > 6 else '')
       raise RunError(
           f'workdir {self.workdir} holds a run of another config ({shown}); use a new --workdir, or '

@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import lra_tasks
+from kernelformer import run_config
 from kernelformer.training import trainer
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'configs')
@@ -82,7 +83,8 @@ def test_build_model_for_every_preset(name):
   for preset in presets(name):
     config = load(name, preset)
     info = lra_tasks.get(config.data.task).info(config.data)
-    model = trainer.build_model(config, info)
+    run = run_config.of(config)
+    model = trainer.build_model(run, info)
     assert model.dual == (name == 'retrieval') and model.num_classes == info.num_classes
     dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
     keys = {'params': jax.random.key(0), 'features': jax.random.key(1),

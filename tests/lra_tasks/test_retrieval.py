@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from configs import retrieval as retrieval_config
+from kernelformer import run_config
 from kernelformer.encoder import Encoder
 from kernelformer.training import trainer
 from lra_tasks import common
@@ -125,7 +126,8 @@ def test_dual_encoder_has_no_cross_attention(tmp_path):
   """Changing document 2 leaves document 1's encoding unchanged (LRA forbids cross-attention)."""
   c = retrieval_config.get_config('tiny')
   info = retrieval.TASK.info(c.data)
-  model = trainer.build_model(c, info)
+  run = run_config.of(c)
+  model = trainer.build_model(run, info)
   length = info.max_length
   rng = np.random.default_rng(0)
   doc1 = rng.integers(1, 257, size=(2, length)).astype(np.int32)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import lra_tasks
+from kernelformer import run_config
 from kernelformer import cli
 from kernelformer.reproduce import instability as ins
 from kernelformer.training import optim as optim_lib
@@ -63,10 +64,11 @@ def test_tau_is_the_formula_on_the_trainers_trajectory(tmp_path, kind):
 
   # Each W_i is the trainer's train step from W_{i-1} on the i-th batch (x_i = trainer batch i-1).
   info = lra_tasks.get('listops').info(c.data)
-  model = trainer.build_model(c, info)
+  run = run_config.of(c)
+  model = trainer.build_model(run, info)
   keys = trainer.run_keys(c.seed)
-  tx, schedule = optim_lib.make_optimizer(c.optim, c.num_train_steps)
-  train_step, _ = trainer.make_steps(model, tx, schedule, c, keys)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
   state = trainer.TrainState(step=jnp.int32(0), params=initial, opt_state=tx.init(initial),
                              model_state={})
   step_fn = jax.jit(train_step)

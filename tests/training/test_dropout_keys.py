@@ -9,6 +9,7 @@ import jax
 import lra_tasks
 import numpy as np
 
+from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
@@ -21,15 +22,16 @@ def test_dropout_key_is_folded_with_the_step(tmp_path):
   task = lra_tasks.get('listops')
   task.prepare(config.data)
   info = task.info(config.data)
-  model = trainer.build_model(config, info)
+  run = run_config.of(config)
+  model = trainer.build_model(run, info)
   keys = trainer.run_keys(config.seed)
-  tx, schedule = optim_lib.make_optimizer(config.optim, config.num_train_steps)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
   mesh = sharding.make_mesh(jax.devices()[:1])
-  state = trainer.init_state(model, tx, info, config, keys, mesh)
+  state = trainer.init_state(model, tx, info, run, keys, mesh)
   batch = input_pipeline.TrainBatches(task.source(config.data, 'train'), config.batch_size,
                                       config.seed).batch(0)
   batch = sharding.shard_batch(batch, mesh)
-  train_step, _ = trainer.make_steps(model, tx, schedule, config, keys)
+  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
   step = jax.jit(train_step)
   loss = {s: float(step(state.replace(step=jax.numpy.int32(s)), batch)[1]['loss']) for s in (0, 1, 7)}
   again = float(step(state.replace(step=jax.numpy.int32(1)), batch)[1]['loss'])
