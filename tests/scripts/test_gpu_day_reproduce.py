@@ -83,8 +83,8 @@ def test_a_run_stopped_by_its_limit_is_truncated_not_finished(tmp_path):
   row = gpu_table.row('skyformer-table1-listops', 'skyformer', str(wd))
   assert row['status'] == 'truncated' and row['planned_steps'] == 50000
   assert '1,200 of 50,000' in gpu_table.markdown([row], {})
-  assert gpu_table.published('zoology-fig2-L64-d128', 'softmax')[0] == 0.98       # figure 2, d_model 128
-  assert gpu_table.published('zoology-fig2-L64-d64', 'softmax')[0] == 0.97
+  assert gpu_table.published('zoology-fig2-L64-d128', 'softmax')[0] == 1.0        # figure 2, d_model 128
+  assert gpu_table.published('zoology-fig2-L64-d64', 'softmax')[0] == 1.0
   assert gpu_table.published('zoology-fig2-L64-d256', 'softmax')[0] is None       # not read off the plot
   missing = gpu_table.row('zoology-fig2-L64-d64', 'x', str(tmp_path / 'absent'))
   assert missing['status'].startswith('no results.json')
