@@ -1000,8 +1000,8 @@ class Loop:
 
   def stop_early(self, done: int, val: dict) -> None:
     """``config.early_stop_accuracy`` > 0: validation accuracy above it ends the training here
-    (Zoology's rule, ``zoology/train.py`` 197-205); the checkpoint then written carries the reason, so
-    a resumed or re-run workdir does not train further, and results.json records it."""
+    (Zoology's rule, ``zoology/train.py`` 198-200 @ d88d6f5: strictly above); the checkpoint written
+    then carries the reason, so a resumed or re-run workdir does not train further; results.json says so."""
     threshold = self.setup.run.early_stop_accuracy
     if threshold > 0 and val['accuracy'] > threshold:
       self.update(stopped_early={'step': done, 'val_accuracy': val['accuracy'], 'threshold': threshold})

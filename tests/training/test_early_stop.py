@@ -39,13 +39,19 @@ def test_validation_above_the_threshold_ends_the_run_and_it_stays_ended(tmp_path
   data, one = tmp_path / 'data', jax.devices()[:1]
   full = trainer.train_and_evaluate(_config(data), str(tmp_path / 'full'), devices=one)
   assert full['final_step'] == STEPS and full['stopped_early'] is None
-  best, stop, threshold = 0.0, None, None
+  best, stop, threshold, reached = 0.0, None, None, None
   for step, acc in _val(tmp_path / 'full'):
     if step < STEPS and acc > best:
-      stop, threshold = step, (best + acc) / 2   # crossed first here
+      stop, threshold, reached = step, (best + acc) / 2, acc   # crossed first here
       break
     best = max(best, acc)
   assert stop is not None, _val(tmp_path / 'full')
+
+  # Equal is not above (zoology/train.py 198-200 @ d88d6f5: ``metrics[...] > threshold``): a threshold
+  # equal to the accuracy reached at ``stop`` does not stop there, only at a later, higher one.
+  equal = trainer.train_and_evaluate(_config(data, reached), str(tmp_path / 'equal'), devices=one)
+  later = [s for s, a in _val(tmp_path / 'full') if s > stop and a > reached and s < STEPS]
+  assert equal['final_step'] == (later[0] if later else STEPS), (_val(tmp_path / 'full'), reached)
 
   run = str(tmp_path / 'stopped')
   res = trainer.train_and_evaluate(_config(data, threshold), run, devices=one)
