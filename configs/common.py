@@ -54,7 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.model.pos_encoding = 'sinusoidal'   # 'sinusoidal' | 'learned' | 'none' (when RPE carries positions)
   c.model.pooling = 'cls'               # 'cls' (LRA) | 'mean' (Skyformer/Spectraformer setting)
   c.model.rpe_per_layer = False         # Luo et al. share one bias across layers
-  c.model.dtype = 'float32'             # compute dtype: 'float32' | 'bfloat16' (parameters stay float32)
+  c.model.dtype = 'float32'             # compute dtype: 'float32' | 'bfloat16' | 'float16' (torch AMP: layers.DTYPES)
   # Training memory at long lengths (docs/benchmarks.md, "Remat and layer scan"): the backward keeps
   # every block's activations unless they are recomputed. 'none' keeps them; 'block' recomputes each
   # block from its input (nn.remat); a jax.checkpoint_policies name ('dots_saveable',

@@ -80,7 +80,9 @@ class Encoder(ModelConfig):
     elif self.pos_encoding != 'none':
       raise ValueError(f"pos_encoding must be 'sinusoidal', 'learned' or 'none', "
                        f'got {self.pos_encoding!r}')
-    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic).astype(self.dtype)
+    amp = self.dtype == jnp.float16   # torch AMP (layers.DTYPES): float32 residuals and final norm
+    x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic).astype(
+        jnp.float32 if amp else self.dtype)
     attention = dict(self.attention)
     shared_bias = None
     per_layer = False
@@ -101,7 +103,8 @@ class Encoder(ModelConfig):
       cls = remat_block(self.remat)
       for i in range(self.num_layers):
         x = cls(**block, name=f'block_{i}')(x, mask, step, deterministic, shared_bias)
-    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=self.dtype, name='final_norm')(x)
+    x = nn.LayerNorm(epsilon=self.layer_norm_eps, dtype=jnp.float32 if amp else self.dtype,
+                     name='final_norm')(x)
     x = x.astype(jnp.float32)
     if self.pooling == 'cls':
       return x[:, 0]
@@ -125,7 +128,8 @@ class Classifier(nn.Module):
       raise ValueError(f"model.retrieval_head must be one of {', '.join(map(repr, RETRIEVAL_HEADS))}, "
                        f'got {self.retrieval_head!r}')
     enc = Encoder(**self.encoder, name='encoder')
-    dense = lambda n, fan_in, name: nn.Dense(n, name=name, **dense_init(enc.param_init, fan_in))
+    dtype = jnp.float16 if enc.dtype == jnp.float16 else jnp.float32   # torch AMP (layers.DTYPES)
+    dense = lambda n, fan_in, name: nn.Dense(n, name=name, dtype=dtype, **dense_init(enc.param_init, fan_in))
     if self.dual:
       # One encoder call over both documents (stacked on the batch axis), so the towers are truly
       # siamese: the same random features, landmarks and redraw for both, which two separate calls

@@ -19,8 +19,12 @@ from kernelformer import run_config
 Array = Any
 
 
-# ``config.model.dtype`` -> the activations' dtype (encoder and decoder).
-DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# ``config.model.dtype`` -> the activations' dtype (encoder and decoder). 'float16' is torch AMP as
+# Skyformer trains (src/main.py 212, src/models/model_LRA.py 53 @ 1a677cb): the encoder's and head's
+# Linears in float16, the residual stream, LayerNorm's statistics, the final LayerNorm and the
+# attention core in float32 (attention.py 128-132 runs it under ``autocast(enabled=False)`` on
+# ``Q.float()``...), the loss in float32 (``trainer.cross_entropy``).
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 # ``config.model.param_init``: how the encoder's parameters are initialised (``dense_init``, ``embed_init``).
 INITS = ('lra', 'skyformer')
@@ -101,6 +105,8 @@ class MultiHeadAttention(nn.Module):
   def __call__(self, x, *, mask=None, step=None, deterministic=True, position_bias=None):
     q, k, v = qkv_projections(x, self.num_heads, self.qkv_dim, self.dtype, self.use_bias,
                               self.param_init)
+    if self.dtype == jnp.float16:   # torch AMP: the attention core in float32 (DTYPES)
+      q, k, v = (t.astype(jnp.float32) for t in (q, k, v))
     mechanism = registry.build(attention_options(self.attention))
     extra = {} if position_bias is None else {'position_bias': position_bias}
     out = mechanism(q, k, v, mask=mask, causal=self.causal, step=step,

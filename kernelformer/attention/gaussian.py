@@ -13,7 +13,10 @@ output row grows with the number of keys near its query. This is the quadratic r
 (``skyformer.py``) approximates.
 
 Padded keys (mask False) get weight 0; ``causal`` zeroes ``C_ij`` for ``j > i``. O(L S p) time,
-O(L S) memory.
+O(L S) memory. ``attention_dropout`` drops entries of C in training, as Skyformer's Kernelized
+Attention does (``SoftmaxAttention_RBF``: ``attn = self.drop_attn(attn)`` on ``exp(...)`` before
+``matmul(attn, V)``, src/models/attention.py 45, 66-69 @ 1a677cb); its Skyformer has no attention
+dropout (src/models/attention_skyformer.py), so ``skyformer`` has no such option.
 """
 from __future__ import annotations
 
@@ -70,16 +73,20 @@ def gaussian_attention(q: Array, k: Array, v: Array, *, mask: Array | None = Non
 
 
 class GaussianAttention(nn.Module):
-  """Exact Gaussian-kernel attention (quadratic); no options, no parameters."""
+  """Exact Gaussian-kernel attention (quadratic); no parameters."""
+
+  attention_dropout: float = 0.0   # dropout on C in training (module docstring)
 
   @nn.compact
   def __call__(self, q, k, v, *, mask=None, causal=False, step=None, deterministic=True,
                position_bias=None):
-    del step, deterministic  # no randomness, no dropout
+    del step  # no random features
     if position_bias is not None:
       raise ValueError('gaussian attention takes no position_bias (only mechanisms whose spec says '
                        'supports_position_bias do)')
-    return gaussian_attention(q, k, v, mask=mask, causal=causal)
+    c = nn.Dropout(self.attention_dropout)(gaussian_scores(q, k, mask=mask, causal=causal),
+                                           deterministic=deterministic)
+    return jnp.einsum('bhls,bshd->blhd', c, v.astype(jnp.float32)).astype(v.dtype)
 
 
 SPECS = (AttentionSpec(

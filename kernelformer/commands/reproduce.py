@@ -6,7 +6,8 @@ usage:
 examples:
   kernelformer reproduce instability --task listops --seeds 3
   kernelformer reproduce instability --task text --seeds 3 --out_dir runs/reproduce
-  kernelformer reproduce instability --task listops --seeds 1 --steps 4 --set batch_size=8
+  kernelformer reproduce instability --task listops --seeds 20 --precision skyformer-amp \
+      --set data.max_length=2048      # Skyformer's protocol: AMP, ListOps padded to 2048
 
 instability: Skyformer's appendix table 3 (the ratio of each model's instability score to softmax
 self-attention's over the first 20 training steps of the table 1 setting, the task config's
@@ -19,7 +20,7 @@ paper leaves open: kernelformer/reproduce/instability.py. The task's data must b
 Seeds are not computed twice: a result already in --out_dir (kept as instability-TASK.previous.*)
 gives its finished seeds to a new command with the same settings, device, jax and git commit (a
 clean checkout), so `--seeds 5` after `--seeds 3` computes seeds 3 and 4, and a command stopped
-part-way goes on from its last finished seed. Anything else differing is said in a line and every
+part-way goes on from its last finished seed. Each kind compiles once per command, not per seed. Anything else differing is said in a line and every
 seed is computed.
 """
 from __future__ import annotations
@@ -47,6 +48,10 @@ def instability(argv) -> int:
                            f'(default {",".join(lib.KINDS)})')
   parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                       help='override a field of the preset (repeatable), e.g. data.data_dir=/data')
+  parser.add_argument('--precision', default='float32', choices=lib.PRECISIONS,
+                      help="skyformer-amp: torch AMP as Skyformer trains (float16 Linears, loss scaling)")
+  parser.add_argument('--vary', default='all', choices=lib.VARY,
+                      help='what the seed varies; init / batches: controls that keep seed 0 for the rest')
   parser.add_argument('--out_dir', default=os.path.join('runs', 'reproduce'))
   args = parser.parse_args(argv)
   if args.seeds < 1:
@@ -64,7 +69,7 @@ def instability(argv) -> int:
     result = lib.run(args.task, list(range(args.seeds)), kinds=kinds, steps=args.steps,
                      overrides=overrides, log=lambda m: print(m, flush=True),
                      on_seed=lambda partial: lib.write(partial, args.out_dir, command),
-                     previous=previous)
+                     previous=previous, precision=args.precision, vary=args.vary)
   except lib.InstabilityError as e:
     raise _common.UserError(str(e)) from None
   paths = lib.write(result, args.out_dir, command)

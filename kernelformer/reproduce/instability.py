@@ -161,27 +161,39 @@ def _is_final_norm(module, method_name: str) -> bool:
   return method_name == '__call__' and module.name == 'final_norm'
 
 
-def make_functions(model, tx, config, keys):
-  """``(train_step, embed)``, jitted.
+def make_functions(model, tx, config):
+  """``(train_step, embed)``, jitted once per kind: the seed's keys are arguments, not constants.
 
-  ``train_step(params, opt_state, model_state, batch, step) -> (params, opt_state, model_state,
-  updates, loss)``: the trainer's loss (``trainer.make_steps``) and the optimizer's update, returned
-  separately (``updates`` is W_i - W_{i-1} as the optimizer computed it, before float32 rounding).
-  ``embed(params, model_state, batch, step) -> [rows, L, d]``: f, the final LayerNorm's output
+  ``train_step(params, opt_state, model_state, batch, step, keys, scale) -> (params, opt_state,
+  model_state, updates, loss, finite)``: the trainer's loss (``trainer.make_steps``) and the
+  optimizer's update, returned separately (``updates`` is W_i - W_{i-1} as the optimizer computed it,
+  before float32 rounding). ``scale`` is torch's GradScaler (``--precision skyformer-amp``; 1 else):
+  gradients of ``scale * loss``, divided by ``scale``; a non-finite one skips the update (zero
+  ``updates``) and ``finite`` is False (Skyformer src/main.py 77-88 @ 1a677cb).
+  ``embed(params, model_state, batch, step, keys) -> [rows, L, d]``: f, the final LayerNorm's output
   (deterministic, the draw of ``step``), unmasked.
   """
   import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
 
-  loss_of = _trainer_loss(model, config, keys)
+  loss_of = _trainer_loss(model, config)
 
-  def train_step(params, opt_state, model_state, batch, step):
-    (loss, new_model_state), grads = jax.value_and_grad(loss_of, has_aux=True)(
-        params, model_state, batch, step)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, new_model_state, updates, loss
+  def train_step(params, opt_state, model_state, batch, step, keys, scale):
+    def scaled(*a):
+      loss, new_state = loss_of(*a)
+      return loss * scale, new_state
+    (loss, new_model_state), grads = jax.value_and_grad(scaled, has_aux=True)(
+        params, model_state, batch, step, keys)
+    grads = jax.tree.map(lambda g: g / scale, grads)
+    finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    updates, new_opt = tx.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda u: jnp.where(finite, u, 0.0), updates)
+    opt_state = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new_opt, opt_state)
+    return (optax.apply_updates(params, updates), opt_state, new_model_state, updates,
+            loss / scale, finite)
 
-  def embed(params, model_state, batch, step):
+  def embed(params, model_state, batch, step, keys):
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
     _, state = model.apply({'params': params, **model_state}, inputs, train=False, step=step,
                            rngs={'features': keys['features']}, capture_intermediates=_is_final_norm,
@@ -194,21 +206,20 @@ def make_functions(model, tx, config, keys):
   return jax.jit(train_step), jax.jit(embed)
 
 
-def _trainer_loss(model, config, keys) -> Callable:
-  """``loss(params, model_state, batch, step) -> (loss, new_model_state)``: the loss of
+def _trainer_loss(model, config) -> Callable:
+  """``loss(params, model_state, batch, step, keys) -> (loss, new_model_state)``: the loss of
   ``trainer.make_steps`` (its ``cross_entropy``, dropout key ``fold_in(dropout, step)``, the run's
   features key), without gradient accumulation; ``make_steps`` returns only the updated state, and
   the update itself is needed here."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
-  dropout = keys['dropout']
   lm = trainer.is_decoder(model)
   aux = float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0
 
-  def loss(params, model_state, batch, step):
+  def loss(params, model_state, batch, step, keys):
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    rngs = {'dropout': jax.random.fold_in(dropout, step), 'features': keys['features']}
+    rngs = {'dropout': jax.random.fold_in(keys['dropout'], step), 'features': keys['features']}
     mutable = list(model_state.keys())
     if mutable:
       logits, new_state = model.apply({'params': params, **model_state}, inputs, train=True,
@@ -236,57 +247,73 @@ def _ratio(num: float, den: float) -> Optional[float]:
   return num / den if den > 0 else None
 
 
-def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *,
-               reference_params=None, on_step: Optional[Callable[[int], None]] = None,
-               keep_params: bool = False):
-  """Trains ``kind`` for ``len(batches)`` steps on ``batches`` and scores each step.
+# --precision: 'float32', or torch AMP as Skyformer trains (model.dtype 'float16', ``layers.DTYPES``)
+# with GradScaler's initial scale 2^16, halved after a step it skips (torch.cuda.amp.GradScaler).
+PRECISIONS = {'float32': ((), 1.0), 'skyformer-amp': ((('model.dtype', 'float16'),), 2.0 ** 16)}
+# --vary: what the seed changes. 'all': W_0, batches, dropout and features; the controls keep seed
+# 0's for everything but W_0 ('init') or but the batches ('batches').
+VARY = ('all', 'init', 'batches')
 
-  Returns ``(trace, initial params, trajectory)``; ``trajectory`` is ``[W_0, W_1, ...]`` when
-  ``keep_params`` (tests), else empty.
-  """
+
+def programs(config, kind: str) -> dict:
+  """``kind``'s model, optimizer and jitted functions, built once per command (keys are arguments)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer.training import optim as optim_lib  # pylint: disable=g-import-not-at-top
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
-
-  t0 = time.perf_counter()
   c = with_kind(config, kind)
   if int(c.optim.grad_accum_steps) != 1:
     raise InstabilityError('optim.grad_accum_steps must be 1 (one update per batch x_i)')
   info = lra_tasks.get(c.data.task).info(c.data)
   run = run_config.of(c)
   model = trainer.build_model(run, info)
-  keys = trainer.run_keys(c.seed)  # the trainer's key convention
   tx, _ = optim_lib.make_optimizer(run.optim, run.num_train_steps)
   dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
-  variables = dict(model.init({'params': keys['init'], 'dropout': keys['init'],
-                               'features': keys['features']}, dummy, train=False))
-  params = variables.pop('params')
-  model_state = variables
+  init = jax.jit(lambda keys: dict(model.init({'params': keys['init'], 'dropout': keys['init'],
+                                               'features': keys['features']}, dummy, train=False)))
+  train_step, embed = make_functions(model, tx, c)
+  f_and_jvp = jax.jit(lambda p, ms, batch, step, keys, tangent: jax.jvp(
+      lambda q: embed(q, ms, batch, step, keys), (p,), (tangent,)))
+  return dict(config=c, tx=tx, init=init, train_step=train_step, embed=embed, f_and_jvp=f_and_jvp)
+
+
+def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *, keys=None,
+               reference_params=None, on_step: Optional[Callable[[int], None]] = None,
+               keep_params: bool = False, program: Optional[dict] = None, scale: float = 1.0):
+  """Trains ``kind`` for ``len(batches)`` steps on ``batches`` and scores each step.
+
+  ``keys``: the run's keys (default ``trainer.run_keys(config.seed)``); ``program``: ``programs(
+  config, kind)``, built here if not given; ``scale``: the initial loss scale (``PRECISIONS``).
+  Returns ``(trace, initial params, trajectory)``; ``trajectory`` is ``[W_0, W_1, ...]`` when
+  ``keep_params`` (tests), else empty.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+
+  t0 = time.perf_counter()
+  pr = program or programs(config, kind)
+  c, embed = pr['config'], pr['embed']
+  keys = keys if keys is not None else trainer.run_keys(int(config.seed))
+  model_state = pr['init'](keys)
+  params = model_state.pop('params')
   shared, own = 0, len(jax.tree.leaves(params))
   if reference_params is not None:
     params, shared, own = share_initial(params, reference_params)
   initial = params
-  opt_state = tx.init(params)
-  train_step, embed = make_functions(model, tx, c, keys)
-
-  def f_and_jvp(p, ms, batch, step, tangent):
-    return jax.jvp(lambda q: embed(q, ms, batch, step), (p,), (tangent,))
-  f_and_jvp = jax.jit(f_and_jvp)
-
+  opt_state = pr['tx'].init(params)
   trace = Trace(kind=kind, tau=[], tau_difference=[], tau_all=[], loss=[], shared_leaves=shared,
                 own_leaves=own, seconds=0.0)
   trajectory = [params] if keep_params else []
-  length = None
   for i, batch in enumerate(batches, start=1):
     step = jnp.asarray(i - 1, jnp.int32)
-    new_params, opt_state, model_state_new, updates, loss = train_step(params, opt_state,
-                                                                       model_state, batch, step)
-    f_old, jf = f_and_jvp(params, model_state, batch, step, updates)
-    f_new = embed(new_params, model_state, batch, step)
-    length = f_old.shape[1]
-    mask = token_mask(batch, c.model.pooling, length)[..., None]
+    new_params, opt_state, model_state_new, updates, loss, finite = pr['train_step'](
+        params, opt_state, model_state, batch, step, keys, jnp.float32(scale))
+    scale = scale if bool(finite) else scale / 2
+    f_old, jf = pr['f_and_jvp'](params, model_state, batch, step, keys, updates)
+    f_new = embed(new_params, model_state, batch, step, keys)
+    mask = token_mask(batch, c.model.pooling, f_old.shape[1])[..., None]
     jf, diff = np.where(mask, np.asarray(jf), 0.0), np.where(mask, np.asarray(f_new) - np.asarray(f_old), 0.0)
     num_jvp = float(np.sum(np.square(jf.astype(np.float64))))
     num_diff = float(np.sum(np.square(diff.astype(np.float64))))
@@ -337,7 +364,8 @@ def mean_ratio(per_step: Sequence[Optional[float]]) -> tuple[float, int]:
 
 
 # What a result must share with a new request for its seeds to be taken over (besides the seeds).
-SETTINGS = ('task', 'preset', 'steps', 'reference', 'kinds', 'overrides', 'optimizer')
+SETTINGS = ('task', 'preset', 'steps', 'reference', 'kinds', 'overrides', 'optimizer', 'precision',
+            'vary')
 
 
 def reusable(previous: Optional[dict], settings: Mapping[str, Any], env: Mapping[str, Any]
@@ -365,10 +393,22 @@ def reusable(previous: Optional[dict], settings: Mapping[str, Any], env: Mapping
   return {int(e['seed']): e for e in previous.get('per_seed') or [] if e.get('seed') in done}, ''
 
 
+def seed_inputs(config, seed: int, steps: int, vary: str = 'all') -> tuple[dict, list]:
+  """``(keys, batches)`` of ``seed`` under ``vary`` (``VARY``): the controls take seed 0's keys and
+  batches for everything the seed does not vary."""
+  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  keys = trainer.run_keys(seed if vary == 'all' else 0)
+  if vary == 'init':
+    keys['init'] = trainer.run_keys(seed)['init']
+  return keys, seed_batches(config, 0 if vary == 'init' else seed, steps)
+
+
 def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps: int = STEPS,
         overrides: Sequence[tuple[str, Any]] = (), log: Callable[[str], None] = print,
-        on_seed: Optional[Callable[[dict], None]] = None, previous: Optional[dict] = None) -> dict:
-  """The table-3 column of ``task``: per seed, the reference and each kind for ``steps`` steps.
+        on_seed: Optional[Callable[[dict], None]] = None, previous: Optional[dict] = None,
+        precision: str = 'float32', vary: str = 'all') -> dict:
+  """The table-3 column of ``task``: per seed, the reference and each kind for ``steps`` steps, each
+  kind's programs compiled once (the first seed's time includes compiling).
 
   ``on_seed(partial_result)`` is called after each kind of each seed with the result so far (the
   command writes it, so a long run stopped early keeps every kind it finished; ``seeds`` lists the
@@ -385,13 +425,16 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
     raise InstabilityError(f'--steps must be >= 1, got {steps}')
   if not seeds:
     raise InstabilityError('at least one seed')
-  base = task_config(task, overrides)
+  if precision not in PRECISIONS or vary not in VARY:
+    raise InstabilityError(f'--precision is one of {", ".join(PRECISIONS)} and --vary one of '
+                           f'{", ".join(VARY)}, got {precision!r} and {vary!r}')
+  base = task_config(task, [*PRECISIONS[precision][0], *overrides])
   t0 = time.perf_counter()
   per_seed = []
   env = environment()
   settings = {'task': task, 'preset': PRESET, 'steps': steps, 'reference': REFERENCE,
               'kinds': list(kinds), 'overrides': [list(o) for o in overrides],
-              'optimizer': describe_optimizer(base)}
+              'optimizer': describe_optimizer(base), 'precision': precision, 'vary': vary}
   reuse, why_not = reusable(previous, settings, env)
   if why_not:
     log(f'the earlier result is not taken over: {why_not}; every seed is computed')
@@ -407,27 +450,32 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
   def progress(kind):
     return lambda i: log(f'  {kind}: step {i}/{steps} ({time.perf_counter() - t0:.0f} s)') if (
         i % 5 == 0) else None
+  progs, scale = {}, PRECISIONS[precision][1]
   for seed in seeds:
     if int(seed) in reuse:
       per_seed.append(reuse[int(seed)])
       log(f'seed {seed}: taken over from the earlier result (same settings, device, jax and commit)')
       continue
-    c = base.copy_and_resolve_references()
-    c.unlock()
-    c.seed = int(seed)
-    c.lock()
-    batches = seed_batches(c, int(seed), steps)
-    ref, ref_params, _ = trace_kind(c, REFERENCE, batches, on_step=progress(REFERENCE))
+    t_seed = time.perf_counter()
+    keys, batches = seed_inputs(base, int(seed), steps, vary)
+
+    def run_kind(kind, **kw):
+      if kind not in progs:
+        progs[kind] = programs(base, kind)
+      return trace_kind(base, kind, batches, keys=keys, scale=scale, program=progs[kind],
+                        on_step=progress(kind), **kw)
+    ref, ref_params, _ = run_kind(REFERENCE)
     log(f'seed {seed}: {REFERENCE} {ref.seconds:.0f} s')
-    entry = {'seed': int(seed), 'reference': dataclasses.asdict(ref), 'kinds': {}}
+    entry = {'seed': int(seed), 'reference': dataclasses.asdict(ref), 'kinds': {}, 'seconds': 0.0}
     per_seed.append(entry)
     for kind in kinds:
-      tr, _, _ = trace_kind(c, kind, batches, reference_params=ref_params, on_step=progress(kind))
+      tr, _, _ = run_kind(kind, reference_params=ref_params)
       entry['kinds'][kind] = {**dataclasses.asdict(tr), 'ratio': ratios(tr, ref),
                               'ratio_difference': ratios(tr, ref, 'tau_difference'),
                               'ratio_all': ratios(tr, ref, 'tau_all')}
       m, n = mean_ratio(entry['kinds'][kind]['ratio'])
       log(f'seed {seed}: {kind} mean ratio {m:.3f} over {n} steps ({tr.seconds:.0f} s)')
+      entry['seconds'] = time.perf_counter() - t_seed
       if on_seed is not None:
         on_seed(result())
   return result()
@@ -446,8 +494,25 @@ def environment() -> dict:
           'jax': jax.__version__, 'code': workdir.code_version()}
 
 
+BELOW = 0.85   # between the published KA/Skyformer ratios (0.62-0.83) and Nystromformer's (0.97-1.03)
+
+
+def spread(vals: Sequence[float]) -> dict:
+  """Median, geometric mean with its 95 % t-interval (on the log ratios), fraction below ``BELOW``."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  logs = np.log(np.asarray(vals, np.float64))
+  n = len(logs)
+  half = (stats.t.ppf(0.975, n - 1) * np.std(logs, ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+  return {'median': float(np.median(vals)) if n else math.nan,
+          'geomean': float(np.exp(np.mean(logs))) if n else math.nan,
+          'geomean_ci95': [float(np.exp(np.mean(logs) - half)), float(np.exp(np.mean(logs) + half))]
+                          if n > 1 else [math.nan, math.nan],
+          'below': float(np.mean(np.asarray(vals) < BELOW)) if n else math.nan}
+
+
 def summarize(per_seed: Sequence[dict], kinds: Sequence[str], task: str) -> dict:
-  """kind -> mean and sd over seeds of the per-seed averaged ratio (and the alternative forms)."""
+  """kind -> mean and sd over seeds of the per-seed averaged ratio (and the alternative forms); for
+  the reported form also ``spread``."""
   out = {}
   for kind in kinds:
     row = {'published': PUBLISHED.get(kind, {}).get(task)}
@@ -459,6 +524,7 @@ def summarize(per_seed: Sequence[dict], kinds: Sequence[str], task: str) -> dict
                     'sd': float(np.std(vals, ddof=1)) if len(vals) > 1 else float('nan'),
                     'per_seed': vals.tolist(), 'seeds': [e['seed'] for e in have],
                     'steps_used': [n for _, n in means]}
+    row['ratio'].update(spread(row['ratio']['per_seed']))
     out[kind] = row
   return out
 
@@ -470,10 +536,12 @@ def _fmt(x: Optional[float], digits: int = 2) -> str:
 def markdown(result: dict, command: str = '') -> str:
   s, task = result['summary'], result['task']
   planned = result.get('seeds_planned', result['seeds'])
+  secs = [e['seconds'] for e in result['per_seed'] if e.get('seconds')]
   lines = [f"Instability ratio to {result['reference']} ({SOURCE}), {task}, preset "
-           f"`{result['preset']}`, {result['steps']} steps, mean ± sd over the seeds of each row "
-           f"(planned: {', '.join(map(str, planned))}; finished: "
-           f"{', '.join(map(str, result['seeds'])) or 'none'}).", '']
+           f"`{result['preset']}`, precision {result.get('precision')}, the seed varying "
+           f"{result.get('vary')}, {result['steps']} steps, over the seeds of each row (planned: "
+           f"{', '.join(map(str, planned))}; finished: {', '.join(map(str, result['seeds'])) or 'none'}"
+           f"); per seed {', '.join(f'{x:.0f}' for x in secs) or '—'} s (the first compiles).", '']
   if result.get('reused_seeds'):
     lines += [f"Seeds {', '.join(map(str, result['reused_seeds']))} were taken over from an earlier "
               'run of the same settings and code; the time below is for the others.', '']
@@ -481,15 +549,17 @@ def markdown(result: dict, command: str = '') -> str:
     lines += [f'`{command}`; {result["wall_seconds"] / 60:.1f} min on '
               f"{result['environment']['device']} ({result['environment']['cores']} cores), jax "
               f"{result['environment']['jax']}.", '']
-  lines += ['| model | kind | published | ours (first-order τ) | ours (float32 difference) | '
-            'ours (τ over all parameters) | seeds | steps averaged |',
-            '|---|---|---|---|---|---|---|---|']
+  lines += ['| model | kind | published | ours (first-order τ), mean ± sd | median | geometric mean '
+            f'[95 %] | seeds < {BELOW} | float32 difference | τ over all parameters | per seed | '
+            'steps averaged |', '|---|---|---|---|---|---|---|---|---|---|---|']
   for kind, row in s.items():
-    cells = [f"{_fmt(row[f]['mean'])} ± {_fmt(row[f]['sd'])}"
-             for f in ('ratio', 'ratio_difference', 'ratio_all')]
+    r = row['ratio']
+    cells = [f"{_fmt(row[f]['mean'])} ± {_fmt(row[f]['sd'])}" for f in ('ratio_difference', 'ratio_all')]
     lines.append(f"| {PAPER_NAMES.get(kind, kind)} | `{kind}` | {_fmt(row['published'])} | "
-                 f"{' | '.join(cells)} | {len(row['ratio']['seeds'])} | "
-                 f"{'/'.join(map(str, row['ratio']['steps_used'])) or '—'} |")
+                 f"{_fmt(r['mean'])} ± {_fmt(r['sd'])} | {_fmt(r['median'])} | {_fmt(r['geomean'])} "
+                 f"[{_fmt(r['geomean_ci95'][0])}, {_fmt(r['geomean_ci95'][1])}] | "
+                 f"{_fmt(r['below'])} | {' | '.join(cells)} | {' / '.join(map(_fmt, r['per_seed']))} | "
+                 f"{'/'.join(map(str, r['steps_used'])) or '—'} |")
   opt = result['optimizer']
   lines += ['', 'Optimizer (from the preset, kernelformer/training/optim.py): ' +
             ', '.join(f'{k}={v}' for k, v in sorted(opt.items()))]
