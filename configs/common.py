@@ -169,8 +169,8 @@ def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning
   Not reproduced, each a difference from Skyformer's run: its validation batches continue through an
   endless reshuffled dev set from one evaluation to the next (src/models/dataset_LRA.py 24-45), ours
   are the same first batches each time; its test drops the last partial batch (main.py 281); it
-  trains under torch.cuda.amp float16 autocast (main.py 212); its mean pooling averages padded
-  positions too (src/models/model_LRA.py 12), ours only real tokens.
+  trains under torch AMP (main.py 212; ``model.dtype='float16'`` emulates it, not set here); its mean
+  pooling averages padded positions too (src/models/model_LRA.py 12), ours only real tokens.
 
   Args:
     c: the task config, changed in place.

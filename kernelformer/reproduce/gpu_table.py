@@ -30,7 +30,6 @@ SKYFORMER_MODELS = {'softmax': 'Self-Attention', 'gaussian': 'Kernelized Attenti
                     'skyformer': 'Skyformer'}
 # Zoology figure 2, (64, 4) panel, attention: the best of 4 learning rates at each d_model, read off the plot.
 ZOOLOGY_FIG2_ATTENTION = {64: 1.0, 128: 1.0}
-ZOOLOGY_FIG2_ATTENTION_D64 = ZOOLOGY_FIG2_ATTENTION[64]
 
 
 def zoology_d_model(group: str) -> int:

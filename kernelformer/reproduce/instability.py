@@ -9,52 +9,37 @@ the stability in model training", adapted from Liu et al. 2020a, figure 4): the 
 
 f the embedding after the two layers, x_i the i-th batch, W_0 the initial parameters, W_i those after
 step i; each model's tau_i is divided by self-attention's tau_i at the same step and the ratios are
-averaged over the steps. Published (table 3):
-
-    model                  Text  ListOps  Retrieval  Pathfinder  Image
-    Nystromformer          1.03  1.01     0.97       0.99        1.02
-    Kernelized Attention   0.83  0.77     0.64       0.74        0.62
-    Skyformer              0.81  0.79     0.64       0.79        0.65
+averaged over the steps (published: ``PUBLISHED``).
 
 Skyformer's repository (pkuzengqi/Skyformer @ 1a677cb) has no code for this table, so what the paper
 leaves open is chosen here, each choice for a stated reason:
 
-* **f** is the encoder's token embeddings after the two blocks and the final LayerNorm, with padded
-  positions zeroed, ``[B, L, d]`` (``[2B, L, d]`` for Retrieval's two documents): Skyformer's encoder
-  (``src/models/model_transformer.py`` ``Model.forward``) returns exactly ``self.norm(X) * mask`` and
-  pools afterwards in the classifier head, so "the embedding after two layers" is taken before pooling.
-  It is read from our encoder's ``final_norm`` (flax ``capture_intermediates``), not a copy of it.
-* **W** is the parameters f depends on: everything under ``encoder`` (token and position embeddings,
-  both blocks, the final LayerNorm), not the classifier head, which moves without moving f and would
-  only add to the denominator. ``tau_all`` (every parameter in the denominator) is recorded as well.
+* **f** is the encoder's token embeddings after the two blocks and the final LayerNorm, padded
+  positions zeroed, ``[B, L, d]`` (``[2B, L, d]`` for Retrieval): Skyformer's encoder
+  (``src/models/model_transformer.py`` ``Model.forward``) returns ``self.norm(X) * mask`` and pools in
+  the head. It is read from our encoder's ``final_norm`` (flax ``capture_intermediates``).
+* **W** is everything under ``encoder`` (f does not depend on the head, which would only add to the
+  denominator); ``tau_all`` (every parameter in the denominator) is recorded as well.
 * **f is evaluated deterministically** (no dropout) with the random features / landmarks of the step
-  that produced W_i, the same draw for W_i and W_{i-1}: the difference is then the effect of the
-  parameter change alone, not of a new dropout mask or a new draw.
-* **tau_i is computed in its first-order form**, ``||J_f(W_{i-1}) dW_i||^2 / ||dW_i||^2`` with ``dW_i``
-  the optimizer's update (``jax.jvp``). In the table 1 setting the learning rate in the first 20 steps
-  is at most a few 1e-6 (warm-up), so ``W_i - W_{i-1}`` is of the order of float32's rounding of the
-  parameters themselves and the difference ``f(W_i) - f(W_{i-1})`` cancels catastrophically; the
-  first-order form equals the formula up to terms of relative size ``O(||dW_i||)`` (~1e-6 here) and
-  has no cancellation. The literal difference quotient in float32 is recorded too (``tau_difference``),
-  and the tests check both against a direct computation of the formula at step sizes float32 resolves.
-* A step whose update is exactly zero has no tau (0/0): a schedule that starts at learning rate 0
-  (linear warm-up from 0) makes step 1 such a step. It is left out of the average, and the results
-  say how many steps entered it.
+  that produced W_i, the same draw for W_i and W_{i-1}: the difference is the parameter change's alone.
+* **tau_i is computed in its first-order form**, ``||J_f(W_{i-1}) dW_i||^2 / ||dW_i||^2``, ``dW_i`` the
+  optimizer's update (``jax.jvp``): at the warm-up's learning rates (a few 1e-6) ``W_i - W_{i-1}`` is of
+  the order of float32's rounding of W and ``f(W_i) - f(W_{i-1})`` cancels; the first-order form equals
+  the formula up to relative ``O(||dW_i||)``. The literal float32 quotient is ``tau_difference``; the
+  tests check both against the formula at step sizes float32 resolves.
+* A step whose update is exactly zero (0/0: learning rate 0 at step 1) is left out of the average.
 * **Same starting point and data**: every kind trains on the same batches (the trainer's, a function
-  of the seed and the step) and starts from softmax's initial parameters wherever the two parameter
-  trees share a leaf (same path and shape: embeddings, projections, LayerNorms, MLPs, head); only a
-  kind's own parameters (if any) come from its own initialiser.
-* **The update** is the trainer's: the loss and dropout keys of ``trainer.make_steps`` and the
-  optimizer built from the preset by ``kernelformer.training.optim.make_optimizer`` (so the preset's
-  optimizer, schedule and clipping are what runs).
+  of the seed and the step) and starts from softmax's initial parameters wherever the trees share a
+  leaf (path and shape); only a kind's own parameters come from its own initialiser.
+* **The update** is the trainer's loss, dropout keys and optimizer (``trainer.make_steps``,
+  ``optim.make_optimizer`` from the preset).
 
-Cost: 20 train steps plus one JVP and one forward per step and kind; at ListOps' length 2,000 the
-quadratic kinds (softmax, gaussian) dominate (their [32, 2, 2000, 2000] attention matrices). Measured:
-``kernelformer reproduce instability --task listops --seeds 1`` takes 14 min 51 s on two quiet x86-64
-cores (jax 0.10.2, 2026-11-29: softmax 336 s, nystromformer 103 s, gaussian 313 s, skyformer 125 s;
-11.3 GB peak resident memory), so ``--seeds 3`` is ~45 min (72.5 min measured on a shared machine at
-load 8-15). A seed's ratios are the same bit for bit on a rerun. The result is in docs/reproduce.md
-("Reproduced").
+Skyformer's protocol, as options (docs/reproduce.md gives the commands): ``--precision skyformer-amp``
+(``PRECISIONS``), ListOps padded to 2048 (``--set data.max_length=2048``: src/main.py 214,
+src/preprocess/create_listops.py 16), Kernelized Attention's attention dropout (the preset's, on C:
+attention/gaussian.py), and the controls ``--vary init`` / ``--vary batches``. Cost: one ListOps seed
+of the four models is ~15 min on two quiet x86-64 cores; a seed's ratios are the same bit for bit on
+a rerun.
 """
 from __future__ import annotations
 

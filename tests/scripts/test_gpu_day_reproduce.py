@@ -52,7 +52,7 @@ def test_reproduce_dry_run_writes_results_and_table(tmp_path):
   assert sky['published'] == pytest.approx(0.3869)     # Skyformer table 1, ListOps, Skyformer
   zoo = rows[('zoology-fig2-L64-d64', 'softmax lr 0.01')]
   assert zoo['status'] == 'finished' and zoo['kind'] == 'softmax' and zoo['learning_rate'] == 0.01
-  assert zoo['published'] == gpu_table.ZOOLOGY_FIG2_ATTENTION_D64
+  assert zoo['published'] == gpu_table.ZOOLOGY_FIG2_ATTENTION[64]
   assert 0.0 <= zoo['test_accuracy'] <= 1.0
   environment = res['environment']
   assert environment['device'] and 'jax ' in environment['versions']
