@@ -4,7 +4,6 @@ usage:
   kernelformer reproduce instability --task TASK [--seeds N] [flags]
 
 examples:
-  kernelformer reproduce instability --task listops --seeds 3
   kernelformer reproduce instability --task text --seeds 3 --out_dir runs/reproduce
   kernelformer reproduce instability --task listops --seeds 20 --precision skyformer-amp \
       --set data.max_length=2048      # Skyformer's protocol: AMP, ListOps padded to 2048
@@ -19,9 +18,8 @@ paper leaves open: kernelformer/reproduce/instability.py. The task's data must b
 
 Seeds are not computed twice: a result already in --out_dir (kept as instability-TASK.previous.*)
 gives its finished seeds to a new command with the same settings, device, jax and git commit (a
-clean checkout), so `--seeds 5` after `--seeds 3` computes seeds 3 and 4, and a command stopped
-part-way goes on from its last finished seed. Each kind compiles once per command, not per seed. Anything else differing is said in a line and every
-seed is computed.
+clean checkout): `--seeds 5` after `--seeds 3` computes seeds 3 and 4; otherwise a line says why.
+Each kind compiles once per command, not per seed.
 """
 from __future__ import annotations
 

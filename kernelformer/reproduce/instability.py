@@ -147,15 +147,13 @@ def _is_final_norm(module, method_name: str) -> bool:
 
 
 def make_functions(model, tx, config):
-  """``(train_step, embed)``, jitted once per kind: the seed's keys are arguments, not constants.
+  """``(train_step, embed)``, jitted; the seed's keys are arguments, so one compile serves every seed.
 
   ``train_step(params, opt_state, model_state, batch, step, keys, scale) -> (params, opt_state,
-  model_state, updates, loss, finite)``: the trainer's loss (``trainer.make_steps``) and the
-  optimizer's update, returned separately (``updates`` is W_i - W_{i-1} as the optimizer computed it,
-  before float32 rounding). ``scale`` is torch's GradScaler (``--precision skyformer-amp``; 1 else):
-  gradients of ``scale * loss``, divided by ``scale``; a non-finite one skips the update (zero
-  ``updates``) and ``finite`` is False (Skyformer src/main.py 77-88 @ 1a677cb).
-  ``embed(params, model_state, batch, step, keys) -> [rows, L, d]``: f, the final LayerNorm's output
+  model_state, updates, loss, finite)``: the trainer's loss and the optimizer's update (W_i - W_{i-1}
+  before float32 rounding). ``scale`` is torch's GradScaler (1 in float32): gradients of ``scale *
+  loss`` divided by ``scale``; a non-finite one skips the update (Skyformer src/main.py 77-88).
+  ``embed(params, model_state, batch, step, keys)``: f, the final LayerNorm's output, ``[rows, L, d]``
   (deterministic, the draw of ``step``), unmasked.
   """
   import jax  # pylint: disable=g-import-not-at-top
@@ -266,13 +264,9 @@ def programs(config, kind: str) -> dict:
 def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *, keys=None,
                reference_params=None, on_step: Optional[Callable[[int], None]] = None,
                keep_params: bool = False, program: Optional[dict] = None, scale: float = 1.0):
-  """Trains ``kind`` for ``len(batches)`` steps on ``batches`` and scores each step.
-
-  ``keys``: the run's keys (default ``trainer.run_keys(config.seed)``); ``program``: ``programs(
-  config, kind)``, built here if not given; ``scale``: the initial loss scale (``PRECISIONS``).
-  Returns ``(trace, initial params, trajectory)``; ``trajectory`` is ``[W_0, W_1, ...]`` when
-  ``keep_params`` (tests), else empty.
-  """
+  """Trains ``kind`` for ``len(batches)`` steps on ``batches`` (keys: default ``run_keys(config.seed)``;
+  ``program``: ``programs(config, kind)``; ``scale``: the first loss scale) and scores each step.
+  Returns ``(trace, initial params, [W_0, W_1, ...] if keep_params else [])``."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
