@@ -387,13 +387,9 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
         on_seed: Optional[Callable[[dict], None]] = None, previous: Optional[dict] = None,
         precision: str = 'float32', vary: str = 'all') -> dict:
   """The table-3 column of ``task``: per seed, the reference and each kind for ``steps`` steps, each
-  kind's programs compiled once (the first seed's time includes compiling).
-
-  ``on_seed(partial_result)`` is called after each kind of each seed with the result so far (the
-  command writes it, so a long run stopped early keeps every kind it finished; ``seeds`` lists the
-  seeds whose every kind finished, and the summary counts, per kind, the seeds that have it).
-  ``previous``: an earlier result (the command passes the one in its --out_dir); its finished seeds
-  are taken over where ``reusable`` allows, listed in ``reused_seeds``, and not computed again."""
+  kind compiled once (the first seed's time includes it). ``on_seed(partial_result)`` runs after each
+  kind of each seed (the command writes it; ``seeds`` lists the seeds whose every kind finished).
+  ``previous``: an earlier result whose finished seeds are taken over where ``reusable`` allows."""
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   for k in (REFERENCE, *kinds):
     try:
@@ -405,8 +401,7 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
   if not seeds:
     raise InstabilityError('at least one seed')
   if precision not in PRECISIONS or vary not in VARY:
-    raise InstabilityError(f'--precision is one of {", ".join(PRECISIONS)} and --vary one of '
-                           f'{", ".join(VARY)}, got {precision!r} and {vary!r}')
+    raise InstabilityError(f'unknown --precision {precision!r} or --vary {vary!r}')
   base = task_config(task, [*PRECISIONS[precision][0], *overrides])
   t0 = time.perf_counter()
   per_seed = []
@@ -429,7 +424,7 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
   def progress(kind):
     return lambda i: log(f'  {kind}: step {i}/{steps} ({time.perf_counter() - t0:.0f} s)') if (
         i % 5 == 0) else None
-  progs, scale = {}, PRECISIONS[precision][1]
+  progs = {k: programs(base, k) for k in (REFERENCE, *kinds)}
   for seed in seeds:
     if int(seed) in reuse:
       per_seed.append(reuse[int(seed)])
@@ -437,12 +432,8 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
       continue
     t_seed = time.perf_counter()
     keys, batches = seed_inputs(base, int(seed), steps, vary)
-
-    def run_kind(kind, **kw):
-      if kind not in progs:
-        progs[kind] = programs(base, kind)
-      return trace_kind(base, kind, batches, keys=keys, scale=scale, program=progs[kind],
-                        on_step=progress(kind), **kw)
+    run_kind = lambda kind, **kw: trace_kind(base, kind, batches, keys=keys, program=progs[kind],
+                                             scale=PRECISIONS[precision][1], on_step=progress(kind), **kw)
     ref, ref_params, _ = run_kind(REFERENCE)
     log(f'seed {seed}: {REFERENCE} {ref.seconds:.0f} s')
     entry = {'seed': int(seed), 'reference': dataclasses.asdict(ref), 'kinds': {}, 'seconds': 0.0}
