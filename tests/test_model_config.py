@@ -47,9 +47,9 @@ def test_the_trainer_builds_both_models_from_the_record(tmp_path):
 
 @pytest.mark.parametrize('language_model', [False, True])
 def test_a_bad_dtype_is_the_same_line_for_encoder_and_decoder(tmp_path, language_model):
-  c = helpers.tiny_config(tmp_path, **{'model.dtype': 'float16'})
+  c = helpers.tiny_config(tmp_path, **{'model.dtype': 'float64'})
   info = types.SimpleNamespace(vocab_size=21, max_length=17, num_classes=3, dual=False,
                                language_model=language_model)
-  with pytest.raises(ValueError, match=r"^model.dtype must be one of float32, bfloat16, got 'float16'$"):
+  with pytest.raises(ValueError, match=r"^model.dtype must be one of float32, bfloat16, float16, got 'float64'$"):
     run = run_config.of(c)
     trainer.build_model(run, info)
