@@ -225,11 +225,7 @@ _UNSEEN = object()
 class Watchdog:
   """Exits the process (``EXIT_HUNG``) when the armed deadline passes without ``arm``/``disarm``."""
 
-  def __init__(self, poll_s: float = 1.0, pause_s: float = 30.0):
-    """``pause_s``: a gap this much longer than the poll interval between two of the thread's polls
-    means the whole process was not running (stopped by SIGSTOP / a job-control suspend, or starved):
-    that time does not count against the deadline, since a hung step never stops this thread."""
-    self._pause = pause_s
+  def __init__(self, poll_s: float = 1.0):
     self._lock = threading.Lock()
     self._deadline: Optional[float] = None
     self._what = ''
@@ -278,16 +274,17 @@ class Watchdog:
       self._what, self._progress, self.on_fire = '', None, None
 
   def _watch(self) -> None:
-    last = time.monotonic()
     while True:
       interval = min(self._poll, max(self._limit / 10, 0.05))
+      before = time.monotonic()
       if self._stop.wait(interval):
         return
-      now = time.monotonic()
-      paused, last = now - last - interval, now
+      # Time counts only while this thread ran on schedule: a stopped process (SIGSTOP, Ctrl-Z) stops
+      # it too and it oversleeps by exactly the stop, while a hung step never delays it.
+      paused = time.monotonic() - before - interval
       with self._lock:
-        if paused > self._pause and self._deadline is not None:
-          self._deadline += paused   # the process was stopped, not the step hung
+        if paused > 0 and self._deadline is not None:
+          self._deadline += paused
         if self._deadline is not None and self._progress is not None:
           try:
             seen = self._progress()

@@ -234,8 +234,8 @@ def test_watchdog_restarts_its_deadline_while_steps_finish():
 WATCHDOG_PAUSED = """
 import sys, time
 from kernelformer.training import signals
-w = signals.Watchdog(pause_s=1.0)
-w.arm('training step 1', 3.0)
+w = signals.Watchdog()
+w.arm('training step 1', float(sys.argv[1]))
 print('armed', flush=True)
 t = time.process_time()
 while time.process_time() - t < 1.0:   # a 1 s step (CPU time: it does not pass while stopped)
@@ -246,16 +246,17 @@ print('finished', flush=True)
 """
 
 
-def test_a_stopped_process_is_not_hung():
-  """SIGSTOP for 5 s in the middle of a 1 s step under a 3 s limit: when the process continues the
-  step finishes and the watchdog does not fire (the stopped time does not count; a hung step never
-  stops the watchdog's own thread)."""
-  p = subprocess.Popen([sys.executable, '-c', WATCHDOG_PAUSED], stdout=subprocess.PIPE,
+@pytest.mark.parametrize('stop_s,limit_s', [(5, 3), (12, 2)])
+def test_a_stopped_process_is_not_hung(stop_s, limit_s):
+  """SIGSTOP for longer than the limit in the middle of a 1 s step: when the process continues the
+  step finishes and the watchdog does not fire (the stopped time does not count, whatever its length;
+  a hung step never stops the watchdog's own thread: test_watchdog_stops_a_hung_step)."""
+  p = subprocess.Popen([sys.executable, '-c', WATCHDOG_PAUSED, str(limit_s)], stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, cwd=ROOT)
   assert p.stdout.readline() == 'armed\n'
   time.sleep(0.3)
   p.send_signal(signal.SIGSTOP)
-  time.sleep(5)
+  time.sleep(stop_s)
   p.send_signal(signal.SIGCONT)
   out, err = p.communicate(timeout=60)
   assert p.returncode == 0 and out == 'finished\n', (p.returncode, err[-2000:])
