@@ -162,6 +162,17 @@ class Checkpoints:
     self._kept = tuple(s for s in self.all_steps() if s <= step)
     self._reload()
 
+  def copy_of(self, source: str) -> None:
+    """This directory becomes a copy of ``source`` (hard links: orbax never rewrites a checkpoint's
+    files, it adds and removes them), so saves here leave ``source`` as it was."""
+    self._manager.close()
+    if jax.process_index() == 0:
+      shutil.rmtree(self.directory, ignore_errors=True)
+      if os.path.isdir(source):
+        shutil.copytree(source, self.directory, copy_function=os.link)
+    _sync('checkpoint-copy')
+    self._manager = self._open()
+
   def _reload(self) -> None:
     self._manager.close()
     self._manager = self._open()
@@ -255,13 +266,16 @@ class Checkpoints:
       raise ValueError('the restored arrays do not match the digest written with them')
     return state, meta
 
-  def restore_latest(self, abstract_state: Any) -> Optional[tuple[Any, dict]]:
-    """The newest checkpoint that restores; damaged newer ones are set aside. None if there is none.
+  def restore_latest(self, abstract_state: Any, upto: Optional[int] = None
+                     ) -> Optional[tuple[Any, dict]]:
+    """The newest checkpoint (at most at step ``upto``) that restores; damaged newer ones are set
+    aside. None if there is none.
 
     Orbax's own error logs (tracebacks of the failed reads) are silenced: each damaged checkpoint gets
     the one line of ``_set_aside``.
     """
-    for step in sorted(self._manager.all_steps(), reverse=True):
+    for step in sorted((s for s in self._manager.all_steps() if upto is None or s <= upto),
+                       reverse=True):
       try:
         with _quiet_logs():
           return self.restore(abstract_state, step)

@@ -23,8 +23,10 @@ class MetricsWriter:
   naming the file; results.json and config.json are replaced atomically, so the earlier one stays.
   """
 
-  def __init__(self, workdir: str, enabled: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, root: Optional[str] = None):
+    """``root``: where the files go (default ``workdir``; the end of a run: its staged record)."""
     self.workdir = workdir
+    self.root = root or workdir
     self.enabled = enabled
     self._tb = None
     self._jsonl = None
@@ -33,8 +35,8 @@ class MetricsWriter:
       # SummaryWriter's background thread: a write that fails there (a full disk) kills that thread
       # with a traceback and the next event blocks forever on its full queue.
       from tensorboardX.event_file_writer import EventsWriter  # pylint: disable=g-import-not-at-top
-      path = os.path.join(workdir, 'metrics.jsonl')
-      tb_dir = os.path.join(workdir, 'tensorboard')
+      path = os.path.join(self.root, 'metrics.jsonl')
+      tb_dir = os.path.join(self.root, 'tensorboard')
       try:
         os.makedirs(tb_dir, exist_ok=True)
         self._tb = EventsWriter(os.path.join(tb_dir, 'events'))
@@ -71,11 +73,11 @@ class MetricsWriter:
 
   def write_config(self, config) -> None:
     if self.enabled:
-      workdir_lib.atomic_write_json(os.path.join(self.workdir, 'config.json'), config.to_dict())
+      workdir_lib.atomic_write_json(os.path.join(self.root, 'config.json'), config.to_dict())
 
   def write_results(self, results: dict) -> None:
     if self.enabled:  # a results.json that exists is complete (sweeps rely on it)
-      workdir_lib.atomic_write_json(os.path.join(self.workdir, 'results.json'),
+      workdir_lib.atomic_write_json(os.path.join(self.root, 'results.json'),
                                   strict_json(results))
 
   def close(self) -> None:

@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -297,6 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   lock = workdir_lib.WorkdirLock(workdir)
   if is_lead:
     lock.acquire()
+    workdir_lib.settle_record(workdir)   # a record write cut short: finished or undone
   watchdog = signals_lib.Watchdog()
   watchdog.on_fire = lock.release
   try:
@@ -598,7 +600,8 @@ def build(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str, 
       val_source=task.source(run.data, 'val'),
       batches=input_pipeline.TrainBatches(task.source(run.data, 'train'), run.batch_size, run.seed),
       checkpoints=ckpt_lib.Checkpoints(os.path.join(workdir, 'checkpoints'), run.keep_checkpoints),
-      best=ckpt_lib.Checkpoints(os.path.join(workdir, 'best'), KEEP_BEST))
+      best=ckpt_lib.Checkpoints(os.path.join(workdir, 'best.next' if prior.provisional else 'best'),
+                                KEEP_BEST))
   return setup, state
 
 
@@ -686,20 +689,24 @@ class Journal:
     self.writer = writer                # given: the journal is committed already (the bench's loop)
     self.committed = writer is not None
 
-  def commit(self) -> None:
+  def commit(self, root: Optional[str] = None) -> None:
     """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
-    step the record was last written at (the resumed run logs them again). A run that stops before
-    (divergence, signal, error) leaves the record of the workdir as it was, so the command that made it
-    still runs."""
-    if self.committed:
+    step the record was last written at (the resumed run logs them again) -- into the workdir, or into
+    ``root``: the end of the run's staged record (``finish``), where a record written already goes on
+    in a copy of metrics.jsonl. A run that stops before (divergence, signal, error) leaves the record
+    of the workdir as it was, so the command that made it still runs."""
+    if self.committed and root is None:
       return
-    self.committed = True
-    setup, prior = self.setup, self.setup.prior
+    setup, prior, was = self.setup, self.setup.prior, self.committed
     if setup.is_lead:
-      prior.record.write(setup.config, prior.allowed, self.stretch_from)
-      workdir_lib.truncate_metrics(setup.workdir, self.stretch_from)
-    self.writer = metrics_lib.MetricsWriter(setup.workdir, enabled=setup.is_lead)
-    if self.start_step == 0 or prior.allowed:
+      if not was:
+        prior.record.write(setup.config, prior.allowed, self.stretch_from, root)
+      workdir_lib.truncate_metrics(setup.workdir, setup.num_steps if was else self.stretch_from,
+                                   out=root and os.path.join(root, 'metrics.jsonl'))
+    self.close()
+    self.committed = True
+    self.writer = metrics_lib.MetricsWriter(setup.workdir, enabled=setup.is_lead, root=root)
+    if not was and (self.start_step == 0 or prior.allowed):
       self.writer.write_config(setup.config)
     for event in self.pending:
       self.writer.write(*event)
@@ -730,7 +737,8 @@ def restore(setup: Setup, state: TrainState, *, t0: float, started: str
   """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
   silently when checkpoints existed: that stops with one line unless ``config.start_over``
   (``refuse_silent_restart``, which may give a new ``Setup``: best/ moved aside)."""
-  restored = setup.checkpoints.restore_latest(ckpt_lib.abstract_like(state))
+  restored = setup.checkpoints.restore_latest(  # a stretch beyond a re-tested finished run: not it
+      ckpt_lib.abstract_like(state), setup.num_steps if setup.prior.provisional else None)
   meta = {'best_val_accuracy': -1.0, 'best_step': -1}
   if restored is not None:
     state, meta = restored
@@ -747,9 +755,10 @@ def restore(setup: Setup, state: TrainState, *, t0: float, started: str
   # record was last written at: a stretch resumed before its record was written loses none.
   stretch_from = int(held.get('from_step', start)) if restored is not None else start
   events = [tuple(e) for e in held.get('events', []) if int(e[1]) <= start]
-  if setup.prior.provisional:
+  if setup.prior.provisional:   # its bests go to best.next: a copy of best/ unless resumed beyond it
     setup.checkpoints.keep_through(stretch_from)
-    setup.best.keep_through(stretch_from)
+    if start <= int(setup.prior.previous.get('final_step') or start):
+      setup.best.copy_of(os.path.join(setup.workdir, 'best'))
   segment = Segment(start_step=start, last_saved=start if restored is not None else None, t0=t0,
                     progress=metrics_lib.Progress(setup.num_steps, start,
                                                   enabled=setup.is_lead and setup.run.progress),
@@ -777,12 +786,13 @@ def refuse_silent_restart(setup: Setup) -> Setup:
     raise workdir_lib.RunError(
         f'workdir {setup.workdir}: {what}; nothing was trained or overwritten; put the checkpoints '
         f'back, or pass --config.start_over=True to train from step 0 (best/ is then moved aside)')
-  if setup.is_lead and (best.all_steps() or best.damaged()):
+  finished = os.path.join(setup.workdir, 'best')   # a stretch's best.next is then refilled from it
+  if setup.is_lead and os.path.isdir(finished) and os.listdir(finished):
     best.close()
     n = 1
-    while os.path.exists(f'{best.directory}.before-start-over-{n}'):
+    while os.path.exists(f'{finished}.before-start-over-{n}'):
       n += 1
-    os.rename(best.directory, f'{best.directory}.before-start-over-{n}')
+    os.rename(finished, f'{finished}.before-start-over-{n}')
     workdir_lib.say(f'start_over: {what}; training from step 0; the earlier best/ is kept as '
                     f'best.before-start-over-{n}')
   _sync('start-over')
@@ -1160,12 +1170,22 @@ def close(setup: Setup, segment: Segment, journal: Journal, completed: bool) -> 
 
 def finish(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal, state: TrainState,
            tested: Tested) -> RunResults:
-  """Writes the test event and results.json; closes the writer and the checkpoint managers."""
-  with workdir_lib.all_or_nothing(setup.workdir, enabled=setup.prior.provisional and setup.is_lead):
-    results = write_results(setup, meta, segment, journal, state, tested)
-  journal.close()
-  setup.checkpoints.close()
-  setup.best.close()
+  """Writes the test event and results.json with the rest of the record (a stretch's: run.json,
+  config.json, metrics.jsonl, best/), staged and made current at once (``workdir_lib.commit_record``);
+  closes the writer and the checkpoint managers."""
+  staged = workdir_lib.stage_record(setup.workdir) if setup.is_lead else None
+  try:
+    results = write_results(setup, meta, segment, journal, state, tested, staged)
+    journal.close()
+    setup.checkpoints.close()
+    setup.best.close()
+    if staged is not None:
+      if setup.prior.provisional:
+        shutil.copytree(setup.best.directory, os.path.join(staged, 'best'), copy_function=os.link)
+      workdir_lib.commit_record(setup.workdir, staged)
+  finally:
+    if staged is not None:
+      shutil.rmtree(staged, ignore_errors=True)   # uncommitted: the record stays as it was
   out = RunResults(results)
   out.status = ('reevaluated' if segment.start_step == setup.num_steps and setup.prior.provisional
                 else 'trained')
@@ -1173,9 +1193,9 @@ def finish(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal, stat
 
 
 def write_results(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal,
-                  state: TrainState, tested: Tested) -> dict:
+                  state: TrainState, tested: Tested, staged: Optional[str]) -> dict:
   config, run, test_result = setup.config, setup.run, tested.result
-  journal.commit()
+  journal.commit(staged)
   journal.write('test', tested.checkpoint['step'], test_result)
   cap = run.max_eval_batches
   selected = tested.meta if tested.meta else {'best_val_accuracy': meta.best_val_accuracy,

@@ -284,46 +284,50 @@ def atomic_write_json(path: str, obj: Any) -> None:
     raise write_error(path, e, os.path.dirname(path)) from None
 
 
-RECORD_FILES = ('run.json', 'config.json', 'metrics.jsonl', 'results.json')
+# The end of a run writes its record files (run.json, config.json, metrics.jsonl, results.json, a
+# TensorBoard event file; a stretch's best/) into RECORD_TMP, made current by one rename to RECORD_NEXT;
+# from there they are moved into place. The next start undoes a RECORD_TMP (never committed) and
+# finishes a RECORD_NEXT, so a kill at any instant leaves the old record or the whole new one.
+RECORD_TMP, RECORD_NEXT = 'record.tmp', 'record.next'
 
 
-@contextlib.contextmanager
-def all_or_nothing(workdir: str, names=RECORD_FILES, enabled: bool = True):
-  """The files ``names`` of ``workdir`` change together or not at all: each is copied aside first
-  (a copy that fails changes nothing), and put back as it was if the block raises."""
-  if not enabled:
-    yield
-    return
-  saved = []   # (path, its copy or None where the file did not exist)
+def stage_record(workdir: str) -> str:
+  """An empty RECORD_TMP in ``workdir``, where the end of the run writes its record."""
+  path = os.path.join(workdir, RECORD_TMP)
   try:
-    for name in names:
-      path = os.path.join(workdir, name)
-      if os.path.lexists(path):
-        copy = f'{path}.before-{os.getpid()}'
-        saved.append((path, copy))
-        shutil.copy2(path, copy)
-      else:
-        saved.append((path, None))
+    shutil.rmtree(path, ignore_errors=True)
+    os.mkdir(path)
   except OSError as e:
-    for _, copy in saved:
-      if copy is not None:
-        _remove_quietly(copy)
-    raise write_error(e.filename or workdir, e, workdir) from None
-  try:
-    yield
-  except BaseException:
-    for path, copy in saved:
-      try:
-        if copy is None:
-          _remove_quietly(path)
-        else:
-          os.replace(copy, path)   # a rename: needs no free space
-      except OSError:
-        pass
-    raise
-  for _, copy in saved:
-    if copy is not None:
-      _remove_quietly(copy)
+    raise write_error(path, e, workdir) from None
+  return path
+
+
+def commit_record(workdir: str, staged: str) -> None:
+  os.rename(staged, os.path.join(workdir, RECORD_NEXT))   # the commit: one rename
+  settle_record(workdir)
+
+
+def settle_record(workdir: str) -> None:
+  """Removes an uncommitted RECORD_TMP and moves a committed RECORD_NEXT into place (each step can be
+  done again, so a kill here is settled by the next start): its files replace the workdir's, its
+  ``best`` replaces best/ (the stretch's ``best.next`` is then done)."""
+  shutil.rmtree(os.path.join(workdir, RECORD_TMP), ignore_errors=True)
+  done, best = os.path.join(workdir, RECORD_NEXT), os.path.join(workdir, 'best')
+  if not os.path.isdir(done):
+    return
+  for root, dirs, files in os.walk(done):
+    if root == done and 'best' in dirs:
+      dirs.remove('best')
+    for name in sorted(files):
+      target = os.path.join(workdir, os.path.relpath(os.path.join(root, name), done))
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.replace(os.path.join(root, name), target)
+  if os.path.isdir(os.path.join(done, 'best')):
+    if os.path.isdir(best):
+      os.rename(best, f'{best}.old')
+    os.rename(os.path.join(done, 'best'), best)
+  for path in (f'{best}.old', f'{best}.next', done):
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -455,8 +459,9 @@ class RunRecord:
           f'results.json)')
     return diffs
 
-  def write(self, config, allowed: list[str], at_step: int) -> None:
-    """Records the config (first run), or appends an allowed change; the lead process calls this."""
+  def write(self, config, allowed: list[str], at_step: int, root: Optional[str] = None) -> None:
+    """Records the config (first run), or appends an allowed change, into ``root`` (default: the
+    workdir); the lead process calls this."""
     fields = fp.config_fields(config)
     if self.data is None or self.data.get('from') == 'config.json':
       base = self.data
@@ -470,7 +475,7 @@ class RunRecord:
       self.data['fields'] = fields
     else:
       return
-    atomic_write_json(self.path, self.data)
+    atomic_write_json(os.path.join(root or self.workdir, 'run.json'), self.data)
 
   @property
   def fingerprint(self) -> Optional[str]:
@@ -514,8 +519,9 @@ def _metrics_lines(f, dropped: list):
     yield line
 
 
-def truncate_metrics(workdir: str, step: int, drop_test: bool = True) -> int:
+def truncate_metrics(workdir: str, step: int, drop_test: bool = True, out: Optional[str] = None) -> int:
   """Drops ``metrics.jsonl`` events after ``step`` (and test events); returns how many were dropped.
+  ``out``: the kept events are written there (always), the workdir's file is left as it is.
 
   A resumed run continues after ``step`` and logs those events again. Test events belong to the end
   of a run; the segment that ends this run writes its own. Torn last lines (a killed write) go too.
@@ -539,17 +545,17 @@ def truncate_metrics(workdir: str, step: int, drop_test: bool = True) -> int:
     for line in _metrics_lines(f, dropped):
       if not keep(line):
         dropped[0] += 1
-  if not dropped[0]:
+  if not dropped[0] and out is None:
     return 0
-  tmp = f'{path}.tmp-{os.getpid()}'
+  tmp = f'{out or path}.tmp-{os.getpid()}'
   try:
-    with open(path, 'rb') as f, open(tmp, 'wb') as out:
+    with open(path, 'rb') as f, open(tmp, 'wb') as kept:
       for line in _metrics_lines(f, [0]):
         if keep(line):
-          out.write(line if line.endswith(b'\n') else line + b'\n')
-      out.flush()
-      os.fsync(out.fileno())
-    os.replace(tmp, path)
+          kept.write(line if line.endswith(b'\n') else line + b'\n')
+      kept.flush()
+      os.fsync(kept.fileno())
+    os.replace(tmp, out or path)
   except OSError as e:
     _remove_quietly(tmp)
     raise write_error(path, e, workdir) from None

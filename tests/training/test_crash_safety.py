@@ -1,0 +1,127 @@
+"""A kill at any instant leaves the run's record whole: the end of a run writes its record files at
+once (staged, one rename, settled by the next start), a stretch continuing a finished run never
+changes that run's best/ before it completes."""
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import shutil
+import warnings
+
+import pytest
+
+from kernelformer.training import trainer
+from kernelformer.training import workdir as workdir_lib
+from tests.training import helpers
+from tests.training.test_run_safety import snapshot
+
+KILLED, DONE, FAILED = 97, 98, 99
+OPS = ('replace', 'rename', 'link', 'mkdir', 'remove', 'unlink', 'rmdir', 'fsync')
+VOLATILE = ('finished', 'wall_time_s', 'time', 'date')   # what two writes of one record differ in
+
+
+def normalized(workdir, path):
+  """A record file's content without its clock readings; a TensorBoard file counts by its presence."""
+  if path.startswith('tensorboard/'):
+    return 'tensorboard'
+  text = (workdir / path).read_bytes()
+  if not path.endswith(('.json', '.jsonl')) or path.startswith(('best', 'checkpoints')):
+    return text
+
+  def strip(v):
+    return ({k: strip(x) for k, x in v.items() if k not in VOLATILE} if isinstance(v, dict) else
+            [strip(x) for x in v] if isinstance(v, list) else v)
+  if path.endswith('.jsonl'):
+    return [strip(json.loads(l)) for l in text.splitlines()]
+  return strip(json.loads(text))
+
+
+def record_of(workdir):
+  return sorted((p if not p.startswith('tensorboard/') else 'tensorboard/', repr(normalized(workdir, p)))
+                for p in snapshot(workdir) if not p.startswith(('checkpoints/', 'best/')))
+
+
+@pytest.mark.slow
+def test_a_kill_at_every_write_of_the_final_record_leaves_the_old_or_the_whole_new_one(
+    tmp_path, monkeypatch):
+  """A finished run continued (more steps, an allowed config change) is killed (``os._exit`` in a
+  forked copy of the process) before each file operation of its final record write, one cut per
+  operation: the original command then finds its run finished with every byte as it was (the
+  stretch's best.next beside it), or the whole new record (and is refused as
+  another config); nothing else is left."""
+  data, workdir, pristine = tmp_path / 'data', tmp_path / 'run', tmp_path / 'pristine'
+  c = helpers.tiny_config(data, eval_every=3, checkpoint_every=3)
+  trainer.train_and_evaluate(c, str(workdir))
+  old = {p: h for p, h in snapshot(workdir).items() if not p.startswith('checkpoints/')}
+  longer = helpers.tiny_config(data, num_train_steps=15, eval_every=3, checkpoint_every=3,
+                               allow_config_change=True)
+  kill_at, seen, cuts = [None], [0], []
+
+  def counted(real):
+    def op(*args, **kwargs):
+      if kill_at[0] is not None and (real is not builtins.open or
+                                     any(m in str(args[1:2] or kwargs.get('mode', 'r'))
+                                         for m in 'wax+')):
+        seen[0] += 1
+        if seen[0] == kill_at[0]:
+          os._exit(KILLED)
+      return real(*args, **kwargs)
+    return op
+
+  for name in OPS:
+    monkeypatch.setattr(os, name, counted(getattr(os, name)))
+  monkeypatch.setattr(builtins, 'open', counted(builtins.open))
+  real_finish = trainer.finish
+
+  def finish(*args):
+    shutil.copytree(workdir, pristine, ignore=shutil.ignore_patterns('checkpoints'))
+    k = 0
+    while True:
+      k += 1
+      with warnings.catch_warnings():
+        warnings.simplefilter('ignore')   # jax's warning about fork: the child only writes files
+        pid = os.fork()
+      if pid == 0:
+        kill_at[0] = k
+        try:
+          real_finish(*args)
+          os._exit(DONE)
+        except BaseException:  # pylint: disable=broad-except
+          os._exit(FAILED)
+      code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+      assert code in (KILLED, DONE), code
+      if code == KILLED:   # (checkpoints/ is not written here: it is left out of the copies)
+        cuts.append(tmp_path / f'cut-{k}')
+        shutil.copytree(workdir, cuts[-1], ignore=shutil.ignore_patterns('checkpoints'))
+      for name in set(os.listdir(workdir)) - {'checkpoints'}:
+        shutil.rmtree(workdir / name) if (workdir / name).is_dir() else (workdir / name).unlink()
+      shutil.copytree(pristine, workdir, dirs_exist_ok=True)
+      if code == DONE:
+        return real_finish(*args)   # this process: the whole write
+
+  monkeypatch.setattr(trainer, 'finish', finish)
+  assert trainer.train_and_evaluate(longer, str(workdir))['final_step'] == 15
+  monkeypatch.undo()
+  new = record_of(workdir)
+  print(len(cuts), 'cuts')
+  assert len(cuts) >= 20, len(cuts)   # each staged file, the commit, each move, each removal
+  outcomes = []
+  for cut in cuts:
+    (cut / 'lock').unlink()   # held by this (living) process when the copy was taken
+    try:
+      assert trainer.train_and_evaluate(c, str(cut)).status == 'finished'
+      after = snapshot(cut)
+      assert {p: after.get(p) for p in old} == old, cut.name
+      assert all(p.startswith('best.next/') for p in set(after) - set(old)), \
+          (cut.name, sorted(set(after) - set(old)))
+      outcomes.append('old')
+    except workdir_lib.RunError as e:
+      assert 'another config' in str(e), (cut.name, str(e))
+      assert record_of(cut) == new, cut.name
+      assert sorted(os.listdir(cut / 'best')) == sorted(os.listdir(workdir / 'best')), cut.name
+      assert not [p for p in os.listdir(cut) if p.startswith(('record.', 'best.'))], cut.name
+      outcomes.append('new')
+  # The commit is one rename: every cut before it leaves the old record, every cut after the new.
+  assert outcomes == sorted(outcomes, reverse=True) and 'old' in outcomes and 'new' in outcomes, \
+      outcomes
