@@ -125,3 +125,40 @@ def test_a_kill_at_every_write_of_the_final_record_leaves_the_old_or_the_whole_n
   # The commit is one rename: every cut before it leaves the old record, every cut after the new.
   assert outcomes == sorted(outcomes, reverse=True) and 'old' in outcomes and 'new' in outcomes, \
       outcomes
+
+
+class Crash(Exception):
+  pass
+
+
+def test_a_stretch_behind_a_damaged_checkpoint_leaves_the_finished_runs_best(tmp_path, capfd):
+  """A finished run (checkpoints/ and best/ at 6 and 12, best/12 tested) whose checkpoints/12 is
+  damaged is continued and stops after step 18: checkpoints/12 is set aside with one line, the stretch
+  resumes from 6 and its bests go beside (best.next), so the finished run's best/ is byte-identical;
+  its command finds it finished and re-tests it (the stretch's later checkpoint is not its)."""
+  from tests.training.test_run_safety import _damage  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  c = helpers.tiny_config(tmp_path / 'data', eval_every=6, checkpoint_every=6)
+  first = trainer.train_and_evaluate(c, str(workdir))
+  best = snapshot(workdir / 'best')
+  assert sorted(os.listdir(workdir / 'best')) == ['12', '6'], first
+  _damage(str(workdir / 'checkpoints' / '12'), 'bit flip')
+  capfd.readouterr()
+  longer = helpers.tiny_config(tmp_path / 'data', num_train_steps=3000, eval_every=6,
+                               checkpoint_every=6, allow_config_change=True)
+
+  def crash(step, _):
+    if step == 18:
+      raise Crash()
+  with pytest.raises(Crash):
+    trainer.train_and_evaluate(longer, str(workdir), hooks=[crash])
+  err = capfd.readouterr().err
+  assert 'checkpoints/12 does not restore' in err and 'set aside as 12.damaged-1' in err, err
+  assert snapshot(workdir / 'best') == best
+  assert trainer.train_and_evaluate(c, str(workdir)).status == 'finished'
+  again = trainer.train_and_evaluate(helpers.tiny_config(tmp_path / 'data', eval_every=6,
+                                                         checkpoint_every=6, reevaluate=True),
+                                     str(workdir))
+  assert again['tested_checkpoint']['step'] == 12 and again['final_step'] == 12, again
+  assert again['test_accuracy'] == first['test_accuracy']
+  assert snapshot(workdir / 'best') == best
