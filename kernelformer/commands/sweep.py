@@ -162,7 +162,8 @@ def _main(argv):
       runs = sweeps.plan(sweep, sweep_dir)
       if _DRY_RUN.value:
         for r in runs:
-          print(f'{r.status():6s} {r.name}' + (f'  ({r.error})' if r.error else ''))
+          note = r.error or r.unreadable()
+          print(f'{r.status():6s} {r.name}' + (f'  ({note})' if note else ''))
         counts = {s: sum(r.status() == s for r in runs) for s in ('done', 'resume', 'new', 'error')}
         print(f'{len(runs)} runs: ' + ', '.join(f'{v} {k}' for k, v in counts.items()))
       if _EMIT.value:

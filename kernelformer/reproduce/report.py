@@ -195,11 +195,11 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
       continue
     seen.add(real)
     dirs.sort()
-    if sweeps.RESULTS_FILE not in files:
+    if not {sweeps.RESULTS_FILE, sweeps.RECORD_NEXT} & {*files, *dirs}:   # a directory too: unreadable
       continue
     dirs[:] = []  # a run directory holds no other runs
     rel = os.path.relpath(root, sweep_dir).replace(os.sep, '/')
-    results, reason = sweeps.read_results(root)
+    results, reason = sweeps.read_results(root)   # the trainer's reader
     point = read_json(os.path.join(root, sweeps.POINT_FILE)) or {}
     rec = records.get(rel)
     if rec is None:

@@ -35,6 +35,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from kernelformer.training.workdir import RECORD_NEXT, read_results
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The task configs ship as kernelformer.configs (a checkout's configs/ folder; kernelformer/configs links to it).
 SWEEPS_DIR = os.path.join(REPO_ROOT, 'kernelformer', 'configs', 'sweeps')
@@ -374,7 +376,7 @@ class Run:
 
   def status(self) -> str:
     """'done' (a finished run's results.json), 'resume' (a checkpoint exists), 'new'; 'error' if it
-    cannot start. A results.json that cannot be read is not 'done' (``unreadable_results``)."""
+    cannot start. A results.json that cannot be read is not 'done' (``unreadable``)."""
     results, _ = read_results(self.workdir)
     if results is not None:
       return 'done'
@@ -384,6 +386,11 @@ class Run:
     if os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)):
       return 'resume'
     return 'new'
+
+  def unreadable(self) -> str:
+    """The line naming this point's results.json where it cannot be read, else ''."""
+    _, why = read_results(self.workdir)
+    return why and f'{os.path.join(self.workdir, RESULTS_FILE)} cannot be read ({why}): not finished'
 
   def command(self, python: str = 'python', script: str = 'scripts/train.py',
               config_path: str = '', launcher: Sequence[str] = ()) -> list[str]:
@@ -398,26 +405,6 @@ class Run:
     for k, v in [*self.common, *ordered(self.point.overrides)]:
       args.append(f'--config.{k}={format_value(v)}')
     return args
-
-
-def read_results(workdir: str) -> tuple[Optional[dict], str]:
-  """``(results, '')`` for a finished run's results.json, ``(None, '')`` where there is none, and
-  ``(None, reason)`` for one that cannot be read (half-written, damaged, not a run's results): such a
-  run is not finished, and whoever reads it says so."""
-  path = os.path.join(workdir, RESULTS_FILE)
-  if not os.path.lexists(path):
-    return None, ''
-  try:
-    with open(path, encoding='utf-8') as f:
-      results = json.load(f)
-  except (OSError, ValueError) as e:
-    return None, ' '.join(str(e).split())[:200] or type(e).__name__
-  if not isinstance(results, dict):
-    return None, f'a JSON {type(results).__name__}, not an object'
-  missing = [k for k in ('test_accuracy',) if k not in results]
-  if missing:
-    return None, f"no {', '.join(missing)}: not a finished run's results"
-  return results, ''
 
 
 class SweepInterrupted(Exception):
@@ -540,9 +527,8 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
       counts['done'] += 1
       log(f'skip (finished)  {r.name}')
     else:
-      _, unreadable = read_results(r.workdir)
-      if unreadable:
-        log(f'{os.path.join(r.workdir, RESULTS_FILE)} cannot be read ({unreadable}): not finished')
+      if r.unreadable():
+        log(r.unreadable())
       todo.append(r)
   log(f'sweep {sweep.name}: {len(runs)} runs, {counts["done"]} finished, {len(todo)} to run')
   from kernelformer import data_location  # pylint: disable=g-import-not-at-top

@@ -99,6 +99,8 @@ def run(get_config: Callable, workdir: str) -> dict:
     print(f"test accuracy {results['test_accuracy']:.4f} (best validation "
           f"{results['best_val_accuracy']:.4f} at step {results['best_step']}); "
           f"{results['steps_per_sec']:.1f} steps/s; results in {os.path.join(workdir, 'results.json')}")
+  from kernelformer.training import signals  # pylint: disable=g-import-not-at-top
+  signals.finished()
   return results
 
 

@@ -52,6 +52,7 @@ class _Reader:
     self.depth = 0
     self.stack: list['StopSignals'] = []
     self._saved = None
+    self.finished = False   # the run's result is out (``finished``): a signal ends the process with 0
 
   def install(self) -> bool:
     """Takes over SIGINT/SIGTERM (main thread only; nested calls count). Whether it is in place."""
@@ -80,7 +81,8 @@ class _Reader:
     self._saved = None
     signal.set_wakeup_fd(previous_fd)
     for s, h in previous.items():
-      signal.signal(s, h)
+      signal.signal(s, signal.SIG_IGN if self.finished and s in _NAMES else h)
+    self.finished = False
     os.write(w, bytes([_STOP_READER]))
     thread.join(5)
     os.close(w)
@@ -110,6 +112,8 @@ class _Reader:
       target._on_signal(signum)  # pylint: disable=protected-access
       return
     workdir = workdir_lib.active_workdir()
+    if self.finished:
+      workdir_lib.hard_exit(f'{_NAMES[signum]}: the run had already finished; nothing lost', 0)
     if workdir is None:
       line = (f'{_NAMES[signum]}: interrupted before training: nothing was written; run the same '
               f'command to start or resume')
@@ -124,6 +128,11 @@ def _ignore(signum, frame) -> None:
 
 
 _READER = _Reader()
+
+
+def finished() -> None:
+  """The run is done and its result printed: a later SIGINT/SIGTERM ends the process with exit 0."""
+  _READER.finished = True
 
 
 @contextlib.contextmanager

@@ -480,7 +480,11 @@ def read_prior(config: ml_collections.ConfigDict, run: run_config.Run, workdir: 
   record = workdir_lib.RunRecord(workdir)
   record.load()
   allowed = record.check(config, run.allow_config_change)
-  return Prior(record=record, allowed=allowed, previous=workdir_lib.read_results(workdir))
+  previous, why = workdir_lib.read_results(workdir)
+  if why:
+    raise workdir_lib.RunError(f'{workdir}/results.json cannot be read ({why}); move it aside and '
+                               f're-run to re-test the final checkpoint')
+  return Prior(record=record, allowed=allowed, previous=previous)
 
 
 def finished_results(run: run_config.Run, prior: Prior) -> Optional[RunResults]:

@@ -490,18 +490,25 @@ def _one_line(e: BaseException) -> str:
   return ' '.join(str(e).split())[:200]
 
 
-def read_results(workdir: str) -> Optional[dict]:
-  path = os.path.join(workdir, 'results.json')
+def read_results(workdir: str) -> tuple[Optional[dict], str]:
+  """``(results, '')`` of a finished run (its committed ``RECORD_NEXT`` first), ``(None, '')`` where
+  there is none, ``(None, reason)`` where it cannot be read (damaged, not a file, not a run's results):
+  that run is not finished, and the reader names it. The one reader of train, sweep and report."""
+  path = os.path.join(workdir, RECORD_NEXT, 'results.json')
   if not os.path.lexists(path):
-    return None
+    path = os.path.join(workdir, 'results.json')
+    if not os.path.lexists(path):
+      return None, ''
   try:
     results = json.loads(read_bounded(path))
-    if not isinstance(results, dict):
-      raise ValueError('not an object')
-    return results
-  except (ValueError, UnicodeDecodeError) as e:
-    raise RunError(f'{path} is damaged ({_one_line(e)}); move it aside and re-run to re-test the final '
-                   f'checkpoint') from None
+  except RunError as e:
+    return None, str(e).split('; ')[0].replace(f'{path} ', '')
+  except (OSError, ValueError) as e:
+    return None, _one_line(e) or type(e).__name__
+  if not isinstance(results, dict):
+    return None, f'a JSON {type(results).__name__}, not an object'
+  return (results, '') if 'test_accuracy' in results else (
+      None, "no test_accuracy: not a finished run's results")
 
 
 def _metrics_lines(f, dropped: list):

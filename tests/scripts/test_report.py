@@ -341,10 +341,17 @@ def test_an_unreadable_results_json_is_named_and_not_finished(tmp_path):
   cell, = [c for c in rep.cells.values() if c.runs]
   assert len(cell.runs) == 2 and cell.finished == 1
   assert 'unreadable results.json' in [r for r in cell.runs if r.results is None][0].error
+  _results_dir(beside, 'folder', steps=10, seed=2)   # a results.json that is a directory
+  folder = json.loads((beside / 'folder' / 'results.json').read_text())
+  (beside / 'folder' / 'config.json').write_text(json.dumps(folder['config']))
+  (beside / 'folder' / 'results.json').unlink()
+  (beside / 'folder' / 'results.json').mkdir()
   proc = subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'report.py'), str(beside)],
                         capture_output=True, text=True, timeout=300, env={**os.environ,
                                                                           'MPLBACKEND': 'Agg'})
   assert proc.returncode == 0 and str(beside / 'torn' / 'results.json') in proc.stderr, proc.stderr
+  assert f"{beside / 'folder' / 'results.json'}: is a directory" in proc.stderr, proc.stderr
+  assert '(1/3, 2 failed)' in proc.stdout, proc.stdout
 
 
 def test_linked_run_directories_are_read_once(tmp_path):

@@ -199,7 +199,7 @@ def test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run(tmp_pat
   workdir = tmp_path / 'run'
   c = helpers.tiny_config(tmp_path / 'data', eval_every=3, checkpoint_every=3, keep_checkpoints=1)
   trainer.train_and_evaluate(c, str(workdir))
-  before = record(workdir)
+  before, events_before = record(workdir), snapshot(workdir / 'tensorboard')
   longer = helpers.tiny_config(tmp_path / 'data', num_train_steps=18, eval_every=3,
                                checkpoint_every=3, keep_checkpoints=1, allow_config_change=True)
   real = workdir_lib.atomic_write_json
@@ -214,6 +214,8 @@ def test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run(tmp_pat
     trainer.train_and_evaluate(longer, str(workdir))
   after = record(workdir)
   assert {k: v for k, v in after.items() if k in before} == before
+  assert snapshot(workdir / 'tensorboard') == events_before   # no partial event file to duplicate
+  assert not [n for n in os.listdir(workdir) if n.startswith(('record.', 'run.json.'))]
   assert numbered(workdir / 'checkpoints') == [12, 18]
   monkeypatch.setattr(workdir_lib, 'atomic_write_json', real)
   assert trainer.train_and_evaluate(c, str(workdir)).status == 'finished'

@@ -382,3 +382,26 @@ def test_a_signal_repeated_within_the_window_is_one_request():
   os.close(r)
   os.close(w)
   assert seen == [signal.SIGINT, signal.SIGINT, signal.SIGTERM]
+
+
+AFTER_THE_RESULT = """
+import atexit, runpy, sys, time
+atexit.register(time.sleep, 3)   # the process is still exiting when the signal comes
+sys.argv = ['kernelformer', 'train', '--config', 'configs/listops.py:tiny', *sys.argv[1:]]
+runpy.run_module('kernelformer', run_name='__main__')
+"""
+
+
+def test_a_sigint_after_the_result_line_exits_0(tmp_path):
+  """The run is done once its result is printed: a Ctrl-C while the process exits loses nothing and
+  ends it with 0."""
+  p = subprocess.Popen([sys.executable, '-c', AFTER_THE_RESULT, '--workdir', str(tmp_path / 'run'),
+                        '--config.progress=False', f'--config.data.data_dir={tmp_path / "data"}'],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  for line in p.stdout:
+    if line.startswith('test accuracy'):
+      break
+  p.send_signal(signal.SIGINT)
+  out, err = p.communicate(timeout=60)
+  assert p.returncode == 0, (p.returncode, err[-2000:])
+  assert 'Traceback' not in err and 'KeyboardInterrupt' not in err, err[-2000:]
