@@ -89,19 +89,14 @@ def _late_tensorstore_callback(unraisable) -> bool:
 _LATE_CALLBACKS = [0]   # how many have arrived (``_settle`` waits until they stop)
 
 
-def _install_unraisable_filter() -> None:
-  previous = sys.unraisablehook
-
-  def hook(unraisable):
-    if _late_tensorstore_callback(unraisable):
-      _LATE_CALLBACKS[0] += 1
-    else:
-      previous(unraisable)
-
-  sys.unraisablehook = hook
+def _unraisable_filter(unraisable, previous=sys.unraisablehook) -> None:
+  if _late_tensorstore_callback(unraisable):
+    _LATE_CALLBACKS[0] += 1
+  else:
+    previous(unraisable)
 
 
-_install_unraisable_filter()
+sys.unraisablehook = _unraisable_filter
 
 
 def _settle(quiet_s: float = 0.2, limit_s: float = 3.0) -> None:
@@ -165,8 +160,7 @@ class Checkpoints:
     self._reload()
 
   def copy_of(self, source: str) -> None:
-    """This directory becomes a copy of ``source`` (hard links: orbax never rewrites a checkpoint's
-    files, it adds and removes them), so saves here leave ``source`` as it was."""
+    """Becomes a copy of ``source`` in hard links (orbax adds and removes files, never rewrites one)."""
     self._manager.close()
     if jax.process_index() == 0:
       shutil.rmtree(self.directory, ignore_errors=True)
@@ -276,8 +270,7 @@ class Checkpoints:
     Orbax's own error logs (tracebacks of the failed reads) are silenced: each damaged checkpoint gets
     the one line of ``_set_aside``.
     """
-    for step in sorted((s for s in self._manager.all_steps() if upto is None or s <= upto),
-                       reverse=True):
+    for step in sorted(s for s in self._manager.all_steps() if upto is None or s <= upto)[::-1]:
       try:
         with _quiet_logs():
           return self.restore(abstract_state, step)

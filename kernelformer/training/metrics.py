@@ -10,7 +10,6 @@ import os
 import time
 from typing import Any, Optional
 
-import jax
 import numpy as np
 
 from kernelformer.training import workdir as workdir_lib
@@ -225,7 +224,3 @@ def memory_of(compiled) -> Optional[dict]:
   fields = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
             'generated_code_size_in_bytes')
   return {f: int(getattr(analysis, f, 0)) for f in fields}
-
-
-def process_is_lead() -> bool:
-  return jax.process_index() == 0

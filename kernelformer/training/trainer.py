@@ -470,9 +470,8 @@ class Prior:
 
   @property
   def provisional(self) -> bool:
-    """A stretch continuing a finished run (a config change, more steps, a re-test) writes its record
-    only when it completes, and never rotates away the checkpoints and bests that run had
-    (docs/architecture.md, "The run's record")."""
+    """A stretch continuing a finished run (a config change, more steps, a re-test): its record and
+    best/ replace that run's only when it completes (docs/architecture.md, "The run's record")."""
     return self.previous is not None
 
 
@@ -695,10 +694,9 @@ class Journal:
 
   def commit(self, root: Optional[str] = None) -> None:
     """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
-    step the record was last written at (the resumed run logs them again) -- into the workdir, or into
-    ``root``: the end of the run's staged record (``finish``), where a record written already goes on
-    in a copy of metrics.jsonl. A run that stops before (divergence, signal, error) leaves the record
-    of the workdir as it was, so the command that made it still runs."""
+    step the record was last written at (the resumed run logs them again) -- into the workdir, or
+    ``root``: the run's final record (``finish``; metrics.jsonl copied). A run that stops before
+    (divergence, signal, error) leaves the workdir's record as it was, so its command still runs."""
     if self.committed and root is None:
       return
     setup, prior, was = self.setup, self.setup.prior, self.committed
@@ -1168,28 +1166,24 @@ def close(setup: Setup, segment: Segment, journal: Journal, completed: bool) -> 
   _stop_profile()
   if not completed:
     journal.close()
-    setup.checkpoints.close()
     setup.best.close()
+    if setup.prior.provisional and setup.is_lead and (setup.checkpoints.latest_step() or 0) <= int(
+        setup.prior.previous.get('final_step') or 0):   # the next start refills best.next (restore)
+      shutil.rmtree(setup.best.directory, ignore_errors=True)
+    setup.checkpoints.close()
 
 
 def finish(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal, state: TrainState,
            tested: Tested) -> RunResults:
   """Writes the test event and results.json with the rest of the record (a stretch's: run.json,
-  config.json, metrics.jsonl, best/), staged and made current at once (``workdir_lib.commit_record``);
-  closes the writer and the checkpoint managers."""
-  staged = workdir_lib.stage_record(setup.workdir) if setup.is_lead else None
-  try:
+  config.json, metrics.jsonl, best/), made current at once (``workdir_lib.new_record``)."""
+  with workdir_lib.new_record(setup.workdir) if setup.is_lead else contextlib.nullcontext() as staged:
     results = write_results(setup, meta, segment, journal, state, tested, staged)
     journal.close()
     setup.checkpoints.close()
     setup.best.close()
-    if staged is not None:
-      if setup.prior.provisional:
-        shutil.copytree(setup.best.directory, os.path.join(staged, 'best'), copy_function=os.link)
-      workdir_lib.commit_record(setup.workdir, staged)
-  finally:
-    if staged is not None:
-      shutil.rmtree(staged, ignore_errors=True)   # uncommitted: the record stays as it was
+    if staged and setup.prior.provisional:
+      shutil.copytree(setup.best.directory, os.path.join(staged, 'best'), copy_function=os.link)
   out = RunResults(results)
   out.status = ('reevaluated' if segment.start_step == setup.num_steps and setup.prior.provisional
                 else 'trained')

@@ -9,10 +9,7 @@
   naming each differing field, unless ``config.allow_config_change`` is set; an allowed change is
   appended to the record's ``changes`` (and reported in results.json). Workdirs from before run.json
   existed are fingerprinted from their ``config.json``.
-* ``truncate_metrics``: on resume, events logged after the restored step are dropped from
-  ``metrics.jsonl`` (the resumed run logs them again), so the file has no duplicates.
-* ``RunError``: a run that cannot go on, with the process exit code the CLI uses (one line, no
-  traceback).
+* ``new_record`` / ``settle_record``: the end of a run's record, made current by one rename.
 """
 from __future__ import annotations
 
@@ -284,33 +281,29 @@ def atomic_write_json(path: str, obj: Any) -> None:
     raise write_error(path, e, os.path.dirname(path)) from None
 
 
-# The end of a run writes its record files (run.json, config.json, metrics.jsonl, results.json, a
-# TensorBoard event file; a stretch's best/) into RECORD_TMP, made current by one rename to RECORD_NEXT;
-# from there they are moved into place. The next start undoes a RECORD_TMP (never committed) and
-# finishes a RECORD_NEXT, so a kill at any instant leaves the old record or the whole new one.
 RECORD_TMP, RECORD_NEXT = 'record.tmp', 'record.next'
 
 
-def stage_record(workdir: str) -> str:
-  """An empty RECORD_TMP in ``workdir``, where the end of the run writes its record."""
-  path = os.path.join(workdir, RECORD_TMP)
+@contextlib.contextmanager
+def new_record(workdir: str):
+  """An empty RECORD_TMP the block writes a record into (its files, a stretch's best/), made current
+  by one rename to RECORD_NEXT, then moved into place (``settle_record``); removed if the block raises."""
+  staged = os.path.join(workdir, RECORD_TMP)
   try:
-    shutil.rmtree(path, ignore_errors=True)
-    os.mkdir(path)
+    shutil.rmtree(staged, ignore_errors=True)
+    os.mkdir(staged)
+    yield staged
+    os.rename(staged, os.path.join(workdir, RECORD_NEXT))   # the commit
   except OSError as e:
-    raise write_error(path, e, workdir) from None
-  return path
-
-
-def commit_record(workdir: str, staged: str) -> None:
-  os.rename(staged, os.path.join(workdir, RECORD_NEXT))   # the commit: one rename
+    raise write_error(e.filename or staged, e, workdir) from None
+  finally:
+    shutil.rmtree(staged, ignore_errors=True)
   settle_record(workdir)
 
 
 def settle_record(workdir: str) -> None:
-  """Removes an uncommitted RECORD_TMP and moves a committed RECORD_NEXT into place (each step can be
-  done again, so a kill here is settled by the next start): its files replace the workdir's, its
-  ``best`` replaces best/ (the stretch's ``best.next`` is then done)."""
+  """The next start after a kill: an uncommitted RECORD_TMP goes, a committed RECORD_NEXT is moved into
+  place (each step can be done again): its files replace the workdir's, its best/ replaces best/."""
   shutil.rmtree(os.path.join(workdir, RECORD_TMP), ignore_errors=True)
   done, best = os.path.join(workdir, RECORD_NEXT), os.path.join(workdir, 'best')
   if not os.path.isdir(done):
@@ -494,11 +487,10 @@ def read_results(workdir: str) -> tuple[Optional[dict], str]:
   """``(results, '')`` of a finished run (its committed ``RECORD_NEXT`` first), ``(None, '')`` where
   there is none, ``(None, reason)`` where it cannot be read (damaged, not a file, not a run's results):
   that run is not finished, and the reader names it. The one reader of train, sweep and report."""
-  path = os.path.join(workdir, RECORD_NEXT, 'results.json')
-  if not os.path.lexists(path):
-    path = os.path.join(workdir, 'results.json')
-    if not os.path.lexists(path):
-      return None, ''
+  path = next((p for p in (os.path.join(workdir, RECORD_NEXT, 'results.json'),
+                            os.path.join(workdir, 'results.json')) if os.path.lexists(p)), None)
+  if path is None:
+    return None, ''
   try:
     results = json.loads(read_bounded(path))
   except RunError as e:
