@@ -160,11 +160,6 @@ class Report:
   unreadable: list[str] = dataclasses.field(default_factory=list)
 
 
-def canonical_kind(kind: str) -> str:
-  """The registry's name for ``kind`` (aliases resolved); unknown names (a plugin not loaded) as given."""
-  return fp.canonical_kind(kind)
-
-
 def read_json(path: str) -> Optional[Any]:
   try:
     with open(path, encoding='utf-8') as f:
@@ -183,7 +178,7 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
   records: dict[str, RunRecord] = {}
   for e in meta.get('runs', []):
     records[e['workdir']] = RunRecord(e['workdir'], e.get('label') or e.get('kind', ''),
-                                      canonical_kind(e.get('kind', '')), e.get('task', ''),
+                                      fp.canonical_kind(e.get('kind', '')), e.get('task', ''),
                                       e.get('seed'), preset=e.get('preset'))
   # Linked run directories count (a sweep directory assembled from runs kept elsewhere, as the sweep
   # itself finds them); a link back up the tree is entered once.
@@ -206,8 +201,8 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
       # Unreadable results: the run's own config.json (written when it started) names it.
       about = results or {'config': read_json(os.path.join(root, 'config.json')) or {}}
       config = about.get('config') if isinstance(about.get('config'), dict) else {}
-      kind = canonical_kind(point.get('kind') or about.get('attention') or
-                            (config.get('model') or {}).get('attention', {}).get('kind', '') or '')
+      kind = fp.canonical_kind(point.get('kind') or about.get('attention') or
+                               (config.get('model') or {}).get('attention', {}).get('kind') or '')
       seed = point.get('seed', config.get('seed'))
       rec = records[rel] = RunRecord(rel, point.get('label') or kind or rel, kind,
                                      point.get('task') or about.get('task') or

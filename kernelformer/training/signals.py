@@ -59,6 +59,7 @@ class _Reader:
     if threading.current_thread() is not threading.main_thread():
       return False
     if self.depth == 0:
+      self.finished = False
       r, w = os.pipe()
       os.set_blocking(w, False)
       previous = {s: signal.signal(s, _ignore) for s in _NAMES}
@@ -82,7 +83,6 @@ class _Reader:
     signal.set_wakeup_fd(previous_fd)
     for s, h in previous.items():
       signal.signal(s, signal.SIG_IGN if self.finished and s in _NAMES else h)
-    self.finished = False
     os.write(w, bytes([_STOP_READER]))
     thread.join(5)
     os.close(w)

@@ -275,20 +275,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   boundary. Batches are read and placed on the devices by a thread, ``input_pipeline.PREFETCH`` steps
   ahead (on CPU: placed by the step itself).
 
-  Run safety (``workdir_lib.RunError`` carries the exit code the CLI uses; each is one line):
-  * the workdir is locked (``workdir/lock``) while the run is in progress;
-  * a workdir started with another config is refused before compiling (``workdir/run.json``), unless
-    ``config.allow_config_change``; a finished run returns its results unchanged unless
-    ``config.reevaluate``;
-  * SIGINT/SIGTERM: the step in flight finishes, its state is checkpointed, exit 130/143;
-  * a non-finite loss or gradient norm: the update of that step is not applied and the run stops at
-    the next boundary naming that exact step, saving nothing from it (exit 3); with
-    ``on_nonfinite='skip'`` such updates are skipped, and the run stops after
-    ``MAX_CONSECUTIVE_SKIPS`` in a row;
-  * the watchdog ends a run that makes no progress within ``watchdog_step_s`` (``watchdog_compile_s``
-    while compiling) with one line naming the step (exit 4);
-  * damaged checkpoints are set aside and the newest good one is resumed; metrics.jsonl drops the events
-    after the restored step.
+  Run safety (lock, one config per workdir, signals, divergence, watchdog, damaged checkpoints, the
+  record written at once): docs/runs.md; each stop is a ``workdir_lib.RunError`` with the exit code.
   """
   logging.getLogger('absl').setLevel(logging.WARNING)
   run = validate.validate_run(config, workdir, devices)  # user mistakes: one line, before anything is created

@@ -1,14 +1,8 @@
 """A workdir belongs to one run: its lock, its config record (``run.json``), its code version.
 
-* ``WorkdirLock``: ``workdir/lock`` holds the running process's pid and host. A second run in the same
-  workdir is refused with one line; a lock left by a dead process on this host is taken over (one line
-  says so). Created atomically (``os.link`` of a complete temporary file), so a reader never sees a
-  half-written lock.
-* ``RunRecord``: ``workdir/run.json`` records the first run's config fingerprint and fields
-  (``kernelformer.training.fingerprint``). A later run with other fields is refused before compiling,
-  naming each differing field, unless ``config.allow_config_change`` is set; an allowed change is
-  appended to the record's ``changes`` (and reported in results.json). Workdirs from before run.json
-  existed are fingerprinted from their ``config.json``.
+* ``WorkdirLock``: ``workdir/lock`` (pid, host), made atomically: one run at a time (a dead one's goes).
+* ``RunRecord``: ``workdir/run.json``, the config fingerprint and fields (``fingerprint``): a run with
+  other fields is refused before compiling unless ``config.allow_config_change`` (then recorded).
 * ``new_record`` / ``settle_record``: the end of a run's record, made current by one rename.
 """
 from __future__ import annotations
@@ -309,10 +303,9 @@ def settle_record(workdir: str) -> None:
   if not os.path.isdir(done):
     return
   for root, dirs, files in os.walk(done):
-    if root == done and 'best' in dirs:
-      dirs.remove('best')
-    for name in sorted(files):
-      target = os.path.join(workdir, os.path.relpath(os.path.join(root, name), done))
+    dirs[:] = [d for d in dirs if root != done or d != 'best']
+    for name in files:
+      target = os.path.join(workdir, os.path.relpath(root, done), name)
       os.makedirs(os.path.dirname(target), exist_ok=True)
       os.replace(os.path.join(root, name), target)
   if os.path.isdir(os.path.join(done, 'best')):
