@@ -272,7 +272,7 @@ def atomic_write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
   except OSError as e:
     _remove_quietly(tmp)
-    raise write_error(path, e, os.path.dirname(path)) from None
+    raise write_error(path, e, os.path.dirname(path).removesuffix(os.sep + RECORD_TMP)) from None
 
 
 RECORD_TMP, RECORD_NEXT = 'record.tmp', 'record.next'

@@ -6,6 +6,7 @@ set before a child process starts (EFBIG: Python ignores SIGXFSZ, and so does th
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -83,19 +84,27 @@ def test_metrics_reader_is_bounded(tmp_path):
     workdir_lib.truncate_metrics(str(tmp_path), 2)
 
 
-def test_results_on_a_full_disk_at_the_end_of_a_run_then_the_same_command_finishes(tmp_path):
+def test_results_on_a_full_disk_at_the_end_of_a_run_then_the_same_command_finishes(tmp_path,
+                                                                                  monkeypatch):
   workdir = tmp_path / 'run'
-  os.makedirs(workdir)
-  link = workdir / f'results.json.tmp-{os.getpid()}'
-  os.symlink(FULL, link)
+  real = workdir_lib.new_record
+
+  @contextlib.contextmanager
+  def full_disk(path):   # results.json's temporary file, where the run's record is staged
+    with real(path) as staged:
+      os.symlink(FULL, os.path.join(staged, f'results.json.tmp-{os.getpid()}'))
+      yield staged
+
+  monkeypatch.setattr(workdir_lib, 'new_record', full_disk)
   c = helpers.tiny_config(tmp_path / 'data')
   with pytest.raises(workdir_lib.RunError) as e:
     trainer.train_and_evaluate(c, str(workdir))
   line = one_line(e)
-  assert f'could not write {workdir / "results.json"} (No space left on device)' in line
+  assert f'could not write {workdir / "record.tmp" / "results.json"} (No space left on device)' in line
   assert f'the last checkpoint on disk is step {c.num_train_steps}' in line
   assert not (workdir / 'results.json').exists() and not (workdir / 'lock').exists()
-  assert not os.path.lexists(link)   # the temporary file went; the disk has room again:
+  assert not os.path.lexists(workdir / 'record.tmp')   # the staged record went; the disk has room:
+  monkeypatch.undo()
   results = trainer.train_and_evaluate(c, str(workdir))   # the final checkpoint is tested
   assert results.status == 'reevaluated' or results['final_step'] == c.num_train_steps
   assert json.loads((workdir / 'results.json').read_text())['test_accuracy'] == results['test_accuracy']
