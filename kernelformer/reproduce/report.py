@@ -156,7 +156,7 @@ class Report:
   runs: list[RunRecord]
   paper_only: list[tuple[str, str, dict[str, float]]]   # (model, citation, task -> accuracy)
   warnings: list[str] = dataclasses.field(default_factory=list)   # runs split by fingerprint
-  # '<path>: <reason>' for each results.json that cannot be read (its run counts as not finished)
+  # '<path> <reason>' for each results.json that cannot be read (its run counts as not finished)
   unreadable: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -172,7 +172,7 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
   """The sweep's metadata and every run: planned ones (sweep.json) and any finished one found.
 
   A results.json that cannot be read (half-written, damaged) is appended to ``unreadable`` as
-  '<path>: <reason>', and its run counts as not finished (with that reason as its error).
+  '<path> <reason>', and its run counts as not finished (with that reason as its error).
   """
   meta = read_json(os.path.join(sweep_dir, sweeps.SWEEP_FILE)) or {}
   records: dict[str, RunRecord] = {}
@@ -211,7 +211,7 @@ def collect(sweep_dir: str, unreadable: Optional[list] = None) -> tuple[dict, li
     if results is None:
       path = os.path.join(root, sweeps.RESULTS_FILE)
       if unreadable is not None:
-        unreadable.append(f'{path}: {reason}')
+        unreadable.append(f'{path} {reason}')
       rec.error = f'unreadable {sweeps.RESULTS_FILE} ({reason})'
       continue
     rec.results = results

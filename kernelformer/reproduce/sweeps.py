@@ -390,7 +390,7 @@ class Run:
   def unreadable(self) -> str:
     """The line naming this point's results.json where it cannot be read, else ''."""
     _, why = read_results(self.workdir)
-    return why and f'{os.path.join(self.workdir, RESULTS_FILE)} cannot be read ({why}): not finished'
+    return why and f'{os.path.join(self.workdir, RESULTS_FILE)} {why}: not finished'
 
   def command(self, python: str = 'python', script: str = 'scripts/train.py',
               config_path: str = '', launcher: Sequence[str] = ()) -> list[str]:

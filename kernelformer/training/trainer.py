@@ -469,8 +469,8 @@ def read_prior(config: ml_collections.ConfigDict, run: run_config.Run, workdir: 
   allowed = record.check(config, run.allow_config_change)
   previous, why = workdir_lib.read_results(workdir)
   if why:
-    raise workdir_lib.RunError(f'{workdir}/results.json cannot be read ({why}); move it aside and '
-                               f're-run to re-test the final checkpoint')
+    raise workdir_lib.RunError(f'{workdir}/results.json {why}; move it aside and re-run to re-test '
+                               f'the final checkpoint')
   return Prior(record=record, allowed=allowed, previous=previous)
 
 

@@ -478,7 +478,7 @@ def _one_line(e: BaseException) -> str:
 
 def read_results(workdir: str) -> tuple[Optional[dict], str]:
   """``(results, '')`` of a finished run (its committed ``RECORD_NEXT`` first), ``(None, '')`` where
-  there is none, ``(None, reason)`` where it cannot be read (damaged, not a file, not a run's results):
+  there is none, ``(None, 'is ...')`` where it cannot be read (damaged, not a file, not a run's results):
   that run is not finished, and the reader names it. The one reader of train, sweep and report."""
   path = next((p for p in (os.path.join(workdir, RECORD_NEXT, 'results.json'),
                             os.path.join(workdir, 'results.json')) if os.path.lexists(p)), None)
@@ -489,11 +489,11 @@ def read_results(workdir: str) -> tuple[Optional[dict], str]:
   except RunError as e:
     return None, str(e).split('; ')[0].replace(f'{path} ', '')
   except (OSError, ValueError) as e:
-    return None, _one_line(e) or type(e).__name__
+    return None, f'is damaged ({_one_line(e) or type(e).__name__})'
   if not isinstance(results, dict):
-    return None, f'a JSON {type(results).__name__}, not an object'
+    return None, f'is damaged (a JSON {type(results).__name__}, not an object)'
   return (results, '') if 'test_accuracy' in results else (
-      None, "no test_accuracy: not a finished run's results")
+      None, "is not a finished run's results (no test_accuracy)")
 
 
 def _metrics_lines(f, dropped: list):

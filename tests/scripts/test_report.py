@@ -350,7 +350,7 @@ def test_an_unreadable_results_json_is_named_and_not_finished(tmp_path):
                         capture_output=True, text=True, timeout=300, env={**os.environ,
                                                                           'MPLBACKEND': 'Agg'})
   assert proc.returncode == 0 and str(beside / 'torn' / 'results.json') in proc.stderr, proc.stderr
-  assert f"{beside / 'folder' / 'results.json'}: is a directory" in proc.stderr, proc.stderr
+  assert f"{beside / 'folder' / 'results.json'} is a directory" in proc.stderr, proc.stderr
   assert '(1/3, 2 failed)' in proc.stdout, proc.stdout
 
 
