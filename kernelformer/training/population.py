@@ -7,7 +7,7 @@ its schedule and AdamW values (``optim.make_optimizer(**member)``) and dropout r
 the trainer's ``make_loop_step(make_steps(...))``, vmapped over a leading member axis of state, window
 and batch -- trains them all, on a 2-D mesh: ``members`` (each device group trains its own members)
 x ``data`` (each member's batch split, as the single run's). A field shared by every member stays the
-single run's Python constant, so a population of one is the single run bitwise; a varying one is traced.
+single run's Python constant, a varying one is traced; a population of one is the single run's program.
 """
 from __future__ import annotations
 
@@ -81,11 +81,6 @@ def make_mesh(size: int, devices=None) -> Mesh:
   return Mesh(devices.reshape(groups, -1), ('members', 'data'), axis_types=(auto, auto))
 
 
-def member_state(state, i: int):
-  """Member ``i``'s ``TrainState`` (or window) out of the population's."""
-  return jax.tree.map(lambda x: x[i], state)
-
-
 def _dropout(keep: dict):
   """Flax ``Dropout.__call__`` with each placeholder rate replaced by the member's keep probability
   (traced): the same mask draw and scaling as ``nn.Dropout`` (flax/linen/stochastic.py)."""
@@ -112,7 +107,11 @@ class Population:
   def batch(self, step: int) -> dict:
     """Training batch ``step`` of every member, stacked: ``[members, batch, ...]``."""
     each = [b.batch(step) for b in self.batches]
-    return {k: np.stack([b[k] for b in each]) for k in each[0]}
+    return each[0] if len(each) == 1 else {k: np.stack([b[k] for b in each]) for k in each[0]}
+
+  def member(self, tree, i: int):
+    """Member ``i``'s ``TrainState`` (or window) out of the population's (one member: no member axis)."""
+    return tree if len(self.configs) == 1 else jax.tree.map(lambda x: x[i], tree)
 
   def run(self, state, window, start: int, stop: int):
     for s in range(start, stop):
@@ -126,6 +125,12 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   fresh state and window (leading member axis)."""
   configs = members(config, population)
   size, n = len(configs), int(config.num_train_steps)
+  batches = tuple(input_pipeline.TrainBatches(source, config.batch_size, int(c.seed))
+                  for c in configs) if source is not None else ()
+  if size == 1:   # the single run's program: vmap, a reshape, even donation change XLA's rounding
+    parts, state = trainer.build_steps(configs[0], info, devices, policy)
+    return Population(tuple(configs), parts['mesh'], parts['loop_step'], batches), state, \
+        trainer.empty_window()
   varying = {f for f in FIELDS if len({_get(c, f) for c in configs}) > 1}
   program = ml_collections.ConfigDict(configs[0].to_dict())
   for field in varying & set(PLACEHOLDER_RATES):
@@ -169,16 +174,9 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   index = jnp.arange(size)
   members_sh = NamedSharding(mesh, P('members'))
   state = jax.jit(jax.vmap(init), out_shardings=members_sh)(index, keys)
-  def step(state, window, batch):
-    if size == 1:   # vmap over one member changes XLA's fusions and rounding: the single run's step
-      one = jax.tree.map(lambda x: x[0], (keys, state, window, batch))
-      return jax.tree.map(lambda x: x[None], member_step(0, *one))
-    return jax.vmap(member_step, spmd_axis_name='members')(index, keys, state, window, batch)
-
   step = jax.jit(
-      step, in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data'))),
+      lambda *args: jax.vmap(member_step, spmd_axis_name='members')(index, keys, *args),
+      in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data'))),
       out_shardings=(members_sh, members_sh), donate_argnums=0)
   window = jax.device_put(jnp.stack([trainer.empty_window()] * size), members_sh)
-  batches = tuple(input_pipeline.TrainBatches(source, config.batch_size, int(c.seed))
-                  for c in configs) if source is not None else ()
   return Population(configs=tuple(configs), mesh=mesh, step=step, batches=batches), state, window
