@@ -23,20 +23,9 @@ import time
 from kernelformer.commands import _common
 
 
-def _config(spec: str, batch: int, length: int):
-  task, _, preset = spec.partition(':')
-  c = importlib.import_module(f'kernelformer.configs.{task}').get_config(preset or None)
-  with c.unlocked():
-    c.progress = False
-    c.batch_size = batch or c.batch_size
-    c.data.max_length = length or c.data.max_length
-  return c
-
-
 def _mib(compiled, members: int = 1) -> float:
   m = compiled.memory_analysis()
-  total = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
-  return total / members / 2**20
+  return (m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes) / members / 2**20
 
 
 def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) -> list:
@@ -45,7 +34,10 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
   from kernelformer.training import input_pipeline, population, trainer  # pylint: disable=g-import-not-at-top
   from lra_tasks import common as lra_common  # pylint: disable=g-import-not-at-top
-  config = _config(spec, batch, length)
+  task, _, preset = spec.partition(':')
+  config = importlib.import_module(f'kernelformer.configs.{task}').get_config(preset)
+  with config.unlocked():
+    config.batch_size, config.data.max_length = batch or config.batch_size, length or config.data.max_length
   task = lra_tasks.get(config.data.task)
   info = task.info(config.data)
   source = (task.source(config.data, 'train') if not task.check(config.data) else

@@ -46,8 +46,7 @@ def _node(config, field: str):
 
 
 def _get(config, field: str):
-  node, leaf = _node(config, field)
-  return node[leaf]
+  return (lambda node, leaf: node[leaf])(*_node(config, field))
 
 
 def members(config: ml_collections.ConfigDict, population=None) -> list:
@@ -114,6 +113,7 @@ class Population:
     return tree if len(self.configs) == 1 else jax.tree.map(lambda x: x[i], tree)
 
   def run(self, state, window, start: int, stop: int):
+    """Steps ``start..stop-1`` (tests and the benchmark; the trainer's loop does not run it yet)."""
     for s in range(start, stop):
       state, window = self.step(state, window, self.batch(s))
     return state, window
@@ -142,8 +142,7 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
     raise PopulationError(f'batch_size={config.batch_size} is not divisible by the {data}-way data '
                           f'axis of {size} members on {mesh.devices.size} devices')
   model = trainer.build_model(program, info)
-  keys = [trainer.run_keys(int(c.seed)) for c in configs]
-  keys = {k: jnp.stack([m[k] for m in keys]) for k in keys[0]}
+  keys = jax.tree.map(lambda *k: jnp.stack(k), *[trainer.run_keys(int(c.seed)) for c in configs])
   keep = {PLACEHOLDER_RATES[f]: jnp.asarray([np.float32(1.0 - _get(c, f)) for c in configs])
           for f in varying & set(PLACEHOLDER_RATES)}
   schedules = [optim_lib.make_schedule(c.optim, n) for c in configs]
