@@ -58,7 +58,9 @@ def members(config: ml_collections.ConfigDict, population=None) -> list:
   out = []
   for i, overrides in enumerate(population):
     c = ml_collections.ConfigDict({k: v for k, v in config.to_dict().items() if k != 'population'})
-    for field, value in dict(overrides).items():
+    if not hasattr(overrides, 'items'):
+      raise PopulationError(f'config.population[{i}]: a dict of field: value, got {overrides!r}')
+    for field, value in overrides.items():
       if field not in FIELDS:
         raise PopulationError(f'config.population[{i}]: {field!r} cannot differ between members (one '
                               f"program); a population varies only {', '.join(FIELDS)}")

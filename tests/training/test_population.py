@@ -79,7 +79,10 @@ def _check(task, tmp_path, overrides, positions, *, devices=None, single_devices
 
 def test_population_of_one_is_the_single_run_bitwise(tmp_path):
   c, info, source = _config('listops', tmp_path)
-  pop, state, _ = population.build(c, info, source, population=[{'seed': 3}], devices=jax.devices()[:1])
+  with c.unlocked():
+    c.population = [{'seed': 3}]        # the config's own field
+  pop, state, _ = population.build(c, info, source, devices=jax.devices()[:1])
+  assert 'population' not in pop.configs[0] and pop.configs[0].seed == 3
   state, _ = pop.run(state, _, 0, STEPS)
   single, _ = _single(pop.configs[0], info, source, STEPS, jax.devices()[:1])
   jax.tree.map(np.testing.assert_array_equal, pop.member(state, 0), single)
@@ -118,6 +121,7 @@ def test_two_members_by_four_way_data(tmp_path):
     ([{'seed': 0}, {'model.num_layers': 2}], "'model.num_layers'"),
     ([{'batch_size': 16}], "'batch_size'"),
     ([{'optim.learning_rate': 'fast'}], 'optim.learning_rate'),
+    ([{'seed': 0}, 3], 'config.population[1]'),
 ])
 def test_fields_that_change_the_program_are_refused(tmp_path, overrides, field):
   c = listops.get_config('tiny')
