@@ -31,6 +31,7 @@ def _mib(compiled, members: int = 1) -> float:
 def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) -> list:
   import jax  # pylint: disable=g-import-not-at-top
   import lra_tasks  # pylint: disable=g-import-not-at-top
+  from kernelformer import run_config  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
   from kernelformer.training import input_pipeline, population, trainer  # pylint: disable=g-import-not-at-top
   from lra_tasks import common as lra_common  # pylint: disable=g-import-not-at-top
@@ -42,7 +43,7 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
   info = task.info(config.data)
   source = (task.source(config.data, 'train') if not task.check(config.data) else
             lra_common.ArraySource(**train_step.random_batch(info, 4 * config.batch_size)))
-  parts, single = trainer.build_steps(config, info, None, 'stop')
+  parts, single = trainer.build_steps(run_config.of(config), info, None)
   window, data = trainer.empty_window(), input_pipeline.TrainBatches(source, config.batch_size, 0)
   pops = {p: population.build(config, info, source, population=[{'seed': s} for s in range(p)])
           for p in sizes}

@@ -22,9 +22,11 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import trainer
+from kernelformer.training import validate
 
 FIELDS = ('seed', 'optim.learning_rate', 'optim.warmup_steps', 'optim.weight_decay', 'optim.b1',
           'optim.b2', 'model.dropout_rate', 'model.attention.attention_dropout')
@@ -121,16 +123,17 @@ class Population:
     return state, window
 
 
-def build(config: ml_collections.ConfigDict, info, source=None, *, population=None, devices=None,
-          policy: str = 'stop') -> tuple[Population, Any, jax.Array]:
+def build(config: ml_collections.ConfigDict, info, source=None, *, population=None,
+          devices=None) -> tuple[Population, Any, jax.Array]:
   """The population of ``config`` (``source``: the training split, for ``Population.batch``), its
   fresh state and window (leading member axis)."""
   configs = members(config, population)
-  size, n = len(configs), int(config.num_train_steps)
+  runs = [validate.validate_config(c, jax.devices()[:1]) for c in configs]   # each field's range
+  size, n = len(configs), runs[0].num_train_steps
   batches = tuple(input_pipeline.TrainBatches(source, config.batch_size, int(c.seed))
                   for c in configs) if source is not None else ()
   if size == 1:   # the single run's program: vmap, a reshape, even donation change XLA's rounding
-    parts, state = trainer.build_steps(configs[0], info, devices, policy)
+    parts, state = trainer.build_steps(runs[0], info, devices)
     return Population(tuple(configs), parts['mesh'], parts['loop_step'], batches), state, \
         trainer.empty_window()
   varying = {f for f in FIELDS if len({_get(c, f) for c in configs}) > 1}
@@ -138,17 +141,18 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   for field in varying & set(PLACEHOLDER_RATES):
     node, leaf = _node(program, field)
     node[leaf] = PLACEHOLDER_RATES[field]
+  program = run_config.of(program)
   mesh = make_mesh(size, devices)
   data = mesh.shape['data']
   if config.batch_size % data:
     raise PopulationError(f'batch_size={config.batch_size} is not divisible by the {data}-way data '
                           f'axis of {size} members on {mesh.devices.size} devices')
   model = trainer.build_model(program, info)
-  keys = jax.tree.map(lambda *k: jnp.stack(k), *[trainer.run_keys(int(c.seed)) for c in configs])
+  keys = jax.tree.map(lambda *k: jnp.stack(k), *[trainer.run_keys(r.seed) for r in runs])
   keep = {PLACEHOLDER_RATES[f]: jnp.asarray([np.float32(1.0 - _get(c, f)) for c in configs])
           for f in varying & set(PLACEHOLDER_RATES)}
-  schedules = [optim_lib.make_schedule(c.optim, n) for c in configs]
-  momenta = [optim_lib.momentum_schedule(c.optim, n) for c in configs]
+  schedules = [optim_lib.make_schedule(r.optim, n) for r in runs]
+  momenta = [optim_lib.momentum_schedule(r.optim, n) for r in runs]
 
   def optimizer(index):
     """Member ``index``'s optimizer: only what varies is traced (``lax.switch`` on scalars)."""
@@ -159,7 +163,7 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
       member['momentum'] = lambda count: jax.lax.switch(index, momenta, count)
     for name in ('b1', 'b2', 'weight_decay'):
       if f'optim.{name}' in varying:
-        member[name] = jnp.asarray([float(c.optim[name]) for c in configs], jnp.float32)[index]
+        member[name] = jnp.asarray([getattr(r.optim, name) for r in runs], jnp.float32)[index]
     return optim_lib.make_optimizer(program.optim, n, **member)
 
   def init(index, member_keys):
@@ -168,7 +172,7 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   def member_step(index, member_keys, state, window, batch):
     tx, schedule = optimizer(index)
     train_step, _ = trainer.make_steps(model, tx, schedule, program, member_keys)
-    loop_step = trainer.make_loop_step(train_step, policy, int(config.log_every))
+    loop_step = trainer.make_loop_step(train_step, program.on_nonfinite, program.log_every)
     with nn.intercept_methods(_dropout({r: k[index] for r, k in keep.items()})):
       return loop_step(state, window, batch)
 

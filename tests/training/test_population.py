@@ -19,6 +19,7 @@ import pytest
 from configs import listops
 from configs import mqar
 from configs import retrieval
+from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import population
 from kernelformer.training import trainer
@@ -42,12 +43,12 @@ def _config(task, tmp_path, steps=STEPS):
   c.num_train_steps = steps
   if task == 'retrieval':
     fixtures.write_retrieval_fixture(str(tmp_path / 'data'), n_per_split=8, seed=0)
-  task_, info = trainer.prepare_data(c, True)
+  task_, info = trainer.prepare_data(run_config.of(c), True)
   return c, info, task_.source(c.data, 'train')
 
 
 def _single(config, info, source, steps, devices):
-  parts, state = trainer.build_steps(config, info, devices, 'stop')
+  parts, state = trainer.build_steps(run_config.of(config), info, devices)
   batches, window = input_pipeline.TrainBatches(source, config.batch_size, config.seed), \
       trainer.empty_window()
   for s in range(steps):
