@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -86,7 +86,8 @@ def make_mesh(size: int, devices=None) -> Mesh:
 
 def _dropout(keep: dict):
   """Flax ``Dropout.__call__`` with each placeholder rate replaced by the member's keep probability
-  (traced): the same mask draw and scaling as ``nn.Dropout`` (flax/linen/stochastic.py)."""
+  (traced): the same mask draw and scaling as ``nn.Dropout`` (flax 0.12.8 flax/linen/stochastic.py
+  99-107)."""
   def interceptor(next_fun, args, kwargs, context):
     module = context.module
     p = keep.get(getattr(module, 'rate', None)) if isinstance(module, nn.Dropout) else None
