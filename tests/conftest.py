@@ -64,6 +64,8 @@ if not flags.FLAGS.is_parsed():
 # Matched by test function name.
 SLOW_TESTS = frozenset({
     # The slowest single tests otherwise, 4-11 s each (pytest --durations).
+    'test_three_members_equal_their_single_runs',
+    'test_eight_members_first_middle_last',
     'test_dry_run_lists_jobs_without_a_scheduler',
     'test_bfloat16_computes_in_bfloat16',
     'test_chunked_projection_equals_whole',

@@ -9,6 +9,7 @@ usage:
                                                 # kernel, compiled offline for sm_90a and sm_80
   kernelformer benchmark loop [flags]           # the trainer's steps/s vs a bare loop of the same step
   kernelformer benchmark redraw --workdir RUN   # a trained run's accuracy under other random draws
+  kernelformer benchmark population [flags]     # member-steps/s of populations vs single runs
   kernelformer benchmark NAME --help            # the flags of one
 
 attention and approximation write into runs/benchmarks/ unless --out_dir says otherwise (the committed
@@ -22,7 +23,7 @@ import sys
 BENCHMARKS = {'attention': 'benchmark_attention', 'approximation': 'approximation',
               'loader': 'benchmark_loader', 'train_step': 'benchmark_train_step',
               'pallas-resources': 'benchmark_pallas_resources', 'loop': 'benchmark_loop',
-              'redraw': 'benchmark_redraw'}
+              'redraw': 'benchmark_redraw', 'population': 'benchmark_population'}
 
 
 def run(args) -> int:

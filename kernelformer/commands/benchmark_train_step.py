@@ -9,20 +9,10 @@ kernelformer/bench/train_step.py for what is measured.
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
 import os
 import sys
 
 from kernelformer.commands import _common
-
-
-def _load(spec: str):
-  path, preset = _common.split_spec(_common.resolve_spec(spec))
-  module_spec = importlib.util.spec_from_file_location('_bench_config', path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  return module.get_config(preset) if preset else module.get_config()
 
 
 def main(argv) -> int:
@@ -44,24 +34,16 @@ def main(argv) -> int:
   if error:
     print(error, file=sys.stderr)
     return 2
-  config = _load(args.config)
-  with config.unlocked():
-    if args.length:
-      config.data.max_length = args.length
-    if args.num_features:
-      config.model.attention.num_features = args.num_features
-    for item in args.set:
-      field, sep, value = item.partition('=')
-      *parents, leaf = field.split('.')
-      node = config
-      try:
-        for name in parents:
-          node = node[name]
-        node[leaf] = type(node[leaf])(ast.literal_eval(value)) if node[leaf] is not None else \
-            ast.literal_eval(value)
-      except (KeyError, ValueError, SyntaxError, TypeError) as e:
-        print(f'error: --set {item}: {e}', file=sys.stderr)
-        return 2
+  from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
+  try:
+    config = sweeps.load_config(*_common.split_spec(_common.resolve_spec(args.config)))
+    with config.unlocked():
+      sweeps.apply_overrides(config, [('data.max_length', args.length)] * bool(args.length) + [
+          ('model.attention.num_features', args.num_features)] * bool(args.num_features) + [
+              (f, sweeps.parse_value(v)) for f, _, v in (i.partition('=') for i in args.set)])
+  except (sweeps.SweepError, TypeError) as e:   # no such field; a value of another type
+    print(f'error: {e}', file=sys.stderr)
+    return 2
   results = train_step.measure(config, kinds, batch_size=args.batch_size, repeats=args.repeats)
   _common.write_benchmark_table(
       'train_step', argv, args.out_dir,

@@ -146,23 +146,26 @@ def momentum_schedule(optim, num_train_steps: int) -> optax.Schedule | None:
                   int(optim.warmup_steps), num_train_steps, optim.schedule.split('-')[1])
 
 
-def make_optimizer(optim, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(optim, num_train_steps: int,
+                   **member) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW at ``make_schedule``'s rate, after the optional clipping (``optim.grad_clip_value``:
   optax.clip, each gradient element to [-v, v], as torch ``clip_grad_value_``; then
   ``optim.grad_clip_norm``: optax.clip_by_global_norm). Under a one-cycle schedule beta1 follows
   ``momentum_schedule`` (optax.inject_hyperparams, so the optimizer state also holds the current
-  rate and beta1)."""
-  schedule = make_schedule(optim, num_train_steps)
+  rate and beta1). ``member`` (``population``): a member's ``schedule``, ``momentum`` (callables of
+  the step), ``b1``, ``b2``, ``weight_decay`` (traced) in place of ``optim``'s; same state tree."""
+  schedule = member.get('schedule') or make_schedule(optim, num_train_steps)
   parts = []
   if optim.grad_clip_value > 0:
     parts.append(optax.clip(float(optim.grad_clip_value)))
   if optim.grad_clip_norm and optim.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(float(optim.grad_clip_norm)))
-  adamw = dict(b2=float(optim.b2), eps=float(optim.eps), weight_decay=float(optim.weight_decay),
+  adamw = dict(b2=member.get('b2', float(optim.b2)), eps=float(optim.eps),
+               weight_decay=member.get('weight_decay', float(optim.weight_decay)),
                mask=functools.partial(decay_mask, mode=optim.decay_mask))
-  b1 = momentum_schedule(optim, num_train_steps)
+  b1 = member.get('momentum') or momentum_schedule(optim, num_train_steps)
   if b1 is None:
-    parts.append(optax.adamw(schedule, b1=float(optim.b1), **adamw))
+    parts.append(optax.adamw(schedule, b1=member.get('b1', float(optim.b1)), **adamw))
   else:
     parts.append(optax.inject_hyperparams(optax.adamw, static_args=('mask',))(
         learning_rate=schedule, b1=b1, **adamw))

@@ -199,18 +199,21 @@ def eval_sums(model, features_key, lm: bool, state: TrainState, batch, draw_step
 
 
 def init_state(model, tx, info, config, keys, mesh) -> TrainState:
-  length = info.max_length
-  dummy = {n: jnp.ones((1, length), jnp.int32) for n in input_names(info)}
+  return jax.jit(initializer(model, tx, info, keys),
+                 out_shardings=sharding.replicated(mesh))(keys['init'])
+
+
+def initializer(model, tx, info, keys) -> Callable[[jax.Array], TrainState]:
+  """``init(key)``: the fresh state, traceable (``population`` vmaps it over members)."""
+  dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in input_names(info)}
 
   def init(key):
-    variables = model.init({'params': key, 'dropout': key, 'features': keys['features']}, dummy,
-                           train=False)
-    variables = dict(variables)
+    variables = dict(model.init({'params': key, 'dropout': key, 'features': keys['features']},
+                                dummy, train=False))
     params = variables.pop('params')
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                       model_state=variables)
-
-  return jax.jit(init, out_shardings=sharding.replicated(mesh))(keys['init'])
+  return init
 
 
 def evaluate(eval_step, state, source, run: run_config.Run, mesh, *, max_batches: Optional[int] = None,
