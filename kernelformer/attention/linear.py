@@ -18,7 +18,8 @@ Pure functions on feature maps that have already been computed. Shapes follow th
 * Padded keys are removed from both numerator and normalizer by zeroing their feature rows.
 * Accumulation is float32 whatever the input dtype (bf16 inputs are upcast on CPU, where a bf16 dot with
   a float32 result is not supported, and use ``preferred_element_type`` elsewhere).
-* The normalizer never divides by zero: ``|D| < eps`` is replaced by ``eps`` with D's sign.
+* The normalizer never divides by zero: ``|D| < eps`` is replaced by ``eps`` with D's sign; a negative
+  ``eps`` is added to every D instead (``D + |eps|``, no clamp, so D always gets its gradient).
 """
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ def einsum_f32(spec: str, *operands: Array) -> Array:
 
 
 def safe_normalizer(den: Array, eps: float = DEFAULT_EPS) -> Array:
-  """``den`` with values closer to zero than ``eps`` moved to ``+-eps`` (keeps the sign)."""
+  """``den`` with values closer to zero than ``eps`` moved to ``+-eps`` (keeps the sign); for ``eps < 0``
+  ``den + |eps|`` (Zoology's ``num / (den + eps)``, HazyResearch/zoology zoology/mixers/based.py 205-209,
+  eps 1e-12 at 69 and 102 @ d88d6f5). ``|den| < eps``, the rows where the clamp acts, is then empty."""
+  if eps < 0:
+    return den - eps
   return jnp.where(jnp.abs(den) < eps, jnp.where(den < 0, -eps, eps), den)
 
 

@@ -112,21 +112,11 @@ def per_head_features(component: str, q: Array, k: Array, proj, mask: Optional[A
   return jax.vmap(one_head, in_axes=(2, 2, proj_axis), out_axes=outs)(q, k, proj)
 
 
-# Maps whose features carry a data-dependent shift (a key maximum, per chunk when causal) that cancels
-# between numerator and normalizer (records with ``shifted_normalizer``): their D is exp(-shift) times
-# the unshifted one, so a fixed guard of 1e-6 acts at an arbitrary point of the true D. With the
-# per-chunk running maximum a query whose visible keys all lie far below its chunk's largest key has a
-# small but valid D; the 1e-6 guard then replaced it (B=8, H=8, L=1K, d=64, M=256: output off by 0.25
-# from the float64 estimator). Their guard only has to keep a row with no visible key (D = 0) finite.
-SHIFTED_EPS = 1e-30
-
-
 def normalizer_eps(component: str, feature_eps: Optional[float] = None) -> float:
-  """The normalizer guard: ``feature_eps`` if given, else 1e-30 for shifted exp maps, else 1e-6."""
+  """The normalizer guard: ``feature_eps`` if given, else the record's (``FeatureMap.normalizer_eps``)."""
   if feature_eps is not None:
     return float(feature_eps)
-  shifted = catalog.has(component) and catalog.get(component).shifted_normalizer
-  return SHIFTED_EPS if shifted else linear.DEFAULT_EPS
+  return catalog.get(component).normalizer_eps if catalog.has(component) else linear.DEFAULT_EPS
 
 
 # True forces the stored-features path (all of phi(Q), phi(K) formed, then the core) for every map: the
@@ -150,8 +140,8 @@ class RandomFeatureAttention(nn.Module):
       NPRF; the kernel then sees q.k in [-1, 1].
     chunk_size: chunk length of the causal linear-attention core.
     feature_eps: the normalizer guard of the core (|D| below it is replaced by +-eps); None (default)
-      = ``normalizer_eps(component)``: 1e-6, or 1e-30 for the shifted exp components (posrf,
-      hyperbolic, oprf, saderf), whose D is in the units of a data-dependent shift.
+      = the record's ``normalizer_eps``: 1e-6, 1e-30 for the shifted exp maps, ``D + 1e-12`` for
+      performer-zoology (as Zoology).
     share_heads: one draw of W (and one learned sampler) for all heads instead of one per head.
   """
 

@@ -57,7 +57,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from kernelformer.features.feature_map import FeatureMap
+from kernelformer.features.feature_map import SHIFTED_EPS, FeatureMap
 from kernelformer.features.projection import Projection, dense_matrix, project, row_weights
 
 Array = jax.Array
@@ -684,8 +684,8 @@ _GRELU_PAPER = ('Choromanski et al. 2021, generalized attention (official fast_a
 _GRELU_KERNEL = 'its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no d^-1/4 scale'
 
 # The exp-maps share one stabilizer (``_exp_shifted``): a causal form with per-chunk running key maxima,
-# and a normalizer in the units of a data-dependent shift (guard 1e-30, ``random_features``).
-_EXP_MAP = dict(positive=True, causal_shift=True, shifted_normalizer=True, grid=True)
+# and a normalizer in the units of a data-dependent shift (guard ``SHIFTED_EPS``).
+_EXP_MAP = dict(positive=True, causal_shift=True, normalizer_eps=SHIFTED_EPS, grid=True)
 
 FEATURE_MAPS = (
     FeatureMap('trigrf', trigrf, 'softmax', parts=2, causal_shift=True, grid=True, pallas_feature='trig',
@@ -720,7 +720,7 @@ FEATURE_MAPS = (
                non_causal="LRA's key features are shifted by one maximum over all keys and the +1e-6 "
                           'added after the shift does not cancel, so later keys change earlier rows'),
     FeatureMap('performer_skyformer', performer_skyformer, 'none', parts=1, positive=True,
-               shifted_normalizer=True, whole_tensor=True, kind='performer-skyformer', sampler='orf',
+               normalizer_eps=SHIFTED_EPS, whole_tensor=True, kind='performer-skyformer', sampler='orf',
                kind_options=(('num_features', 128), ('redraw_every', 0), ('share_heads', True)),
                paper=("Skyformer's Performer (Chen et al. 2021 baseline): pkuzengqi/Skyformer @ 1a677cb "
                       'src/models/attention_performer.py 9-25, src/models/performer.py 50-75, 174-227 '

@@ -13,6 +13,13 @@ from typing import Any, Callable, Optional
 TARGET_KERNELS = ('softmax', 'gaussian', 'none')
 _NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyz0123456789_')
 
+# The guard of maps whose features carry a data-dependent shift (a key maximum, per row when causal)
+# that cancels between numerator and normalizer: their D is exp(-shift) times the unshifted one, so a
+# fixed guard of 1e-6 acts at an arbitrary point of the true D (a query whose visible keys lie far below
+# the largest key has a small but valid D: B=8, H=8, L=1K, d=64, M=256 gave an output off by 0.25 from
+# the float64 estimator). Their guard only has to keep a row with no visible key (D = 0) finite.
+SHIFTED_EPS = 1e-30
+
 # What a map estimates at the attention module's d^-1/4 input scale, for maps whose record gives none.
 _TARGET_TEXT = {'softmax': 'softmax exp(q.k/sqrt(d))', 'gaussian': 'Gaussian exp(-|q-k|^2/(2 sqrt(d)))',
                 'none': 'its own kernel'}
@@ -37,8 +44,9 @@ class FeatureMap:
       (``linear.exp_feature_attention``), or None.
     causal_shift: ``fn`` takes ``causal_chunk=C`` (and ``shift_init=``) and then returns
       ``(phi_q, phi_k, key_shift)``: features shifted by running per-chunk key maxima.
-    shifted_normalizer: the normalizer carries a data-dependent shift (an exp-map's key maximum), so
-      the core's guard is 1e-30 instead of 1e-6 (``random_features.normalizer_eps``).
+    normalizer_eps: the core's guard on D (``linear.safe_normalizer``): ``|D| < eps`` becomes ``+-eps``;
+      ``SHIFTED_EPS`` for maps whose D carries a data-dependent shift (an exp-map's key maximum); a
+      negative value is added to every D instead (``den + |eps|``, as Zoology's Based does).
     unit_key_shift: ``f(proj, dtype) -> [..., 1, M']``, a key shift bounding every unit-norm key's
       exponent from W alone (causal RPE on l2-normalized keys, nprf-rpe), or None.
     row_wise: a row's features depend on that row alone (no key statistic, no shift, no positions):
@@ -72,7 +80,7 @@ class FeatureMap:
   approximates: str = ''
   log_space: Any = None
   causal_shift: bool = False
-  shifted_normalizer: bool = False
+  normalizer_eps: float = 1e-6
   unit_key_shift: Optional[Callable[..., Any]] = None
   row_wise: bool = False
   positional: bool = False

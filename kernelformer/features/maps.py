@@ -436,8 +436,9 @@ FEATURE_MAPS = (
     *(_own(name.replace('_', '-'), _elementwise(f), f'elementwise feature map {text}',
            "its own kernel, M' = d", lambda d, m, r: d) for name, (f, text) in ELEMENTWISE.items()),
     # Zoology's Performer: ORF directions, rows of norm sqrt(d/M), drawn once, shared by the heads.
+    # Normalized as Based does, num / (den + 1e-12): zoology/mixers/based.py 205-209, eps at 69, 102.
     FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, row_wise=True,
-               kind='performer-zoology', sampler='orf',
+               kind='performer-zoology', sampler='orf', normalizer_eps=-1e-12,
                kind_options=(('num_features', 256), ('redraw_every', 0), ('share_heads', True)),
                paper=("Zoology's PerformerFeatureMap (Based's figure 3): HazyResearch/zoology @ d88d6f5 "
                       'zoology/mixers/feature_maps/performer.py 74-141 (rows scaled to norm sqrt(d/M), '

@@ -105,6 +105,34 @@ def test_zoology_kind_is_based_causal_attention_with_one_fixed_shared_draw():
   np.testing.assert_allclose(np.asarray(out), want, rtol=2e-4, atol=2e-5)
 
 
+def based_bidirectional(q, k, v, eps=1e-12):
+  """zoology/mixers/based.py 208-209: ``(q * (k * v).sum(2)).sum(-1) / ((q * k.sum(2)).sum(-1) + eps)``."""
+  num = np.einsum('bhlf,bhsf,bhse->bhle', q, k, v)
+  return num / (np.einsum('bhlf,bhsf->bhl', q, k)[..., None] + eps)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_zoology_kind_adds_eps_to_the_normalizer_as_based_does(causal):
+  """``num / (den + 1e-12)`` (based.py 205-209, eps at 69 and 102 @ d88d6f5), not a clamp at 1e-6: at
+  inputs of norm ~1.5 sqrt(d) (d 64) rows have normalizers in (1e-12, 1e-6), and a clamp there scales
+  them by D / 1e-6."""
+  b, l, h, d = 2, 16, 2, 64
+  ks = jax.random.split(jax.random.PRNGKey(7), 3)
+  q, k = (1.5 * jax.random.normal(kk, (b, l, h, d)) for kk in ks[:2])
+  v = jax.random.normal(ks[2], (b, l, h, d))
+  module = registry.build({'kind': 'performer-zoology', 'chunk_size': 4})
+  variables = module.init(RNGS, q, k, v, causal=causal)
+  out = module.apply(variables, q, k, v, causal=causal, rngs=RNGS)
+  w = np.asarray(variables['features']['train'][0], np.float64)
+  zw = zoology_matrix(_orthonormal_rows(w), d)
+  t = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2)
+  fq, fk = zoology_features(t(q), zw), zoology_features(t(k), zw)
+  den = np.einsum('bhlf,bhlf->bhl', fq, np.cumsum(fk, axis=2) if causal else fk.sum(2, keepdims=True))
+  assert np.mean((den > 1e-12) & (den < 1e-6)) > 0.25        # the rows the clamp would change
+  want = (based_causal if causal else based_bidirectional)(fq, fk, t(v))
+  np.testing.assert_allclose(np.asarray(out), np.swapaxes(want, 1, 2), rtol=2e-4, atol=2e-5)
+
+
 def test_zoology_kind_serves_the_decoder_step_by_step():
   """Usable where the fla-style maps are: the causal decoder accepts it, and decoding token by token
   (the recurrent state) gives the full forward's logits."""
