@@ -249,7 +249,7 @@ class RandomFeatureAttention(nn.Module):
         and not self.is_initializing()):   # init makes every collection mutable: no state from it
       self._sow_distillation(qf, kf, proj, mask, causal)
     if self._use_pallas(position_bias, q.shape, v.dtype, causal):
-      return self._pallas_attention(qf, kf, v, proj, mask, causal)
+      return self._pallas_attention(qf, kf, v, proj, mask)
     # Exp-maps, bidirectional: features formed chunk by chunk and recomputed in the backward
     # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
     # Causal exp-maps: the same, features formed inside one scan over chunks that also carries the
@@ -320,20 +320,24 @@ class RandomFeatureAttention(nn.Module):
     loss = distill_lib.attention_distillation_loss(qf, kf, phi_q, phi_k, mask=mask, causal=causal)
     self.sow(distill_lib.DISTILL_COLLECTION, 'distill', self.distill_weight * loss)
 
-  def _use_pallas(self, position_bias, q_shape, dtype, causal=None) -> bool:
+  def _use_pallas(self, position_bias, q_shape, dtype, causal: bool) -> bool:
     """Whether this call takes the fused Pallas kernels (kernelformer/pallas, docs/pallas.md).
 
-    'auto' takes them only where ``pallas.supported`` (a GPU, a fused feature, head dim <= 256) and the
-    combination is recorded as validated on this device by scripts/gpu_check.py
-    (``kernelformer/pallas/validated.py``; ``causal=None``: both modes must be). Logged once per run.
+    Bidirectional only (the kernels have no causal form with the per-row running-max shift of the XLA
+    path). 'auto' takes them only where ``pallas.supported`` (a GPU, a fused feature, head dim <= 256)
+    and the combination is recorded as validated on this device by scripts/gpu_check.py
+    (``kernelformer/pallas/validated.py``). Logged once per run.
     """
     if self.impl not in ('auto', 'pallas', 'xla'):
       raise ValueError(f"attention impl must be 'auto', 'pallas' or 'xla', got {self.impl!r}")
-    if self.impl == 'xla':
+    if self.impl == 'xla' or (causal and self.impl == 'auto'):
       return False
     feature = catalog.get(self.component).pallas_feature
     fused_ok = bool(feature) and position_bias is None
     if self.impl == 'pallas':
+      if causal:
+        raise ValueError('impl=pallas is bidirectional only: the fused kernels have no causal form; use '
+                         'impl=xla or auto for causal attention')
       if not fused_ok:
         raise ValueError(
             f'impl=pallas supports components {", ".join(pallas_components())} without a '
@@ -341,23 +345,21 @@ class RandomFeatureAttention(nn.Module):
             f'{" with a position bias" if position_bias is not None else ""}. Use impl=xla.')
       return True
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top
-    if not (fused_ok and pallas.supported(feature, q_shape, dtype, num_features=self.num_features,
-                                          causal=causal)):
+    if not (fused_ok and pallas.supported(feature, q_shape, dtype, num_features=self.num_features)):
       return False
     from kernelformer.pallas import validated  # pylint: disable=g-import-not-at-top
-    return validated.select(feature, causal=causal, dtype=jnp.dtype(dtype).name)[0]
+    return validated.select(feature, causal=False, dtype=jnp.dtype(dtype).name)[0]
 
-  def _pallas_attention(self, qf, kf, v, proj, mask, causal):
+  def _pallas_attention(self, qf, kf, v, proj, mask):
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top
     w, weights = None, None
     if proj is not None:
       dense = projection_lib.dense_matrix
       w = dense(proj) if self.share_heads else jax.vmap(dense)(proj)
       weights = proj.feature_weights
-    block_k = self.chunk_size if causal else None
     return pallas.feature_attention(qf, kf, v, w, feature=catalog.get(self.component).pallas_feature,
-                                    feature_weights=weights, mask=mask, causal=causal,
-                                    block_k=block_k, eps=normalizer_eps(self.component, self.feature_eps))
+                                    feature_weights=weights, mask=mask,
+                                    eps=normalizer_eps(self.component, self.feature_eps))
 
 
 @functools.lru_cache(maxsize=None)

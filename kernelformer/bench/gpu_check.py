@@ -8,7 +8,7 @@ report says which cells were skipped and why):
 
 1. ``correctness`` -- compiled (not interpret) ``feature_attention`` against the XLA path
    (``kernelformer.bench.pallas_reference``: components.py features + linear.linear_attention) for every
-   feature (exp, trig, elu, relu) x causal/bidirectional x bfloat16/float32, an odd length, a key
+   feature (exp, trig, elu, relu) x bfloat16/float32 (bidirectional: the only mode), an odd length, a key
    padding mask; outputs and the gradients of q, k, v (and W for exp/trig). A failure prints the case
    and makes the command exit non-zero. Tolerances (max error over the largest reference entry):
    float32 outputs 2e-4, gradients 2e-3; bfloat16 outputs 3e-2, gradients 6e-2 (bf16 operands in the
@@ -16,7 +16,7 @@ report says which cells were skipped and why):
 2. ``attention`` -- forward and forward+backward median times of the Pallas kernels, the XLA path and
    cuDNN flash softmax (``jax.nn.dot_product_attention(implementation='cudnn')``, padding as
    ``query_seq_lengths`` / ``key_value_seq_lengths``) at B=4, H=8, d=64, M=256 (posrf, ``exp``),
-   bfloat16, L = 1K .. 64K, bidirectional and causal; XLA's compiled temp memory; model TFLOP/s as a
+   bfloat16, L = 1K .. 64K, bidirectional and causal (causal: XLA and cuDNN only); XLA's compiled temp memory; model TFLOP/s as a
    fraction of a dense bf16 matmul measured in the same run; the crossover length with cuDNN. The
    Pallas cells try a few block sizes per shape and keep the best (tuning is part of the run). A
    length whose predicted time (linear in L from the previous one; quadratic for softmax) does not fit
@@ -147,12 +147,12 @@ def device_slug(kind: str) -> str:
 
 def correctness_cases(dry_run: bool) -> list[dict[str, Any]]:
   if dry_run:
-    # Each feature once; both modes and both dtypes appear (the code paths, not the full product).
-    picks = [('exp', False, 'float32'), ('trig', True, 'float32'), ('elu', True, 'bfloat16'),
+    # Each feature once; both dtypes appear (the code paths, not the full product).
+    picks = [('exp', False, 'float32'), ('trig', False, 'float32'), ('elu', False, 'bfloat16'),
              ('relu', False, 'bfloat16')]
     shape = dict(batch=2, length=37, heads=2, head_dim=8, num_features=16, block=16)
   else:
-    picks = [(f, c, dt) for f in FEATURES for c in (False, True) for dt in ('bfloat16', 'float32')]
+    picks = [(f, False, dt) for f in FEATURES for dt in ('bfloat16', 'float32')]
     shape = dict(batch=2, length=1031, heads=4, head_dim=64, num_features=256, block=None)
   return [dict(feature=f, causal=c, dtype=dt, **shape) for f, c, dt in picks]
 
@@ -256,35 +256,29 @@ def model_flops(impl: str, *, batch, length, heads, head_dim, num_features, caus
   return fwd * (3.0 if backward else 1.0)
 
 
-def _table_block(causal: bool, m: int, d: int, dtype) -> int:
-  """The block (causal: chunk) feature_attention.tiling() chooses for the exp feature."""
+def _table_block(m: int, d: int, dtype) -> int:
+  """The block feature_attention.tiling() chooses for the exp feature."""
   from kernelformer.pallas.feature_attention import tiling  # pylint: disable=g-import-not-at-top
   from kernelformer.pallas.resource_check import pow2_at_least  # pylint: disable=g-import-not-at-top
   dp = pow2_at_least(d)
-  return tiling('exp', causal, pow2_at_least(m), dp, dp, jnp.dtype(dtype)).block
+  return tiling('exp', pow2_at_least(m), dp, dp, jnp.dtype(dtype)).block
 
 
-def block_candidates(causal: bool, dry_run: bool) -> list[dict[str, Any]]:
+def block_candidates(dry_run: bool) -> list[dict[str, Any]]:
   """The block settings tried per shape (the first is the default)."""
   if dry_run:
     return [{'block': 16, 'num_splits': None}, {'block': 32, 'num_splits': None}]
   # None = feature_attention.tiling()'s block, the configuration the offline resource check
   # (kernelformer benchmark pallas-resources) verified; the others are tried only as alternatives.
-  if causal:
-    return [{'block': None, 'num_splits': None}, {'block': 64, 'num_splits': None},
-            {'block': 32, 'chunks_per_program': 16}]
   return [{'block': None, 'num_splits': None}, {'block': 64, 'num_splits': None}]
 
 
-def _attention_fn(impl: str, *, causal, mask, interpret, cand=None, length=None):
+def _attention_fn(impl: str, *, causal, mask, interpret, cand=None):
   """``f(q, k, v, w) -> out`` for one implementation."""
   if impl == 'pallas':
-    splits = cand.get('num_splits')
-    if 'chunks_per_program' in cand:
-      splits = max(1, -(-length // (cand['block'] * cand['chunks_per_program'])))
-    return lambda q, k, v, w: feature_attention(q, k, v, w, feature='exp', mask=mask, causal=causal,
+    return lambda q, k, v, w: feature_attention(q, k, v, w, feature='exp', mask=mask,
                                                 block_q=cand['block'], block_k=cand['block'],
-                                                num_splits=splits, interpret=interpret)
+                                                num_splits=cand.get('num_splits'), interpret=interpret)
   if impl == 'xla':
     return lambda q, k, v, w: reference.xla_feature_attention(q, k, v, w, feature='exp', mask=mask,
                                                               causal=causal)
@@ -310,7 +304,7 @@ def time_cell(impl, mode, length, causal, shape, opts: Options, cand=None) -> di
   # Key padding: the second half of the batch has 7/8 of its keys (lengths for cuDNN, a mask elsewhere).
   lengths = jnp.asarray([length] * (b - b // 2) + [length - length // 8] * (b // 2))
   mask = jnp.arange(length)[None, :] < lengths[:, None]
-  fn = _attention_fn(impl, causal=causal, mask=mask, interpret=opts.dry_run, cand=cand, length=length)
+  fn = _attention_fn(impl, causal=causal, mask=mask, interpret=opts.dry_run, cand=cand)
   args = (q, k, v, w) if mode == 'fwd' else (q, k, v, w, g)
   row = {'impl': impl, 'mode': mode, 'length': length, 'causal': causal, 'status': 'ok', 'note': ''}
   if cand is not None:
@@ -326,7 +320,7 @@ def time_cell(impl, mode, length, causal, shape, opts: Options, cand=None) -> di
     return row
   flops = model_flops('softmax' if impl == 'softmax' else 'linear', batch=b, length=length, heads=h,
                       head_dim=d, num_features=m, causal=causal, backward=mode != 'fwd',
-                      chunk=(cand or {}).get('block') or _table_block(causal, m, d, jnp.bfloat16))
+                      chunk=(cand or {}).get('block') or _table_block(m, d, jnp.bfloat16))
   row.update(time_ms=timing.median_s * 1e3, repeats=len(timing.times_s),
              temp_mib=stats.temp_bytes / 2 ** 20, model_tflops=flops / timing.median_s / 1e12)
   return row
@@ -344,7 +338,7 @@ def run_attention(opts: Options, budget: Budget, log) -> tuple[list[dict], dict[
   last: dict[tuple, tuple[int, float]] = {}      # (impl, mode, causal) -> (length, seconds spent)
   for length in lengths:
     for causal in (False, True):
-      for impl in ('pallas', 'xla', 'softmax'):
+      for impl in ('xla', 'softmax') if causal else ('pallas', 'xla', 'softmax'):
         for mode in ('fwd', 'fwd+bwd'):
           key = (impl, mode, causal)
           skip = None
@@ -363,7 +357,7 @@ def run_attention(opts: Options, budget: Budget, log) -> tuple[list[dict], dict[
                          'status': 'skipped', 'note': skip})
             continue
           start = time.perf_counter()
-          cands = block_candidates(causal, opts.dry_run) if impl == 'pallas' else [None]
+          cands = block_candidates(opts.dry_run) if impl == 'pallas' else [None]
           cell_rows = [time_cell(impl, mode, length, causal, shape, opts, cand) for cand in cands]
           spent = time.perf_counter() - start
           ok = [r for r in cell_rows if r['status'] == 'ok']
@@ -394,7 +388,7 @@ def crossovers(rows) -> dict[str, Optional[int]]:
   """Smallest measured L from which Pallas fwd+bwd is faster than the other impl at every longer L."""
   out = {}
   lengths = sorted({r['length'] for r in rows})
-  for causal in (False, True):
+  for causal in (False,):
     for other in ('softmax', 'xla'):
       pairs = [(n, _time(rows, 'pallas', 'fwd+bwd', n, causal), _time(rows, other, 'fwd+bwd', n, causal))
                for n in lengths]
@@ -512,8 +506,6 @@ def targets(att_rows, info, train_rows) -> list[dict[str, Any]]:
       'XLA / Pallas time')
   add('Pallas >= 5x cuDNN, 16K fwd+bwd', at('pallas', False), at('softmax', False), 5.0,
       'cuDNN / Pallas time')
-  add('causal Pallas faster than cuDNN causal, 16K fwd+bwd', at('pallas', True), at('softmax', True),
-      1.0, 'cuDNN / Pallas time')
   cross = (info or {}).get('crossover', {}).get('bidirectional vs softmax')
   out.append({'target': 'crossover with cuDNN <= 2K (bidirectional fwd+bwd)',
               'status': 'not measured' if cross is None else ('met' if cross <= 2048 else 'not met'),

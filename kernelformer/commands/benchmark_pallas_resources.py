@@ -57,7 +57,7 @@ def main(argv: list[str]) -> int:
         mode, feature, m, d, dtype = parts
         only.append(resources.Case(mode, feature, None if m == '-' else int(m), int(d), dtype))
       except ValueError:
-        print(f'error: --case takes MODE:FEATURE:M:D:DTYPE, e.g. causal:exp:256:64:bfloat16; got '
+        print(f'error: --case takes MODE:FEATURE:M:D:DTYPE, e.g. bidirectional:exp:256:64:bfloat16; got '
               f'{spec!r}', file=sys.stderr)
         return 2
       if (mode not in resources.MODES or dtype not in resources.DTYPES
@@ -90,8 +90,8 @@ def main(argv: list[str]) -> int:
     import importlib  # pylint: disable=g-import-not-at-top
     fa = importlib.import_module('kernelformer.pallas.feature_attention')
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-    broken = [r for r in bad_rows if fa.fits(r['case'].feature, r['case'].causal, r['case'].m,
-                                             r['case'].d, jnp.dtype(r['case'].dtype))]
+    broken = [r for r in bad_rows if fa.fits(r['case'].feature, r['case'].m, r['case'].d,
+                                             jnp.dtype(r['case'].dtype))]
     for r in broken:
       print(f'LISTED AS FITTING IN resources.json BUT DOES NOT: {r["case"].label()} {r["kernel"]}')
     print(f'--require table: {len(broken)} kernel(s) of cases listed as fitting do not fit; '

@@ -1,4 +1,4 @@
-"""Fused Pallas kernels for random-feature attention: forward and backward, masked, causal.
+"""Fused Pallas kernels for bidirectional random-feature attention: forward and backward, masked.
 
 What. ``feature_attention`` computes normalized linear attention ``D^-1 phi(Q) (phi(K)^T V)``
 (Spectraformer eq. 7) for the features of ``features/components.py`` -- ``exp`` (posrf, Spectraformer
@@ -17,23 +17,12 @@ Kernels (grids; every tile below lives on chip, nothing of size ``L x M`` reache
   ``z = sum_j phi(k_j) [M]``; padded keys contribute nothing. The ``splits_k`` partial states are merged
   by XLA (they are ``O(M dv)`` each). (2) ``_fwd_q_kernel``, grid ``(B, H, query chunks)``:
   ``out_i = phi(q_i) S / phi(q_i).z``.
-* causal forward, chunk-parallel (the structure of flash-linear-attention's chunked
-  kernels). The padded length is cut into ``P = ceil(L / (C G))`` segments of G chunks of C rows
-  (defaults C = 64, G = 4; ``num_splits`` sets P). (1) ``_fwd_kv_kernel``, grid ``(B, H, P)``: each
-  segment's key state ``S_s, z_s`` relative to its running max; (2) ``_segment_scan`` (XLA,
-  ``lax.associative_scan``, depth log P): exclusive prefixes ``S_{<s}`` with the flash-style merge
-  ``(S_a, m_a) + (S_b, m_b) = (S_a e^{m_a - m} + S_b e^{m_b - m}, m = max)``; (3) ``_fwd_causal_kernel``,
-  grid ``(B, H, P)``: the chunked form (attention-facts 4) over its G chunks, starting from ``S_{<s}``
-  -- for chunk t, ``phi(Q_t) S_{<t}`` plus the masked ``C x C`` product
-  ``tril(phi(Q_t) phi(K_t)^T) V_t``, then ``S += phi(K_t)^T V_t``. **The grid is B * H * ceil(L / (C G))
-  programs: it grows linearly with L** (B=4, H=8, L=16K: 2048 programs of 256 rows; P = 1 is the
-  one-program-per-(b, h) scan). The shift of every chunk (running max) equals the sequential scan's.
-* backward (``jax.custom_vjp``), recomputing features. Bidirectional: a query kernel (``dq``, and the
-  partial sums ``dS, dz`` and ``dW`` over its queries) and a key kernel (``dk, dv`` and ``dW``). Causal,
-  both on grid ``(B, H, P)``: a forward scan per segment for ``dq`` from the forward's segment prefix
-  (also returning the segment's query sums ``sum phi(Q)^T gN``, ``sum phi(Q)^T gD``), an exclusive
-  suffix ``_segment_scan`` of those, and a reverse scan per segment for ``dk, dv`` from that suffix.
-  Extra memory: the segment states, ``B H P M dv`` floats (residuals of the backward).
+* backward (``jax.custom_vjp``), recomputing features: a query kernel (``dq``, and the partial sums
+  ``dS, dz`` and ``dW`` over its queries) and a key kernel (``dk, dv`` and ``dW``).
+
+No causal form: a chunked causal kernel would need each row's own running key max as its shift (what
+``linear.linear_attention(key_shift=)`` does); one shift per chunk lets a later key of the chunk
+underflow an earlier row. ``feature_attention(causal=True)`` is refused; causal attention runs on XLA.
 
 Stabilizer (why it cancels). With ``l_r(x)`` the log-magnitude of feature r (``w_r.x - |x|^2/2`` for exp,
 ``|x|^2/2`` for trig), keys are shifted per feature by a running max ``beta_r`` over the valid keys seen
@@ -45,15 +34,11 @@ so far, queries get the compensating ``+beta_r`` and then a per-row max ``a_i``:
 (``t_r`` = 1 or the cosine, ``s, s'`` the quadrature scales). Every product ``phi(q_i)_r phi(k_j)_r`` is the
 exact one times ``exp(-a_i)``: one factor per query row, common to its numerator and normalizer, so it
 cancels. When ``beta`` grows (flash-attention style) the accumulated state is rescaled row-wise by
-``exp(beta_old - beta_new) <= 1``. All exponents are ``<= 0`` (no overflow). Bidirectional, ``beta`` is
+``exp(beta_old - beta_new) <= 1``. All exponents are ``<= 0`` (no overflow). ``beta`` is
 the max over all valid keys, so for positive features ``a_i = max_{j,r} (l_r(q_i) + l_r(k_j))`` and the
 largest term of every normalizer is exactly one weight ``c_r``: the normalizer cannot underflow however
 large the input norms (the prototype's fixed bound ``w.k - |k|^2/2 <= |w|^2/2`` and components.py's
-single key max can). Causal, ``beta`` is the running max up to the end of the row's chunk, so keys
-later in the same chunk enter it: a row whose visible keys all lie more than ~87 (in log-magnitude)
-below a later in-chunk key underflows (finite: the eps guard then gives 0). The XLA causal path shifts
-each row by the running max over its own keys instead and has no such rows (docs/pallas.md,
-"Stabilizer"); these kernels keep the per-chunk shift. Bidirectional, the normalizer is never smaller
+single key max can). The normalizer is never smaller
 than the XLA path's (``a_i <= max_r l_r(q_i) + max_{j,r} l_r(k_j)``, the XLA shift). For
 trig ``l_r`` does not depend on r and this is exactly components.py's convention. Masked keys and
 padded feature columns are excluded from the maxima (a finite ``-1e30`` stands for -inf, so no
@@ -63,10 +48,8 @@ components.py.
 Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``[.]`` an indicator):
 
     gN_i = g_i / D~_i,    gD_i = -[|D_i| >= eps] (g_i . out_i) / D~_i
-    bidirectional:  dphi(q_i) = S gN_i + z gD_i,   dS = sum_i phi(q_i) gN_i^T,   dz = sum_i phi(q_i) gD_i,
-                    dphi(k_j) = dS v_j + dz,        dv_j = dS^T phi(k_j)
-    causal: the same with S, z the prefix sums over j <= i and dS, dz the suffix sums over i >= j
-            (one running state in each direction; the in-chunk part is the masked C x C product).
+    dphi(q_i) = S gN_i + z gD_i,   dS = sum_i phi(q_i) gN_i^T,   dz = sum_i phi(q_i) gD_i,
+    dphi(k_j) = dS v_j + dz,        dv_j = dS^T phi(k_j)
     features (u = dphi * phi, elementwise; s the scale of that side):
       exp:  dx = u W - (sum_r u_r) x,                    dW += u^T x
       trig: dp = -dphi * s * exp(l - shift) * sin(p),    dx = dp W + (sum_r u_r) x,   dW += dp^T x
@@ -75,21 +58,12 @@ Gradients (per batch element and head; ``D~ = safe(D)``, ``g_i = dl/dout_i``; ``
 
 Feature tiles. Every grid has a last axis over tiles of ``block_m`` feature columns: a
 program holds only its tile of W, the states and their gradients. Sums over features (numerator,
-normalizer, dq, dk, dv, the causal in-chunk scores) become per-tile partial sums merged by XLA; the
+normalizer, dq, dk, dv) become per-tile partial sums merged by XLA; the
 query row shift ``a_i`` is per tile in the forward, merged as ``a = max_T a_T`` with factors
 ``exp(a_T - a) <= 1`` (flash-decoding), and kept as a residual so the backward recomputes the same
 features tile by tile. ``tiling()`` is the block table; ``fits()`` says whether the offline resource
 check (``kernelformer benchmark pallas-resources``) found every kernel of a case within an H100's
 registers (no spills) and shared memory.
-
-Value tiles (causal backward only). The causal backward grids' last axis runs over
-(feature tile, value tile) pairs: a program holds ``block_v`` columns of v, g and of the carried states
-``S, R``; contractions over dv (``gN V^T``, ``gN S^T``, ``V R^T``) become partial sums over value
-tiles, and since dq, dk, dW, ds are linear in ``dphi`` XLA sums the tiles' shares; the normalizer's
-terms (``gD``, ``z``, ``r``) are added by the first value tile only (``_first_v``). With d above one
-column chunk these kernels also form both projections in one pass over d's chunks and store dq / dk
-per chunk (``_pair_log_magnitudes``, ``_tile_grad_store``), so no ``[C, d]`` block is held across a
-step. Both took the last spilling kernels to zero spills on sm_90a (docs/pallas.md, "Resources").
 
 Numerics. Features and every accumulation are float32. The exponent ``x W^T`` is always a float32-accurate
 dot (an error there is a relative error of the feature): 'highest' in interpret mode, Triton's tf32x3
@@ -106,7 +80,7 @@ lower to Triton IR (``jax.export`` for platform 'cuda') and an offline ptxas che
 an H100 (docs/pallas.md, "Resources"). On an H100 (jax 0.11.2) they compiled, matched the XLA path in
 the cases checked, and were slower than the XLA path at every length timed (1.2-1.5x forward,
 1.9-2.8x forward+backward; docs/benchmarks.md, "GPU"); that run predates the register work
-(chunked projections, value tiles), which has not been timed on a GPU. So ``impl='auto'`` keeps the
+(chunked projections), which has not been timed on a GPU. So ``impl='auto'`` keeps the
 XLA path (kernelformer/pallas/validated.py). The Mosaic TPU backend is not supported (docs/pallas.md).
 """
 from __future__ import annotations
@@ -129,7 +103,6 @@ _NEG = -1e30                        # a finite -inf: max/shift arithmetic never 
 _MIN_TILE = 16                      # Triton's smallest dot operand side
 _TARGET_PROGRAMS = 256              # split heuristic: about two waves on a 132-SM GPU (not tuned)
 _K_CHUNK = 16                       # column chunk of the x W^T contraction (see _projection)
-_CAUSAL_CHUNKS_PER_PROGRAM = 4      # causal segment G (chunks per program): grid B*H*ceil(L/(C*G))
 # ``pl.squeezed`` (newer JAX) and ``None`` (older) both mean "block of size 1, dimension dropped".
 _SQ = getattr(pl, 'squeezed', None)
 _HIGHEST = lax.Precision.HIGHEST
@@ -140,7 +113,6 @@ class _Config:
   """Static configuration of one call (hashable: it is a ``nondiff_argnums`` of the custom VJP)."""
 
   kind: str
-  causal: bool
   block_q: int
   block_k: int
   inner_q: int       # query chunks per program in the backward query kernel (bidirectional)
@@ -153,7 +125,6 @@ class _Config:
   block_m: int = 0   # feature columns per program (the M tile); 0 = all of them
   m_tiles: int = 1   # programs along the feature axis; > 1: outputs are partial sums merged by XLA
   k_chunk: int = 0   # x W^T summed over column chunks of this width when d exceeds it (0 = whole)
-  v_tiles: int = 1   # causal backward: programs along the value columns (dv / block_v); see _first_v
 
   @property
   def projected(self) -> bool:
@@ -216,31 +187,10 @@ def _projection(cfg: _Config, x: Array, w: Array, src=None) -> Array:
   return proj
 
 
-def _chunked(cfg: _Config, src, d: int) -> bool:
-  """Whether the lean form applies: ``src = (x_ref, rows, w_ref, True)`` and d above ``k_chunk``."""
-  return src is not None and len(src) > 3 and src[3] and bool(cfg.k_chunk) and d > cfg.k_chunk
-
-
 def _log_magnitude(cfg: _Config, x: Array, w: Array, theta: Array, src=None):
-  """``(l [C, M], phase [C, M] or None)`` for a chunk ``x [C, d]`` (projected kinds).
-
-  Lean ``src`` (causal backward): ``|x|^2`` is summed over the same column chunks as the projection,
-  so the whole ``[C, d]`` row block is not held while the features are formed."""
-  if _chunked(cfg, src, x.shape[1]):
-    x_ref, rows, w_ref = src[:3]
-    proj, half_sq = None, None
-    for c0 in range(0, x.shape[1], cfg.k_chunk):
-      cols = pl.ds(c0, cfg.k_chunk)
-      xc = x_ref[rows, cols].astype(jnp.float32)
-      part = _dot(cfg, xc, w_ref[:, cols].astype(jnp.float32), 'nt', exact=True)
-      sq = jnp.sum(xc * xc, axis=1, keepdims=True)
-      proj = part if proj is None else proj + part
-      half_sq = sq if half_sq is None else half_sq + sq
-    half_sq = 0.5 * half_sq
-  else:
-    proj = _projection(cfg, x, w, src if src is None else src[:3])
-    half_sq = 0.5 * jnp.sum(x * x, axis=1, keepdims=True)
-  return _log_magnitude_of(cfg, proj, half_sq, theta)
+  """``(l [C, M], phase [C, M] or None)`` for a chunk ``x [C, d]`` (projected kinds)."""
+  proj = _projection(cfg, x, w, src)
+  return _log_magnitude_of(cfg, proj, 0.5 * jnp.sum(x * x, axis=1, keepdims=True), theta)
 
 
 def _log_magnitude_of(cfg: _Config, proj: Array, half_sq: Array, theta: Array):
@@ -271,42 +221,22 @@ def _plain_tile(cfg: _Config, x: Array, s: Array, valid: Optional[Array] = None)
   return _Tile(s[None, :] * ehat, ehat, None, None)
 
 
-def _pair_log_magnitudes(cfg: _Config, q_ref, k_ref, rows, w_ref, theta, d: int):
-  """Causal backward (lean): ``(l, phase)`` of the query and the key chunk at ``rows`` in one pass over
-  the column chunks of d, each chunk of W loaded once for both projections; None where not lean
-  (elu / relu, or d within one chunk)."""
-  if not (cfg.projected and _chunked(cfg, (None, None, None, True), d)):
-    return None, None
-  acc = [None] * 4      # proj_q, |q|^2, proj_k, |k|^2
-  for c0 in range(0, d, cfg.k_chunk):
-    cols = pl.ds(c0, cfg.k_chunk)
-    wc = w_ref[:, cols].astype(jnp.float32)
-    parts = []
-    for x_ref in (q_ref, k_ref):
-      xc = x_ref[rows, cols].astype(jnp.float32)
-      parts += [_dot(cfg, xc, wc, 'nt', exact=True), jnp.sum(xc * xc, axis=1, keepdims=True)]
-    acc = [p if a is None else a + p for a, p in zip(acc, parts)]
-  return (_log_magnitude_of(cfg, acc[0], 0.5 * acc[1], theta),
-          _log_magnitude_of(cfg, acc[2], 0.5 * acc[3], theta))
-
-
-def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s, src=None, lm=None):
-  """``l`` of a key chunk with masked keys and zero-weight columns set to ``_NEG``; and the phase.
-  ``lm``: ``(l, phase)`` already formed (``_pair_log_magnitudes``)."""
-  lg, phase = lm if lm is not None else _log_magnitude(cfg, x, w, theta, src)
+def _key_log_magnitude(cfg: _Config, x, valid, w, theta, s, src=None):
+  """``l`` of a key chunk with masked keys and zero-weight columns set to ``_NEG``; and the phase."""
+  lg, phase = _log_magnitude(cfg, x, w, theta, src)
   ok = valid[:, None] & (s != 0)[None, :]
   return jnp.where(ok, lg, _NEG), phase, ok
 
 
-def _key_tile(cfg: _Config, x, valid, w, theta, s, shift, src=None, lm=None) -> _Tile:
+def _key_tile(cfg: _Config, x, valid, w, theta, s, shift, src=None) -> _Tile:
   """Key features with the per-feature shift ``shift [M]`` (the running max the forward used)."""
   if not cfg.projected:
     return _plain_tile(cfg, x, s, valid)
-  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s, src, lm)
+  lg, phase, ok = _key_log_magnitude(cfg, x, valid, w, theta, s, src)
   return _finish(cfg, lg - shift[None, :], phase, s, ok)
 
 
-def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None, lm=None):
+def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None):
   """Query features: ``l + shift`` (the keys' shift, compensated) minus a per-row shift ``a``.
 
   ``row_shift=None`` (forward): ``a`` is the max of ``l + shift`` over this tile's columns, returned
@@ -315,7 +245,7 @@ def _query_tile(cfg: _Config, x, w, theta, s, shift, row_shift=None, src=None, l
   """
   if not cfg.projected:
     return _plain_tile(cfg, x, s), jnp.zeros((x.shape[0],), jnp.float32)
-  lg, phase = lm if lm is not None else _log_magnitude(cfg, x, w, theta, src)
+  lg, phase = _log_magnitude(cfg, x, w, theta, src)
   ok = (s != 0)[None, :]
   u = jnp.where(ok, lg + shift[None, :], _NEG)
   a = jnp.max(u, axis=1) if row_shift is None else row_shift
@@ -355,51 +285,6 @@ def _tile_grad(cfg: _Config, dphi: Array, tile: _Tile, x: Array, w, s: Array):
     # For x <= 0, elu(x) + 1 = exp(x) = ehat is its own derivative.
     return dphi * s[None, :] * jnp.where(x > 0, 1.0, tile.ehat), None, ds
   return dphi * s[None, :] * (x > 0).astype(jnp.float32), None, ds
-
-
-def _tile_grad_store(cfg: _Config, dphi: Array, tile: _Tile, x: Array, w, s: Array, src, dx_ref):
-  """``_tile_grad`` that stores ``dx`` into ``dx_ref[rows]``; returns ``(dW, ds)``.
-
-  Lean ``src`` (causal backward, projected kinds, d above ``k_chunk``): ``dx = a W + c x`` is formed
-  and stored per column chunk of d from W and x chunks loaded from the refs (no ``[C, d]`` result,
-  no whole W operand in registers); ``dW = a^T x`` takes x reloaded whole just for that dot."""
-  rows = src[1]
-  if not (cfg.projected and _chunked(cfg, src, x.shape[1])):
-    dx, dw, ds = _tile_grad(cfg, dphi, tile, x, w, s)
-    dx_ref[rows, :] = dx.astype(dx_ref.dtype)
-    return dw, ds
-  x_ref, _, w_ref = src[:3]
-  ds = jnp.sum(dphi * tile.ehat, axis=0)
-  if cfg.kind == 'exp':
-    a = dphi * tile.phi
-    coef = -jnp.sum(a, axis=1, keepdims=True)
-  else:
-    coef = jnp.sum(dphi * tile.phi, axis=1, keepdims=True)
-    a = -dphi * s[None, :] * tile.mag * jnp.sin(tile.phase)
-  for c0 in range(0, x.shape[1], cfg.k_chunk):
-    cols = pl.ds(c0, cfg.k_chunk)
-    dx = (_dot(cfg, a, w_ref[:, cols].astype(jnp.float32), 'nn', exact=True)
-          + coef * x_ref[rows, cols].astype(jnp.float32))
-    dx_ref[rows, cols] = dx.astype(dx_ref.dtype)
-  return _dot(cfg, a, x_ref[rows, :].astype(jnp.float32), 'tn', exact=True), ds
-
-
-def _tril(c: int) -> Array:
-  return lax.broadcasted_iota(jnp.int32, (c, c), 0) >= lax.broadcasted_iota(jnp.int32, (c, c), 1)
-
-
-def _first_v(cfg: _Config):
-  """Causal backward with value tiles: whether this program holds the first tile of value columns.
-
-  With ``v_tiles > 1`` the causal backward grid's last axis runs over (feature tile, value tile)
-  pairs and each program sees only ``block_v`` columns of v, g and the states ``S, R``. Everything
-  that contracts over dv (``gN V^T``, ``gN S^T``, ``V R^T``) is then a partial sum over value tiles,
-  and dq, dk, dW, ds are linear in ``dphi``: XLA sums them. The normalizer's terms (``gD``, ``z``,
-  ``r``) do not depend on the value columns: only the first value tile adds them. None: one tile.
-  """
-  if cfg.v_tiles == 1:
-    return None
-  return lax.rem(pl.program_id(3), cfg.v_tiles) == 0
 
 
 def _proj_params(w_ref, th_ref):
@@ -469,51 +354,6 @@ def _fwd_q_kernel(cfg: _Config, q_ref, w_ref, th_ref, s_ref, beta_ref, kv_ref, k
   o_ref[...] = _out_value(cfg, num, den, o_ref.dtype)
   den_ref[...] = den
   a_ref[...] = a
-
-
-def _fwd_causal_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, w_ref, th_ref, sq_ref, sk_ref,
-                       kv0_ref, ks0_ref, m0_ref, o_ref, den_ref, a_ref, m_ref):
-  """Chunked causal linear attention over one segment and feature tile of one (b, h); stores every
-  chunk's running max and every row's shift ``a``.
-
-  The scan starts from the segment's prefix state ``(kv0, ks0)`` relative to ``m0`` (the keys of all
-  earlier segments, merged by ``_segment_scan``; zeros and ``_NEG`` for the first segment).
-  """
-  w, theta = _proj_params(w_ref, th_ref)
-  sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
-  c = cfg.block_k
-  n_chunks = m_ref.shape[0]
-  tril = _tril(c)
-
-  def body(t, carry):
-    kv, ks, m = carry
-    sl = pl.ds(pl.multiple_of(t * c, c), c)
-    xq = q_ref[sl, :].astype(jnp.float32)
-    xk = k_ref[sl, :].astype(jnp.float32)
-    vt = v_ref[sl, :]
-    valid = mask_ref[sl] > 0
-    if cfg.projected:
-      lg, phase, ok = _key_log_magnitude(cfg, xk, valid, w, theta, sk, (k_ref, sl, w_ref))
-      m_new = jnp.maximum(m, jnp.max(lg, axis=0))
-      alpha = jnp.exp(m - m_new)
-      kv, ks = kv * alpha[:, None], ks * alpha
-      tk = _finish(cfg, lg - m_new[None, :], phase, sk, ok)
-    else:
-      m_new, tk = m, _plain_tile(cfg, xk, sk, valid)
-    tq, a = _query_tile(cfg, xq, w, theta, sq, m_new, src=(q_ref, sl, w_ref))
-    att = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
-    num = _dot(cfg, tq.phi, kv, 'nn') + _dot(cfg, att, vt, 'nn')
-    den = jnp.sum(tq.phi * ks[None, :], axis=1) + jnp.sum(att, axis=1)
-    o_ref[sl, :] = _out_value(cfg, num, den, o_ref.dtype)
-    den_ref[sl] = den
-    a_ref[sl] = a
-    m_ref[t, :] = m_new
-    kv = kv + _dot(cfg, tk.phi, vt, 'tn')
-    ks = ks + jnp.sum(tk.phi, axis=0)
-    return kv, ks, m_new
-
-  init = (kv0_ref[...], ks0_ref[...], m0_ref[...])
-  lax.fori_loop(0, n_chunks, body, init)
 
 
 def _bwd_q_kernel(cfg: _Config, q_ref, go_ref, den_ref, a_ref, g_ref, w_ref, th_ref, s_ref, beta_ref,
@@ -589,136 +429,6 @@ def _bwd_k_kernel(cfg: _Config, k_ref, v_ref, mask_ref, w_ref, th_ref, s_ref, be
     ds_ref[...] = ds
 
 
-def _bwd_causal_q_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, den_ref, a_ref, g_ref,
-                         w_ref, th_ref, sq_ref, sk_ref, m_ref, kv0_ref, ks0_ref, m0_ref,
-                         dq_ref, dw_ref, ds_ref, pkv_ref, pks_ref):
-  """Causal backward, forward scan over one segment and feature tile: ``dphi(q_i) = S_i gN_i + z_i gD_i``.
-
-  Starts from the forward's segment prefix ``(kv0, ks0, m0)``. Also returns the segment's query-side
-  sums for the key kernels' suffix states, relative to its first chunk's shift ``m_a``:
-  ``P = sum_t exp(m_a - m_t) phi(Q_t)^T gN_t`` and ``p = sum_t exp(m_a - m_t) phi(Q_t)^T gD_t``.
-  """
-  w, theta = _proj_params(w_ref, th_ref)
-  sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
-  c = cfg.block_k
-  n_chunks, nm = m_ref.shape
-  dv = v_ref.shape[-1]
-  d = q_ref.shape[-1]
-  tril = _tril(c)
-
-  m_first = m_ref[0, :]
-  first = _first_v(cfg)
-
-  def body(t, carry):
-    kv, ks, m_prev, dw, ds, pkv, pks = carry
-    sl = pl.ds(pl.multiple_of(t * c, c), c)
-    xq = q_ref[sl, :].astype(jnp.float32)
-    xk = k_ref[sl, :].astype(jnp.float32)
-    vt = v_ref[sl, :]
-    valid = mask_ref[sl] > 0
-    m_t = m_ref[t, :]
-    alpha = jnp.exp(m_prev - m_t)       # the forward's rescaling, from its stored maxima
-    # W reloaded per chunk (only the non-lean paths use it: d within one column chunk).
-    w = None if w_ref is None else w_ref[...].astype(jnp.float32)
-    kv, ks = kv * alpha[:, None], ks * alpha
-    lm_q, lm_k = _pair_log_magnitudes(cfg, q_ref, k_ref, sl, w_ref, theta, q_ref.shape[-1])
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True), lm_k)
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True), lm_q)
-    gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
-                           go_ref[sl], den_ref[sl])
-    if first is not None:
-      gd = jnp.where(first, gd, 0.0)
-    cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)   # dl/d(phi_q_i . phi_k_j)
-    dphi = _dot(cfg, gn, kv, 'nt') + gd[:, None] * ks[None, :] + _dot(cfg, cm, tk.phi, 'nn')
-    # The state updates first: gN, V and phi(K_t) are dead before dq's column chunks are formed.
-    kv = kv + _dot(cfg, tk.phi, vt, 'tn')
-    ks = ks + jnp.sum(tk.phi, axis=0)
-    back = jnp.exp(m_first - m_t)       # <= 1: chunk t's query sums relative to the segment's start
-    pkv = pkv + back[:, None] * _dot(cfg, tq.phi, gn, 'tn')
-    pks = pks + back * jnp.sum(tq.phi * gd[:, None], axis=0)
-    dw_t, ds_t = _tile_grad_store(cfg, dphi, tq, xq, w, sq, (q_ref, sl, w_ref, True), dq_ref)
-    if cfg.projected:
-      dw = dw + dw_t
-    return kv, ks, m_t, dw, ds + ds_t, pkv, pks
-
-  init = (kv0_ref[...], ks0_ref[...], m0_ref[...],
-          jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
-          jnp.zeros((nm,), jnp.float32),
-          jnp.zeros((nm, dv), jnp.float32), jnp.zeros((nm,), jnp.float32))
-  _, _, _, dw, ds, pkv, pks = lax.fori_loop(0, n_chunks, body, init)
-  pkv_ref[...] = pkv
-  pks_ref[...] = pks
-  if cfg.projected:
-    dw_ref[...] = dw
-    ds_ref[...] = ds
-
-
-def _bwd_causal_k_kernel(cfg: _Config, q_ref, k_ref, v_ref, mask_ref, go_ref, den_ref, a_ref, g_ref,
-                         w_ref, th_ref, sq_ref, sk_ref, m_ref, rkv0_ref, rks0_ref, mnext_ref,
-                         dk_ref, dv_ref, dw_ref, ds_ref):
-  """Causal backward, reverse scan over one segment and feature tile: ``dphi(k_j) = R_j v_j + r_j``,
-  ``dv_j = R_j^T phi(k_j)`` (the tile's share of ``dk, dv``).
-
-  Starts from the suffix state of all later segments ``(rkv0, rks0)``, relative to ``mnext`` (the shift
-  of the next segment's first chunk; zeros for the last segment).
-
-  ``R_j = sum_{i >= j} phi(q_i) gN_i^T`` and ``r_j = sum_{i >= j} phi(q_i) gD_i`` are suffix states kept
-  relative to the current chunk's key shift: stepping from chunk t+1 back to t rescales them by
-  ``exp(m_t - m_{t+1}) <= 1`` (each row i's pair (phi_k, gN_i) carries opposite shifts).
-  """
-  w, theta = _proj_params(w_ref, th_ref)
-  sq, sk = sq_ref[...].astype(jnp.float32), sk_ref[...].astype(jnp.float32)
-  c = cfg.block_k
-  n_chunks, nm = m_ref.shape
-  d = k_ref.shape[-1]
-  tril = _tril(c)
-  first = _first_v(cfg)
-
-  def body(i, carry):
-    r_kv, r_ks, m_next, dw, ds = carry
-    t = n_chunks - 1 - i
-    sl = pl.ds(pl.multiple_of(t * c, c), c)
-    xq = q_ref[sl, :].astype(jnp.float32)
-    xk = k_ref[sl, :].astype(jnp.float32)
-    vt = v_ref[sl, :]
-    valid = mask_ref[sl] > 0
-    m_t = m_ref[t, :]
-    alpha = jnp.exp(m_t - m_next)
-    # W reloaded per chunk (only the non-lean paths use it: d within one column chunk).
-    w = None if w_ref is None else w_ref[...].astype(jnp.float32)
-    r_kv, r_ks = r_kv * alpha[:, None], r_ks * alpha
-    lm_q, lm_k = _pair_log_magnitudes(cfg, q_ref, k_ref, sl, w_ref, theta, q_ref.shape[-1])
-    tk = _key_tile(cfg, xk, valid, w, theta, sk, m_t, (k_ref, sl, w_ref, True), lm_k)
-    tq, _ = _query_tile(cfg, xq, w, theta, sq, m_t, a_ref[sl], (q_ref, sl, w_ref, True), lm_q)
-    gn, gd = _output_grads(cfg, g_ref[sl, :].astype(jnp.float32),
-                           go_ref[sl], den_ref[sl])
-    if first is not None:
-      gd = jnp.where(first, gd, 0.0)
-    cm = jnp.where(tril, _dot(cfg, gn, vt, 'nt') + gd[:, None], 0.0)
-    dphi = _dot(cfg, vt, r_kv, 'nt') + r_ks[None, :] + _dot(cfg, cm, tq.phi, 'tn')
-    dphi = jnp.where(valid[:, None], dphi, 0.0)
-    att = jnp.where(tril, _dot(cfg, tq.phi, tk.phi, 'nt'), 0.0)
-    dv_t = _dot(cfg, tk.phi, r_kv, 'nn') + _dot(cfg, att, gn, 'tn')
-    dv_ref[sl, :] = dv_t.astype(dv_ref.dtype)
-    dw_t, ds_t = _tile_grad_store(cfg, dphi, tk, xk, w, sk, (k_ref, sl, w_ref, True), dk_ref)
-    r_kv = r_kv + _dot(cfg, tq.phi, gn, 'tn')
-    r_ks = r_ks + jnp.sum(tq.phi * gd[:, None], axis=0)
-    if cfg.projected:
-      dw = dw + dw_t
-    return r_kv, r_ks, m_t, dw, ds + ds_t
-
-  rks0 = rks0_ref[...]
-  if first is not None:
-    rks0 = jnp.where(first, rks0, 0.0)
-  init = (rkv0_ref[...], rks0, mnext_ref[...],
-          jnp.zeros((nm, d) if cfg.projected else (1, 1), jnp.float32),
-          jnp.zeros((nm,), jnp.float32))
-  _, _, _, dw, ds = lax.fori_loop(0, n_chunks, body, init)
-  if cfg.projected:
-    dw_ref[...] = dw
-    ds_ref[...] = ds
-
-
 # ------------------------------------------------------------------------------------------------
 # pallas_call plumbing.
 # ------------------------------------------------------------------------------------------------
@@ -776,29 +486,14 @@ def _f32(shape):
 
 
 class _Specs:
-  """Operand specs on the grid ``(B, H, S, T)``: S programs along the sequence (splits, segments or
-  query chunks), T feature tiles of ``cfg.block_m`` columns. Index maps receive ``(i, j, s, t)``.
+  """Operand specs on the grid ``(B, H, S, T)``: S programs along the sequence (splits or query
+  chunks), T feature tiles of ``cfg.block_m`` columns. Index maps receive ``(i, j, s, t)``."""
 
-  ``v_tiles > 1`` (causal backward only): the last axis runs over T x V (feature tile, value tile)
-  pairs, ``t = f V + u``; a program holds feature tile ``f`` and value columns ``[u bv, (u + 1) bv)``
-  of v, g and the states (``bv = dv / V``). Gradient outputs then get partial sums over value tiles.
-  """
-
-  def __init__(self, cfg: _Config, rows: int, v_tiles: int = 1):
-    self.cfg, self.rows, self.mt, self.vt = cfg, rows, cfg.block_m, v_tiles
-
-  def _f(self, t):                    # feature tile of grid index t
-    return t if self.vt == 1 else t // self.vt
-
-  def _u(self, t):                    # value tile of grid index t
-    return 0 if self.vt == 1 else lax.rem(t, self.vt)
+  def __init__(self, cfg: _Config, rows: int):
+    self.cfg, self.rows, self.mt = cfg, rows, cfg.block_m
 
   def seq(self, x, width):            # [B, L, H, w]: the program's rows
     return (x, (None, self.rows, None, width), lambda i, j, s, t: (i, s, j, 0))
-
-  def vseq(self, x, width):           # [B, L, H, dv]: the program's rows and value tile
-    bv = width // self.vt
-    return (x, (None, self.rows, None, bv), lambda i, j, s, t: (i, s, j, self._u(t)))
 
   @property
   def _col_tiles(self) -> bool:
@@ -808,18 +503,14 @@ class _Specs:
 
   def x(self, x, width):              # q or k as the features read it: all d, or the tile's columns
     if self._col_tiles:
-      return (x, (None, self.rows, None, self.mt), lambda i, j, s, t: (i, s, j, self._f(t)))
+      return (x, (None, self.rows, None, self.mt), lambda i, j, s, t: (i, s, j, t))
     return self.seq(x, width)
 
   def x_out(self, shape, dtype):
-    """dq or dk: per tile partial sums (``seq_out``), or for column tiles the tile's own columns
-    (with value tiles: ``[V, B, L, H, d]`` float32 partial sums over them)."""
+    """dq or dk: per tile partial sums (``seq_out``), or for column tiles the tile's own columns."""
     if self._col_tiles:
-      if self.vt == 1:
-        return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, self.mt),
-                lambda i, j, s, t: (i, s, j, t))
-      return (_f32((self.vt,) + tuple(shape)), (None, None, self.rows, None, self.mt),
-              lambda i, j, s, t: (self._u(t), i, s, j, self._f(t)))
+      return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, self.mt),
+              lambda i, j, s, t: (i, s, j, t))
     return self.seq_out(shape, dtype)
 
   def rowvec(self, x):                # [B, L, H]: den, row shift
@@ -831,52 +522,29 @@ class _Specs:
   def params(self, w, theta, scale):
     """W [H, M', d], theta [M'], a scale [H, M']: the program's feature tile (W, theta None for elu /
     relu)."""
-    mt, f = self.mt, self._f
-    return [(w, (None, mt, w.shape[-1]) if w is not None else None,
-             lambda i, j, s, t: (j, f(t), 0)),
-            (theta, (mt,), lambda i, j, s, t: (f(t),)),
-            (scale, (None, mt), lambda i, j, s, t: (j, f(t)))]
+    mt = self.mt
+    return [(w, (None, mt, w.shape[-1]) if w is not None else None, lambda i, j, s, t: (j, t, 0)),
+            (theta, (mt,), lambda i, j, s, t: (t,)),
+            (scale, (None, mt), lambda i, j, s, t: (j, t))]
 
   def state(self, x, width=0):        # [B, H, S, M'(, w)]: per program and tile
-    f = self._f
     if width:
-      return (x, (None, None, None, self.mt, width), lambda i, j, s, t: (i, j, s, f(t), 0))
-    return (x, (None, None, None, self.mt), lambda i, j, s, t: (i, j, s, f(t)))
-
-  def vstate(self, x, width):         # [B, H, S, M', dv]: the tile's rows and value columns
-    return (x, (None, None, None, self.mt, width // self.vt),
-            lambda i, j, s, t: (i, j, s, self._f(t), self._u(t)))
+      return (x, (None, None, None, self.mt, width), lambda i, j, s, t: (i, j, s, t, 0))
+    return (x, (None, None, None, self.mt), lambda i, j, s, t: (i, j, s, t))
 
   def merged(self, x, width=0):       # [B, H, M'(, w)]: one per (b, h), the tile's columns
-    f = self._f
     if width:
-      return (x, (None, None, self.mt, width), lambda i, j, s, t: (i, j, f(t), 0))
-    return (x, (None, None, self.mt), lambda i, j, s, t: (i, j, f(t)))
-
-  def chunk_shifts(self, x, inner):   # [B, H, N, M']: the segment's chunks' maxima, tile columns
-    return (x, (None, None, inner, self.mt), lambda i, j, s, t: (i, j, s, self._f(t)))
+      return (x, (None, None, self.mt, width), lambda i, j, s, t: (i, j, t, 0))
+    return (x, (None, None, self.mt), lambda i, j, s, t: (i, j, t))
 
   def seq_out(self, shape, dtype):
-    """[B, L, H, w] in ``dtype``, or with several programs per row block (feature tiles x value
-    tiles) [T V, B, L, H, w] float32 partial sums."""
+    """[B, L, H, w] in ``dtype``, or with several feature tiles [T, B, L, H, w] float32 partial sums."""
     b, l, h, width = shape
-    n = self.cfg.m_tiles * self.vt
-    if n == 1:
+    if self.cfg.m_tiles == 1:
       return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, width),
               lambda i, j, s, t: (i, s, j, 0))
-    return (_f32((n, b, l, h, width)), (None, None, self.rows, None, width),
+    return (_f32((self.cfg.m_tiles, b, l, h, width)), (None, None, self.rows, None, width),
             lambda i, j, s, t: (t, i, s, j, 0))
-
-  def vseq_out(self, shape, dtype):
-    """dv [B, L, H, dv]: the program's value tile; several feature tiles: [T, B, L, H, dv] float32
-    partial sums over them."""
-    b, l, h, width = shape
-    bv = width // self.vt
-    if self.cfg.m_tiles == 1:
-      return (jax.ShapeDtypeStruct(shape, dtype), (None, self.rows, None, bv),
-              lambda i, j, s, t: (i, s, j, self._u(t)))
-    return (_f32((self.cfg.m_tiles, b, l, h, width)), (None, None, self.rows, None, bv),
-            lambda i, j, s, t: (self._f(t), i, s, j, self._u(t)))
 
   def rowvec_out(self, shape):
     """[B, L, H] float32, or per tile [T, B, L, H]."""
@@ -886,23 +554,10 @@ class _Specs:
             lambda i, j, s, t: (t, i, s, j))
 
   def state_out(self, b, h, n, nm, width=0, keep=True):
-    """[B, H, S, M'(, w)] float32 per program (None where ``keep`` is False: elu / relu dW); with
-    value tiles [V, B, H, S, M'(, w)], partial sums over them (``_v_sum``)."""
+    """[B, H, S, M'(, w)] float32 per program (None where ``keep`` is False: elu / relu dW)."""
     shape = (b, h, n, nm) + ((width,) if width else ())
     _, block, index = self.state(None, width)
-    if self.vt > 1:
-      shape, block = (self.vt,) + shape, (None,) + block
-      index = lambda i, j, s, t, _ix=index: (self._u(t),) + _ix(i, j, s, t)
     return (_f32(shape) if keep else None, block, index)
-
-  def vstate_out(self, b, h, n, nm, width):
-    """[B, H, S, M', dv] float32 per program: the tile's rows and value columns."""
-    return (_f32((b, h, n, nm, width)),) + self.vstate(None, width)[1:]
-
-
-def _v_sum(cfg: _Config, x):
-  """Sum of ``state_out``'s partials over value tiles (leading axis), or ``x`` for one tile."""
-  return x if x is None or cfg.v_tiles == 1 else jnp.sum(x, axis=0)
 
 
 def _tile_sum(x, dtype):
@@ -925,8 +580,6 @@ def _merge_rows(cfg: _Config, num, den, a, dtype):
 
 def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   """Runs the forward kernels on padded inputs; returns ``out`` and the residuals of the backward."""
-  if cfg.causal:
-    return _forward_causal(cfg, q, k, v, w, theta, sq, sk, mask)
   b, lq, h, d = q.shape
   lk = k.shape[1]
   dv = v.shape[-1]
@@ -960,81 +613,9 @@ def _forward(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
   return out, (q, k, v, w, theta, sq, sk, mask, out, den, a, beta, kv, ks)
 
 
-def _merge(a, b):
-  """Associative merge of two states kept relative to per-feature references (value = X exp(ref)).
-
-  ``(S, z, r)`` stands for ``S exp(r)`` row-wise: both go to the larger reference with factors
-  ``exp(r_a - r) <= 1`` (flash-attention's rescaling, as a prefix-scan operator).
-  """
-  kva, ksa, ra = a
-  kvb, ksb, rb = b
-  r = jnp.maximum(ra, rb)
-  sa, sb = jnp.exp(ra - r), jnp.exp(rb - r)
-  return kva * sa[..., None] + kvb * sb[..., None], ksa * sa + ksb * sb, r
-
-
-def _segment_scan(kv, ks, ref, reverse: bool = False):
-  """Exclusive prefix (``reverse``: suffix) over segments (axis 2) of ``_merge``; log-depth in XLA.
-
-  Segment s gets the merge of segments ``< s`` (``> s``); the first (last) gets zeros with reference
-  ``_NEG``.
-  """
-  inc = lax.associative_scan(_merge, (kv, ks, ref), axis=2, reverse=reverse)
-  ident = (jnp.zeros_like(kv[:, :, :1]), jnp.zeros_like(ks[:, :, :1]),
-           jnp.full_like(ref[:, :, :1], _NEG))
-  if reverse:
-    return tuple(jnp.concatenate([x[:, :, 1:], i], axis=2) for x, i in zip(inc, ident))
-  return tuple(jnp.concatenate([i, x[:, :, :-1]], axis=2) for x, i in zip(inc, ident))
-
-
-def _causal_segments(cfg: _Config, length: int) -> tuple[int, int]:
-  """``(segments, chunks per segment)`` of a padded causal length."""
-  return length // (cfg.block_k * cfg.inner_k), cfg.inner_k
-
-
-def _forward_causal(cfg: _Config, q, k, v, w, theta, sq, sk, mask):
-  """Chunk-parallel causal forward: segment states, a prefix over segments, segment outputs.
-
-  (1) ``_fwd_kv_kernel`` on grid (B, H, P, T) -- P segments of G chunks, T feature tiles -- gives each
-  segment's key state relative to its own running max; (2) ``_segment_scan`` merges them into exclusive
-  prefixes; (3) ``_fwd_causal_kernel`` on grid (B, H, P, T) runs the chunked form over its segment from
-  its prefix (several tiles: partial numerators merged by ``_merge_rows``). With P = 1 (1) and (2) are
-  skipped.
-  """
-  b, length, h, d = q.shape
-  dv = v.shape[-1]
-  nm = sq.shape[-1]
-  tiles = cfg.m_tiles
-  n_seg, inner = _causal_segments(cfg, length)
-  sp = _Specs(cfg, cfg.block_k * inner)
-  w_in = w if cfg.projected else None
-  th_in = theta if cfg.projected else None
-  if n_seg > 1:
-    kv_p, ks_p, m_p = _pallas(
-        cfg, _fwd_kv_kernel, 'feature_attention_fwd_causal_states', (b, h, n_seg, tiles),
-        [sp.x(k, d), sp.seq(v, dv), sp.mask(mask), *sp.params(w_in, th_in, sk)],
-        [sp.state_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm),
-         sp.state_out(b, h, n_seg, nm)])
-    kv0, ks0, m0 = _segment_scan(kv_p, ks_p, m_p)
-  else:
-    kv0 = jnp.zeros((b, h, 1, nm, dv), jnp.float32)
-    ks0 = jnp.zeros((b, h, 1, nm), jnp.float32)
-    m0 = jnp.full((b, h, 1, nm), _NEG, jnp.float32)
-  out, den, a, m = _pallas(
-      cfg, _fwd_causal_kernel, 'feature_attention_fwd_causal', (b, h, n_seg, tiles),
-      [sp.x(q, d), sp.x(k, d), sp.seq(v, dv), sp.mask(mask),
-       *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2], sp.params(None, None, sk)[2],
-       sp.state(kv0, dv), sp.state(ks0), sp.state(m0)],
-      [sp.seq_out((b, length, h, dv), v.dtype), sp.rowvec_out((b, length, h)),
-       sp.rowvec_out((b, length, h)),
-       (_f32((b, h, n_seg * inner, nm)),) + sp.chunk_shifts(None, inner)[1:]])
-  out, den, a = _merge_rows(cfg, out, den, a, v.dtype)
-  return out, (q, k, v, w, theta, sq, sk, mask, out, den, a, m, (kv0, ks0, m0), None)
-
-
 def _backward(cfg: _Config, res, g):
   """Cotangents of (q, k, v, w, theta, sq, sk, mask); theta and mask get None (constants)."""
-  q, k, v, w, theta, sq, sk, mask, out, den, a, shift, kv, ks = res
+  q, k, v, w, theta, sq, sk, mask, out, den, a, beta, kv, ks = res
   b, lq, h, d = q.shape
   lk = k.shape[1]
   dv = v.shape[-1]
@@ -1046,51 +627,6 @@ def _backward(cfg: _Config, res, g):
   # g . out per row (the normalizer's cotangent needs only this reduction of the output).
   go = jnp.sum(g.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)
   proj = cfg.projected
-
-  if cfg.causal:
-    n_seg, inner = _causal_segments(cfg, lq)
-    sp = _Specs(cfg, cfg.block_k * inner, cfg.v_tiles)
-    grid = (b, h, n_seg, tiles * cfg.v_tiles)
-    kv0, ks0, m0 = kv
-    common = [
-        sp.x(q, d), sp.x(k, d), sp.vseq(v, dv), sp.mask(mask), sp.rowvec(go), sp.rowvec(den),
-        sp.rowvec(a), sp.vseq(g, dv),
-        *sp.params(w_in, th_in, sq)[:2], sp.params(None, None, sq)[2],
-        sp.params(None, None, sk)[2], sp.chunk_shifts(shift, inner)]
-    param_outs = [sp.state_out(b, h, n_seg, nm, d, keep=proj), sp.state_out(b, h, n_seg, nm, keep=proj)]
-    q_outs = _pallas(
-        cfg, _bwd_causal_q_kernel, 'feature_attention_bwd_causal_q', grid,
-        common + [sp.vstate(kv0, dv), sp.state(ks0), sp.state(m0)],
-        [sp.x_out(q.shape, q.dtype), *param_outs,
-         sp.vstate_out(b, h, n_seg, nm, dv), sp.state_out(b, h, n_seg, nm)])
-    q_outs[1:3] = [_v_sum(cfg, x) for x in q_outs[1:3]]
-    q_outs[4] = _v_sum(cfg, q_outs[4])      # the normalizer's sums: the first value tile's only
-    # Suffix states for the key kernels: segment s's query sums are relative to its first chunk's
-    # shift; merged over later segments (references -shift: a query carries +shift); segment s's
-    # reverse scan starts relative to the next segment's first shift.
-    m_seg = shift.reshape(b, h, n_seg, inner, nm)
-    first, last = m_seg[:, :, :, 0], m_seg[:, :, -1:, -1]
-    m_next = jnp.concatenate([first[:, :, 1:], last], axis=2)
-    if n_seg > 1:
-      # The merged reference is max_{u > s}(-first_u) = -first_{s+1} = -m_next (shifts never decrease),
-      # so the suffix is already relative to m_next: no rescaling (the last segment's is zero).
-      r_kv, r_ks, _ = _segment_scan(q_outs[3], q_outs[4], -first, reverse=True)
-    else:
-      r_kv, r_ks = jnp.zeros_like(q_outs[3]), jnp.zeros_like(q_outs[4])
-    k_outs = _pallas(
-        cfg, _bwd_causal_k_kernel, 'feature_attention_bwd_causal_k', grid,
-        common + [sp.vstate(r_kv, dv), sp.state(r_ks), sp.state(m_next)],
-        [sp.x_out(k.shape, k.dtype), sp.vseq_out(v.shape, v.dtype), *param_outs])
-    k_outs[2:4] = [_v_sum(cfg, x) for x in k_outs[2:4]]
-    dq, dk, dvv = (_tile_sum(q_outs[0], q.dtype), _tile_sum(k_outs[0], k.dtype),
-                   _tile_sum(k_outs[1], v.dtype))
-    if not proj:
-      return dq, dk, dvv, None, None, None, None, None
-    dw = jnp.sum(q_outs[1] + k_outs[2], axis=(0, 2))
-    dsq, dsk = jnp.sum(q_outs[2], axis=(0, 2)), jnp.sum(k_outs[3], axis=(0, 2))
-    return dq, dk, dvv, dw.astype(w.dtype), None, dsq, dsk, None
-
-  beta = shift
   splits_q = lq // (cfg.block_q * cfg.inner_q)
   splits_k = lk // (cfg.block_k * cfg.inner_k)
   spq = _Specs(cfg, cfg.block_q * cfg.inner_q)
@@ -1137,16 +673,15 @@ _core.defvjp(_core_fwd, _backward)
 # ------------------------------------------------------------------------------------------------
 
 class Tiling(NamedTuple):
-  """Launch configuration of one call: sequence block (causal: chunk), feature tile, Triton params."""
+  """Launch configuration of one call: sequence block, feature tile, Triton params."""
 
   block: int
   block_m: int
   num_warps: int
   num_stages: int
-  block_v: int = 0    # value columns per causal backward program (0 or dv: all of them)
 
 
-def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_dim: int,
+def tiling(feature: str, num_features: int, head_dim: int, value_dim: int,
            dtype) -> Tiling:
   """The block table: what ``feature_attention`` launches by default for padded sizes.
 
@@ -1156,29 +691,19 @@ def tiling(feature: str, causal: bool, num_features: int, head_dim: int, value_d
   spills, shared memory within the block limit in all 96 cases. ``fits()`` says whether a shape was
   measured as fitting. What sets the registers is the mma.sync operand layout: ~K/2 values per thread
   for an A operand of 16 rows by K, K*N/(32 x warps along N) for a B operand, twice that for tf32x3 --
-  so the feature tile (N), the chunked projection (K) and, in the causal backward, the value tile
-  ``block_v`` (K of the contractions over dv) matter, num_warps hardly. ``block_v`` is the value
-  columns per causal backward program (``value_dim``: one tile; bidirectional never tiles values).
+  so the feature tile (N) and the chunked projection (K) matter, num_warps hardly.
   """
   width = max(head_dim, value_dim)
   f32 = jnp.dtype(dtype) == jnp.float32
   if width > 64:
     block, block_m = 16, 16
-  elif causal:
-    block, block_m = 16, (16 if f32 or width <= 32 else 32)
   elif feature == 'trig':   # bf16 at 32-row blocks: ptxas held 128 registers and spilled
     block, block_m = 16, (32 if f32 and width > 32 else 16)
   else:     # float32 operands (tf32x3: two parts each) need the smaller query block
     block, block_m = (16 if f32 else 32), (16 if width <= 32 else 32)
   if feature not in _PROJECTED:             # elu / relu: M = d, tiles of q's own columns
-    block_m = 16 if causal else 32
-  block_v = value_dim
-  if causal and (width > 64 or f32):     # value tiles of the causal backward kernels
-    block_v = 32 if width == 64 else 16
-  # Causal trig bf16 d = 32: at 8 warps ptxas capped fwd_causal at 128 registers and spilled on sm_80.
-  warps = 4 if causal and feature == 'trig' and not f32 and width <= 32 else 8
-  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=warps, num_stages=1,
-                block_v=min(value_dim, block_v))
+    block_m = 32
+  return Tiling(block=block, block_m=min(num_features, block_m), num_warps=8, num_stages=1)
 
 
 def _pow2_at_least(n: int, floor: int = _MIN_TILE) -> int:
@@ -1202,21 +727,6 @@ def _splits(n_chunks: int, bh: int, requested: Optional[int]) -> tuple[int, int]
     raise ValueError(f'num_splits must be >= 1; got {want}')
   want = min(want, n_chunks)
   inner = -(-n_chunks // want)
-  return -(-n_chunks // inner), inner
-
-
-def _causal_split(n_chunks: int, requested: Optional[int]) -> tuple[int, int]:
-  """``(segments P, chunks per segment G)`` of the chunk-parallel causal kernels.
-
-  Default ``G = _CAUSAL_CHUNKS_PER_PROGRAM`` (so P = ceil(L / (C G)) grows with L); ``requested`` P
-  instead gives ``G = ceil(N / P)``. P = 1 is the sequential single-program scan.
-  """
-  if requested is not None and requested < 1:
-    raise ValueError(f'num_splits must be >= 1; got {requested}')
-  if requested is None:
-    inner = min(_CAUSAL_CHUNKS_PER_PROGRAM, n_chunks)
-  else:
-    inner = -(-n_chunks // min(requested, n_chunks))
   return -(-n_chunks // inner), inner
 
 
@@ -1247,18 +757,15 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
                       block_q: Optional[int] = None, block_k: Optional[int] = None,
                       num_splits: Optional[int] = None, interpret: Optional[bool] = None,
                       eps: float = 1e-6, block_m: Optional[int] = None,
-                      num_warps: Optional[int] = None, num_stages: Optional[int] = None,
-                      block_v: Optional[int] = None) -> Array:
+                      num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> Array:
   """Normalized random-feature attention in fused Pallas kernels (module docstring: design, math).
 
   Equals ``linear.linear_attention(*components.<map>(q, k, Projection(w, feature_weights)), v)`` per
-  head up to float32 rounding (bidirectional: where that path's normalizer does not underflow, this one
-  cannot; causal: where no row's visible keys lie ~87 below a later key of its chunk in log-magnitude,
-  module docstring).
+  head up to float32 rounding (where that path's normalizer does not underflow, this one cannot).
 
   Args:
     q: ``[B, L, H, d]`` queries, already scaled (d^-1/4) by the caller.
-    k: ``[B, S, H, d]`` keys, scaled alike (S = L when causal).
+    k: ``[B, S, H, d]`` keys, scaled alike.
     v: ``[B, S, H, dv]`` values; their dtype sets the output dtype and the matmul operand dtype.
     w: the dense projection, ``[H, M, d]`` or ``[M, d]`` shared by all heads (None for elu / relu).
       Differentiable: learnable spectral kernels train through it.
@@ -1267,13 +774,12 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
     feature_weights: quadrature weights c_r, ``[M]`` or ``[H, M]``; None = 1/M. Negative weights: sqrt|c|
       on both sides and the sign on the query side, as components.py.
     mask: ``[B, S]`` bool, True = real key; padded keys contribute nothing.
-    causal: position i attends to keys j <= i.
-    block_q: query rows per tile (bidirectional); a power of two >= 16.
-    block_k: key rows per tile; with ``causal`` the chunk length (block_q, if given, must match).
-    num_splits: programs per (batch, head). Bidirectional: in the reductions over keys (forward and
-      backward) and queries (backward); None = a heuristic aiming at ~256 programs. Causal: the number
-      of segments P the length is cut into (chunk-parallel kernels, grid ``(B, H, P)``); None =
-      ``ceil(L / (block_k * 4))``, so the grid grows with L; 1 = one sequential scan per (b, h).
+    causal: refused (one line): the kernels have no causal form with the per-row running-max shift
+      of the XLA path (``linear.linear_attention(key_shift=)``), so causal attention stays on XLA.
+    block_q: query rows per tile; a power of two >= 16.
+    block_k: key rows per tile; a power of two >= 16.
+    num_splits: programs per (batch, head) in the reductions over keys (forward and backward) and
+      queries (backward); None = a heuristic aiming at ~256 programs.
     interpret: run the kernels in Pallas interpret mode; None = interpret unless the default backend
       is a GPU.
     eps: normalizer guard of linear.safe_normalizer.
@@ -1281,13 +787,12 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
       None = ``tiling()``'s choice. With fewer columns than features the kernels run one program per
       tile and XLA merges the tiles' partial sums.
     num_warps, num_stages: Triton launch parameters; None = ``tiling()``'s choice.
-    block_v: causal only: value columns per program of the backward kernels (a power of two >= 16
-      dividing the padded dv); None = ``tiling()``'s choice. Fewer than dv: the backward runs one
-      program per value tile and XLA sums the tiles' partial dq, dk, dW (``_first_v``).
 
   Returns:
     ``[B, L, H, dv]`` in ``v.dtype``.
   """
+  if causal:
+    raise ValueError('the Pallas kernels are bidirectional only; causal attention: the XLA path')
   if feature not in FEATURES:
     raise ValueError(f'unknown feature {feature!r}; valid: {", ".join(FEATURES)}')
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
@@ -1296,8 +801,6 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   lk = k.shape[1]
   if k.shape != (b, lk, h, d) or v.shape[:3] != (b, lk, h):
     raise ValueError(f'shape mismatch: q {q.shape}, k {k.shape}, v {v.shape}')
-  if causal and lq != lk:
-    raise ValueError(f'causal attention needs as many queries as keys; got {lq} and {lk}')
   if mask is not None and tuple(mask.shape) != (b, lk):
     raise ValueError(f'mask must be [B, S] = {(b, lk)}; got {tuple(mask.shape)}')
   projected = feature in _PROJECTED
@@ -1319,40 +822,24 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
     nm = _pow2_at_least(w.shape[1] * (2 if feature == 'trig' else 1))
   else:
     nm = d_pad
-  tl = tiling(feature, causal, nm, d_pad, dv_pad, v.dtype)
+  tl = tiling(feature, nm, d_pad, dv_pad, v.dtype)
   if block_m is None:
     block_m = tl.block_m
   _check_block('block_m', block_m)
   if nm % block_m:
     raise ValueError(f'block_m must divide the padded feature count {nm}; got {block_m}')
-  if causal:
-    if block_q is not None and block_k is not None and block_q != block_k:
-      raise ValueError(f'causal attention uses one chunk length; got block_q={block_q}, '
-                       f'block_k={block_k}')
-    chunk = block_k or block_q or _default_block(lq, tl.block)
-    block_q = block_k = _check_block('block_k', chunk)
-    segments, inner_k = _causal_split(-(-lq // chunk), num_splits)
-    lq_pad = lk_pad = segments * inner_k * chunk
-    inner_q = inner_k
-  else:
-    block_q = _check_block('block_q', block_q or _default_block(lq, tl.block))
-    block_k = _check_block('block_k', block_k or _default_block(lk, tl.block))
-    splits_q, inner_q = _splits(-(-lq // block_q), b * h, num_splits)
-    splits_k, inner_k = _splits(-(-lk // block_k), b * h, num_splits)
-    lq_pad, lk_pad = splits_q * inner_q * block_q, splits_k * inner_k * block_k
+  block_q = _check_block('block_q', block_q or _default_block(lq, tl.block))
+  block_k = _check_block('block_k', block_k or _default_block(lk, tl.block))
+  splits_q, inner_q = _splits(-(-lq // block_q), b * h, num_splits)
+  splits_k, inner_k = _splits(-(-lk // block_k), b * h, num_splits)
+  lq_pad, lk_pad = splits_q * inner_q * block_q, splits_k * inner_k * block_k
 
   half = v.dtype in (jnp.bfloat16, jnp.float16)
-  if block_v is None:
-    block_v = tl.block_v or dv_pad
-  _check_block('block_v', block_v)
-  if dv_pad % block_v:
-    raise ValueError(f'block_v must divide the padded value dim {dv_pad}; got {block_v}')
-  cfg = _Config(kind=feature, causal=causal, block_q=block_q, block_k=block_k, inner_q=inner_q,
+  cfg = _Config(kind=feature, block_q=block_q, block_k=block_k, inner_q=inner_q,
                 inner_k=inner_k, eps=float(eps), interpret=bool(interpret),
                 operand_dtype=jnp.dtype(v.dtype).name if half else 'float32',
                 num_warps=num_warps or tl.num_warps, num_stages=num_stages or tl.num_stages,
-                block_m=block_m, m_tiles=nm // block_m, k_chunk=_K_CHUNK,
-                v_tiles=dv_pad // block_v if causal else 1)
+                block_m=block_m, m_tiles=nm // block_m, k_chunk=_K_CHUNK)
 
   qp = _pad_axis(_pad_axis(q, 3, d_pad), 1, lq_pad)
   kp = _pad_axis(_pad_axis(k, 3, d_pad), 1, lk_pad)
@@ -1381,7 +868,7 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
   return out[:, :lq, :, :dv]
 
 
-def fits(feature: str, causal: bool, num_features: Optional[int], head_dim: int, dtype) -> bool:
+def fits(feature: str, num_features: Optional[int], head_dim: int, dtype) -> bool:
   """Whether every kernel of this case, at ``tiling()``'s launch configuration, was compiled offline
   and fits an H100 (registers <= 255, no spills, shared memory within the block limit).
 
@@ -1399,21 +886,19 @@ def fits(feature: str, causal: bool, num_features: Optional[int], head_dim: int,
     nm = _pow2_at_least(num_features * (2 if feature == 'trig' else 1))
   else:
     nm = d
-  tl = list(tiling(feature, causal, nm, d, d, jnp.dtype(dtype)))
-  mode = 'causal' if causal else 'bidirectional'
+  tl = list(tiling(feature, nm, d, d, jnp.dtype(dtype)))
   name = jnp.dtype(dtype).name
   source = resources.kernel_source_hash()
-  return any(e['mode'] == mode and e['feature'] == feature and e['num_features'] == nm
+  return any(e['mode'] == 'bidirectional' and e['feature'] == feature and e['num_features'] == nm
              and e['head_dim'] == d and e['dtype'] == name and e['tiling'] == tl and e['fits']
              and e.get('kernel_source') == source
              for e in resources.load_table())
 
 
 def supported(feature: str, q_shape, dtype, backend: Optional[str] = None, *,
-              num_features: Optional[int] = None, causal: Optional[bool] = None,
-              check_fit: bool = True) -> bool:
-  """Whether ``impl='auto'`` should take these kernels: compiled Triton on a GPU only, and only for
-  cases whose kernels fit the hardware (``fits``; ``causal=None`` = both modes must fit).
+              num_features: Optional[int] = None, check_fit: bool = True) -> bool:
+  """Whether ``impl='auto'`` should take these kernels (bidirectional): compiled Triton on a GPU only,
+  and only for cases whose kernels fit the hardware (``fits``).
 
   On CPU the kernels run only in interpret mode (correct, slow) and on TPU they are not written for
   Mosaic, so 'auto' keeps the XLA path there. Head dims above 256 are left to XLA.
@@ -1426,5 +911,4 @@ def supported(feature: str, q_shape, dtype, backend: Optional[str] = None, *,
                                  jnp.dtype(jnp.float16)))
   if not ok or not check_fit:
     return ok
-  modes = (False, True) if causal is None else (bool(causal),)
-  return all(fits(feature, c, num_features, q_shape[-1], dtype) for c in modes)
+  return fits(feature, num_features, q_shape[-1], dtype)

@@ -5,7 +5,7 @@ ptxas reports them for sm_90a (H100) and sm_80 (A100), against the hardware limi
     kernelformer benchmark pallas-resources                 # the full matrix, both targets
     kernelformer benchmark pallas-resources --quick         # largest shapes only (CI)
 
-How. Each case (bidirectional / chunk-parallel causal, feature, M, d, dtype) is exported with
+How. Each case (mode 'bidirectional', feature, M, d, dtype) is exported with
 ``jax.export`` for platform 'cuda' (gradient of the output: the forward and backward kernels) at the
 launch configuration ``feature_attention.tiling`` chooses. The Triton IR of each ``pallas_call`` is
 taken from the exported module (the custom call's backend config), printed as text, deduplicated, and
@@ -50,7 +50,7 @@ LIMITS = {
 FEATURE_COUNTS = (64, 128, 256)
 HEAD_DIMS = (32, 64, 128)
 DTYPES = ('float32', 'bfloat16')
-MODES = ('bidirectional', 'causal')
+MODES = ('bidirectional',)     # the kernels have no causal form (feature_attention)
 # Export shapes (only block shapes matter to the kernels; these give loops of several chunks).
 BATCH, HEADS, LENGTH = 4, 8, 4096
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'ptxas_worker.py')
@@ -63,10 +63,6 @@ class Case:
   m: Optional[int]      # None for elu / relu (M = d)
   d: int
   dtype: str
-
-  @property
-  def causal(self) -> bool:
-    return self.mode == 'causal'
 
   def label(self) -> str:
     return f'{self.mode} {self.feature} M={self.m or "-"} d={self.d} {self.dtype}'
@@ -103,8 +99,7 @@ def padded_features(feature: str, m: Optional[int], d: int) -> int:
 def launch(case: Case):
   """The ``Tiling`` feature_attention would choose for this case."""
   d = pow2_at_least(case.d)
-  return tiling(case.feature, case.causal, padded_features(case.feature, case.m, case.d), d, d,
-                jnp.dtype(case.dtype))
+  return tiling(case.feature, padded_features(case.feature, case.m, case.d), d, d, jnp.dtype(case.dtype))
 
 
 def export_kernels(case: Case, tl=None) -> list[dict]:
@@ -122,10 +117,8 @@ def export_kernels(case: Case, tl=None) -> list[dict]:
 
   def loss(q, k, v, w):
     knobs = {} if tl is None else dict(block_q=tl.block, block_k=tl.block, block_m=tl.block_m,
-                                       num_warps=tl.num_warps, num_stages=tl.num_stages,
-                                       block_v=(tl.block_v or None) if case.causal else None)
-    out = feature_attention(q, k, v, w, feature=case.feature, causal=case.causal, interpret=False,
-                            **knobs)
+                                       num_warps=tl.num_warps, num_stages=tl.num_stages)
+    out = feature_attention(q, k, v, w, feature=case.feature, interpret=False, **knobs)
     return jnp.sum(out.astype(jnp.float32))
 
   fn = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3) if projected else (0, 1, 2)))
@@ -298,19 +291,14 @@ def cell(res: dict) -> str:
   return f"{res['registers']} / {spill} / {res['shared']:,}" + ('' if res['fits'] else ' **NO**')
 
 
-def _block_v(tl, case: Case) -> str:
-  """The value tile of the causal backward kernels ('-' where values are not tiled: bidirectional)."""
-  return str(tl.block_v) if case.causal and tl.block_v else '-'
-
-
 def markdown(rows: list[dict], archs: tuple[str, ...]) -> str:
   """One line per (case, kernel): tiling and, per target, registers / spill bytes / shared bytes."""
-  head = ('| case | kernel | block, block_m, block_v, warps, stages | '
+  head = ('| case | kernel | block, block_m, warps, stages | '
           + ' | '.join(f'sm_{a} regs / spill B / smem B' for a in archs) + ' |')
   lines = [head, '|' + '---|' * (3 + len(archs))]
   for r in rows:
     c, tl = r['case'], r['tiling']
-    lines.append(f'| {c.label()} | {r["kernel"]} | {tl.block}, {tl.block_m}, {_block_v(tl, c)}, '
+    lines.append(f'| {c.label()} | {r["kernel"]} | {tl.block}, {tl.block_m}, '
                  f'{r["num_warps"]}, {r["num_stages"]} | '
                  + ' | '.join(cell(r[a]) for a in archs) + ' |')
   return '\n'.join(lines)
@@ -344,8 +332,7 @@ def write_table(entries: list[dict], path: Optional[str] = None) -> None:
   with open(path, 'w') as f:
     json.dump({'note': 'written by kernelformer benchmark pallas-resources --write_table; fits = '
                        'every kernel of the case fits sm_90a (registers <= 255, no spills, shared '
-                       'memory <= 232448 B) at the listed tiling (block, block_m, warps, stages, '
-                       'block_v), '
+                       'memory <= 232448 B) at the listed tiling (block, block_m, warps, stages), '
                        'for the kernel code whose hash is kernel_source (resources.kernel_source_hash)',
                'entries': sorted(merged.values(), key=key)}, f, indent=1)
     f.write('\n')

@@ -225,8 +225,12 @@ def _check_model_for_task(run: run_config.Run, info: Any) -> None:
       raise ConfigError(f"config.model.{' / model.'.join(changed)} apply to {whose}; task "
                         f'{run.data.task!r} does not take them (leave them at their defaults)')
   attention = run.model.attention
+  reads = registry.option_names(attention.spec.name)
+  if lm and 'impl' in reads and attention.option('impl') == 'pallas':
+    raise ConfigError(f"config.model.attention.impl='pallas' is invalid for the causal decoder of task "
+                      f"{run.data.task!r}: the fused kernels are bidirectional only; use impl='xla'")
   cos_length = attention.option('cos_length') or 0
-  if not cos_length or 'cos_length' not in registry.option_names(attention.spec.name):
+  if not cos_length or 'cos_length' not in reads:
     return
   longest = int(info.max_length) + (0 if lm or run.model.pooling != 'cls' else 1)
   if cos_length < longest:

@@ -9,8 +9,9 @@ import pytest
 from kernelformer import registry
 
 
-@pytest.mark.parametrize('kind,causal', [('posrf-orf', False), ('linear-elu', True)])
-def test_pallas_impl_matches_xla(kind, causal):
+@pytest.mark.parametrize('kind', ['posrf-orf', 'linear-elu'])
+def test_pallas_impl_matches_xla(kind):
+  causal = False
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.normal(size=(1, 20, 2, 8)), jnp.float32) for _ in range(3))
   mask = jnp.asarray(np.arange(20)[None] < 17)
@@ -32,6 +33,27 @@ def test_auto_uses_xla_on_cpu_and_pallas_rejects_unsupported():
     module.init(rngs, q, q, q)
   module = registry.build({'kind': 'saderf-orf', 'num_features': 16, 'impl': 'auto'})
   assert module.apply(module.init(rngs, q, q, q), q, q, q, rngs=rngs).shape == q.shape
+
+
+def test_pallas_refuses_causal_in_one_line():
+  """The kernels have no causal form with the XLA path's per-row running-max shift: impl='pallas'
+  with causal=True is refused by the module, the kernels and the config check, never computed."""
+  import ml_collections
+  from configs import mqar as mqar_config
+  from kernelformer import pallas
+  from kernelformer.training import validate
+  q = jnp.ones((1, 16, 1, 8))
+  rngs = {'features': jax.random.key(0)}
+  module = registry.build({'kind': 'posrf-orf', 'num_features': 16, 'impl': 'pallas'})
+  with pytest.raises(ValueError, match='bidirectional only'):
+    module.init(rngs, q, q, q, causal=True)
+  with pytest.raises(ValueError, match='bidirectional only'):
+    pallas.feature_attention(q, q, q, jnp.ones((16, 8)), causal=True)
+  c = ml_collections.ConfigDict(mqar_config.get_config('tiny').to_dict())
+  c.model.attention.kind, c.model.attention.impl = 'posrf-orf', 'pallas'
+  with pytest.raises(validate.ConfigError, match='bidirectional only') as e:
+    validate.validate_config(c)
+  assert '\n' not in str(e.value)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -68,7 +90,7 @@ def _simulated_gpu(monkeypatch, tmp_path, entries, kernels_fit=True):
   real = pallas.feature_attention
 
   def spy(*args, **kwargs):
-    calls.append(kwargs.get('causal'))
+    calls.append(kwargs.get('causal', False))
     return real(*args, **{**kwargs, 'interpret': True})
 
   monkeypatch.setattr(pallas, 'feature_attention', spy)
@@ -104,7 +126,8 @@ def test_auto_on_gpu_with_empty_table_takes_xla_and_logs_once(monkeypatch, tmp_p
 
 
 def test_auto_on_gpu_takes_pallas_only_for_validated_entries(monkeypatch, tmp_path):
-  # posrf (exp) validated bidirectional only; elu validated causal only.
+  # posrf (exp) validated bidirectional only; elu validated causal only (a stale entry: causal
+  # attention never takes the kernels, whatever the table says).
   calls = _simulated_gpu(monkeypatch, tmp_path, [_entry('exp', 'bidirectional'),
                                                  _entry('elu', 'causal')])
   def took_pallas(kind, causal):
@@ -117,7 +140,7 @@ def test_auto_on_gpu_takes_pallas_only_for_validated_entries(monkeypatch, tmp_pa
 
   assert took_pallas('posrf-orf', False)
   assert not took_pallas('posrf-orf', True)       # causal exp: not validated -> XLA
-  assert took_pallas('linear-elu', True)
+  assert not took_pallas('linear-elu', True)      # causal: XLA even where validated
   assert not took_pallas('linear-elu', False)     # bidirectional elu: not validated
 
 

@@ -5,7 +5,7 @@ M = 24 features: exp pads to M' = 32 (two tiles of 16, the second partly padding
 features padded to 64 (four tiles, the last all padding); elu / relu (M = d) at d = 24, padded to 32:
 two tiles of 16 columns, each program reading and differentiating only its tile's columns of q, k
 (the second tile partly padding). L = 40 with blocks of 16 (padding rows),
-a masked batch (all, 23 and 1 valid keys), causal at two segments. One tile is the configuration the
+a masked batch (all, 23 and 1 valid keys). One tile is the configuration the
 rest of tests/pallas checks against the XLA path; the tiled one must agree with it to float32
 rounding of the changed summation order (the tiles' merge rescales by exp(a_T - a) <= 1).
 """
@@ -27,11 +27,11 @@ JIT_OPTIONS = {'xla_backend_optimization_level': 0}
 
 
 @functools.lru_cache(maxsize=None)
-def _run(feature, causal):
+def _run(feature):
   def grads(block_m, q, k, v, w, fw, mask, g):
     def f(q, k, v, w, fw):
       return feature_attention(q, k, v, w, feature=feature, feature_weights=fw, mask=mask,
-                               causal=causal, block_q=16, block_k=16, num_splits=2,
+                               block_q=16, block_k=16, num_splits=2,
                                block_m=block_m)
     out, vjp = jax.vjp(f, q, k, v, w, fw)
     return out, vjp(g)
@@ -43,9 +43,8 @@ def _run(feature, causal):
   return both
 
 
-@pytest.mark.parametrize('causal', [False, True], ids=['bidirectional', 'causal'])
 @pytest.mark.parametrize('feature', ['exp', 'trig', 'elu', 'relu'])
-def test_tiled_features_equal_one_tile(feature, causal):
+def test_tiled_features_equal_one_tile(feature):
   ks = jax.random.split(jax.random.PRNGKey(7), 8)
   scale = 0.25 if feature == 'trig' else 0.5
   d = D if feature in ('exp', 'trig') else D_PLAIN
@@ -58,7 +57,7 @@ def test_tiled_features_equal_one_tile(feature, causal):
     w = jax.random.normal(ks[4], (H, M, D))
     fw = (1.0 + 0.5 * jax.random.uniform(ks[5], (H, M))) / M
   mask = jnp.arange(L)[None, :] < jnp.asarray([40, 23, 1])[:, None]
-  (out_t, grads_t), (out_1, grads_1) = _run(feature, causal)(q, k, v, w, fw, mask, g)
+  (out_t, grads_t), (out_1, grads_1) = _run(feature)(q, k, v, w, fw, mask, g)
   np.testing.assert_allclose(out_t, out_1, rtol=2e-5, atol=2e-6)
   assert len(grads_t) == 5
   for name, a, b in zip(('q', 'k', 'v', 'w', 'feature_weights'), grads_t, grads_1):
@@ -82,8 +81,8 @@ def test_block_m_checks():
     feature_attention(q, q, q, None, feature='elu', block_m=64)
 
 
-@pytest.mark.parametrize('feature,causal', [('exp', True), ('trig', True), ('trig', False)])
-def test_chunked_projection_equals_whole(feature, causal, monkeypatch):
+@pytest.mark.parametrize('feature', ['exp', 'trig'])
+def test_chunked_projection_equals_whole(feature, monkeypatch):
   """x W^T summed over column chunks loaded from the refs (``_K_CHUNK``; 16 compiled, 4 here:
   d = 8, padded to 16, in four chunks) gives the outputs and gradients of the whole-width dot."""
   fa = importlib.import_module('kernelformer.pallas.feature_attention')
@@ -96,7 +95,7 @@ def test_chunked_projection_equals_whole(feature, causal, monkeypatch):
 
   def run(chunk):
     monkeypatch.setattr(fa, '_K_CHUNK', chunk)
-    f = lambda q, k, v, w: feature_attention(q, k, v, w, feature=feature, causal=causal,
+    f = lambda q, k, v, w: feature_attention(q, k, v, w, feature=feature,
                                              block_q=16, block_k=16, num_splits=2, block_m=16)
     out, vjp = jax.vjp(f, q, k, v, w)
     return out, vjp(g)
@@ -107,46 +106,3 @@ def test_chunked_projection_equals_whole(feature, causal, monkeypatch):
   for name, a, b in zip('qkvw', grads_c, grads_1):
     a, b = np.asarray(a), np.asarray(b)
     assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), name
-
-
-@pytest.mark.parametrize('feature', ['exp', 'trig', 'relu'])
-def test_value_tiled_causal_backward_equals_one_tile(feature):
-  """``block_v``: the causal backward kernels with one program per tile of 16 value columns (dv = 40,
-  padded to 48: three tiles, the last partly padding), their partial dq, dk, dW, ds summed by XLA
-  and the normalizer's terms added by the first tile only, give the gradients of one value tile
-  (two segments, two feature tiles, a masked batch). The forward does not tile values."""
-  ks = jax.random.split(jax.random.PRNGKey(5), 6)
-  d = D if feature in ('exp', 'trig') else D_PLAIN
-  scale = 0.25 if feature == 'trig' else 0.5
-  q = scale * jax.random.normal(ks[0], (2, L, H, d))
-  k = scale * jax.random.normal(ks[1], (2, L, H, d))
-  v = jax.random.normal(ks[2], (2, L, H, 40))
-  g = jax.random.normal(ks[3], (2, L, H, 40))
-  w = jax.random.normal(ks[4], (H, M, D)) if feature in ('exp', 'trig') else None
-  mask = jnp.arange(L)[None, :] < jnp.asarray([40, 23])[:, None]
-  args = (q, k, v) + ((w,) if w is not None else ())
-
-  @functools.partial(jax.jit, static_argnums=0, compiler_options=JIT_OPTIONS)
-  def run(block_v, *args):
-    f = lambda *a: feature_attention(*a, feature=feature, causal=True, mask=mask, block_q=16,
-                                     block_k=16, num_splits=2, block_m=16, block_v=block_v)
-    out, vjp = jax.vjp(f, *args)
-    return out, vjp(g)
-
-  out_t, grads_t = run(16, *args)
-  out_1, grads_1 = run(64, *args)
-  np.testing.assert_array_equal(out_t, out_1)
-  assert len(grads_t) == len(args)
-  for name, a, b in zip('qkvw', grads_t, grads_1):
-    a, b = np.asarray(a), np.asarray(b)
-    assert np.max(np.abs(a - b)) <= 1e-5 * np.max(np.abs(b)), (name, np.max(np.abs(a - b)))
-
-
-def test_block_v_checks():
-  q = jnp.zeros((1, 16, 1, 8))
-  v = jnp.zeros((1, 16, 1, 40))                   # dv padded to 64
-  w = jnp.zeros((1, 16, 8))
-  with pytest.raises(ValueError, match='divide'):
-    feature_attention(q, q, v, w, causal=True, block_v=128)
-  with pytest.raises(ValueError, match='power of two'):
-    feature_attention(q, q, v, w, causal=True, block_v=24)

@@ -53,37 +53,24 @@ def test_limits():
 
 def test_matrix_covers_every_kernel_family():
   full = resource_check.cases()
-  # 2 modes x (exp, trig: 3 M) + (elu, relu) x 3 d x 2 dtypes
-  assert len(full) == 2 * (2 * 3 + 2) * 3 * 2
+  # bidirectional: (exp, trig: 3 M) + (elu, relu) x 3 d x 2 dtypes (the kernels have no causal form)
+  assert len(full) == (2 * 3 + 2) * 3 * 2 and {c.mode for c in full} == {'bidirectional'}
   assert {c.feature for c in full} == set(fa.FEATURES)
   quick = resource_check.cases(quick=True)
   assert {(c.m, c.d) for c in quick} <= {(256, 128), (None, 128)}
 
 
 def test_export_uses_the_chosen_tiling():
-  case = resource_check.Case('causal', 'exp', 64, 32, 'bfloat16')
+  case = resource_check.Case('bidirectional', 'exp', 64, 32, 'bfloat16')
   tl = resource_check.launch(case)
   kernels = resource_check.export_kernels(case)
   names = [k['name'] for k in kernels]
-  assert names == ['fwd_causal_states', 'fwd_causal', 'bwd_causal_q', 'bwd_causal_k'], names
+  assert names == ['fwd_kv', 'fwd_q', 'bwd_q', 'bwd_k'], names
   for k in kernels:
     assert 'tt.func' in k['ttir'] and k['num_warps'] == tl.num_warps
     assert k['num_stages'] == tl.num_stages
   # The feature tile is the block_m of the table: W's tile is [block_m, d] in the IR.
   assert f'tensor<{tl.block_m}x32xf32>' in kernels[0]['ttir']
-
-
-def test_export_uses_the_value_tile():
-  """Causal float32 d = 64: the table's value tile (block_v = 32 of dv = 64) is what the backward
-  kernels hold of v, g and the states (``[16, 32]`` tiles); the forward holds all of dv."""
-  case = resource_check.Case('causal', 'exp', 64, 64, 'float32')
-  tl = resource_check.launch(case)
-  assert tl.block == 16 and tl.block_v == 32
-  kernels = {k['name']: k['ttir'] for k in resource_check.export_kernels(case)}
-  for name in ('bwd_causal_q', 'bwd_causal_k'):
-    assert 'tensor<16x32xf32>' in kernels[name], name
-  assert 'tensor<16x32xf32>' not in kernels['fwd_causal']
-  assert 'tensor<16x64xf32>' in kernels['fwd_causal']
 
 
 def _table(tmp_path, monkeypatch, entries):
@@ -93,28 +80,27 @@ def _table(tmp_path, monkeypatch, entries):
 
 
 def test_fit_gate_follows_the_table_and_the_tiling(tmp_path, monkeypatch):
-  tl = fa.tiling('exp', False, 128, 64, 64, jnp.dtype('bfloat16'))
+  tl = fa.tiling('exp', 128, 64, 64, jnp.dtype('bfloat16'))
   entry = {'mode': 'bidirectional', 'feature': 'exp', 'num_features': 128, 'head_dim': 64,
            'dtype': 'bfloat16', 'tiling': list(tl), 'fits': True,
            'kernel_source': resources.kernel_source_hash()}
   _table(tmp_path, monkeypatch, [entry])
-  assert fa.fits('exp', False, 128, 64, jnp.bfloat16)
-  assert fa.fits('exp', False, 100, 64, jnp.bfloat16)       # M = 100 pads to 128
-  assert not fa.fits('exp', True, 128, 64, jnp.bfloat16)    # causal not listed
-  assert not fa.fits('exp', False, 128, 64, jnp.float32)
-  assert not fa.fits('exp', False, None, 64, jnp.bfloat16)  # M unknown
-  assert fa.supported('exp', (2, 1024, 8, 64), jnp.bfloat16, 'gpu', num_features=128, causal=False)
-  assert not fa.supported('exp', (2, 1024, 8, 64), jnp.bfloat16, 'gpu', num_features=128)
+  assert fa.fits('exp', 128, 64, jnp.bfloat16)
+  assert fa.fits('exp', 100, 64, jnp.bfloat16)       # M = 100 pads to 128
+  assert not fa.fits('exp', 128, 64, jnp.float32)
+  assert not fa.fits('exp', None, 64, jnp.bfloat16)  # M unknown
+  assert fa.supported('exp', (2, 1024, 8, 64), jnp.bfloat16, 'gpu', num_features=128)
+  assert not fa.supported('exp', (2, 1024, 8, 64), jnp.bfloat16, 'gpu', num_features=256)
   _table(tmp_path, monkeypatch, [dict(entry, fits=False)])
-  assert not fa.fits('exp', False, 128, 64, jnp.bfloat16)
+  assert not fa.fits('exp', 128, 64, jnp.bfloat16)
   other = list(tl)
   other[0] *= 2
   _table(tmp_path, monkeypatch, [dict(entry, tiling=other)])  # measured at another block table
-  assert not fa.fits('exp', False, 128, 64, jnp.bfloat16)
+  assert not fa.fits('exp', 128, 64, jnp.bfloat16)
   for stale in ({'kernel_source': '0' * 16}, {}):               # measured for other kernel code
     _table(tmp_path, monkeypatch, [{**{k: v for k, v in entry.items() if k != 'kernel_source'},
                                     **stale}])
-    assert not fa.fits('exp', False, 128, 64, jnp.bfloat16)
+    assert not fa.fits('exp', 128, 64, jnp.bfloat16)
 
 
 def test_kernel_source_hash_ignores_docstrings_and_comments_not_code(tmp_path):
@@ -144,7 +130,7 @@ def test_shipped_table_was_measured_for_todays_kernels():
 
 def test_write_table_merges_by_case(tmp_path):
   path = str(tmp_path / 'r.json')
-  e = {'mode': 'causal', 'feature': 'elu', 'num_features': 32, 'head_dim': 32, 'dtype': 'float32',
+  e = {'mode': 'bidirectional', 'feature': 'elu', 'num_features': 32, 'head_dim': 32, 'dtype': 'float32',
        'tiling': [64, 32, 4, 2], 'fits': False}
   resource_check.write_table([e], path)
   resource_check.write_table([dict(e, fits=True), dict(e, dtype='bfloat16')], path)
@@ -164,7 +150,7 @@ def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   """Exit 1 on any non-fitting kernel; with --require table only for cases resources.json lists."""
   from kernelformer.commands import benchmark
   listed = resource_check.Case('bidirectional', 'exp', 128, 64, 'bfloat16')
-  other = resource_check.Case('causal', 'trig', 256, 128, 'float32')
+  other = resource_check.Case('bidirectional', 'trig', 256, 128, 'float32')
   tl = resource_check.launch(listed)
   _table(tmp_path, monkeypatch, [
       {'mode': 'bidirectional', 'feature': 'exp', 'num_features': 128, 'head_dim': 64,
@@ -187,7 +173,7 @@ def test_cli_exit_codes_and_require_table(tmp_path, monkeypatch, capsys):
   verdict.update({listed: good, other: bad})
   assert benchmark.run(args) == 1                              # strict: any kernel
   assert benchmark.run(args + ['--require', 'table']) == 0     # 'other' is left to XLA
-  assert 'DOES NOT FIT: causal trig M=256 d=128 float32 fwd' in capsys.readouterr().out
+  assert 'DOES NOT FIT: bidirectional trig M=256 d=128 float32 fwd' in capsys.readouterr().out
   verdict.update({listed: bad, other: good})
   assert benchmark.run(args + ['--require', 'table']) == 1     # a listed case broke
 
