@@ -3,7 +3,9 @@
     python scripts/benchmark_causal_lean.py --baseline REV [--batch 4 --heads 2 --length 2048 ...]
 
 Both sides run ``linear.causal_exp_feature_attention`` (``REV``'s ``kernelformer/attention/linear.py``
-loaded from git, this tree's imported) on the same inputs: posrf (or ``--component``) with one
+loaded from git, this tree's imported) -- or, for a map with a running key shift and no log-space form
+(trigrf), the stored path ``linear.linear_attention(..., key_shift=)`` on this tree's features -- on the
+same inputs: posrf (or ``--component``) with one
 orthogonal W per head (vmapped over heads, as the attention module does), float32, every key real.
 For the forward and for forward+backward (``jax.grad`` of the sum of squares) both programs are
 compiled and called once, then timed ``--rounds`` times, one call of each per round in alternating
@@ -62,18 +64,19 @@ def main(argv=None):
   ap.add_argument('--features', type=int, default=128)
   ap.add_argument('--chunk', type=int, default=64)
   ap.add_argument('--key_scale', type=float, default=1.0, help='multiplies the keys (x10: larger rises)')
-  ap.add_argument('--component', default='posrf', help='a catalog name with a log-space form')
+  ap.add_argument('--component', default='posrf', help='a catalog name with a running key shift')
   ap.add_argument('--rounds', type=int, default=7)
   args = ap.parse_args(argv)
   for name in ('batch', 'heads', 'length', 'head_dim', 'features', 'chunk', 'rounds'):
     if getattr(args, name) < 1:
       raise SystemExit(f'benchmark_causal_lean: --{name} must be >= 1, got {getattr(args, name)}')
   try:
-    form = catalog.get(args.component).log_space
+    record = catalog.get(args.component)
   except (KeyError, ValueError) as e:
     raise SystemExit(f'benchmark_causal_lean: unknown component {args.component!r} ({e})')
-  if form is None:
-    raise SystemExit(f'benchmark_causal_lean: {args.component!r} has no log-space form (no lean path)')
+  if not record.causal_shift:
+    raise SystemExit(f'benchmark_causal_lean: {args.component!r} has no running key shift')
+  form = record.log_space
   baseline = _load_revision(args.baseline)
 
   b, h, n, d, m = args.batch, args.heads, args.length, args.head_dim, args.features
@@ -85,9 +88,17 @@ def main(argv=None):
   proj = jax.vmap(lambda kk: weights.SAMPLERS['orf'](kk, m, d))(jax.random.split(ks[3], h))
 
   def programs(module):
-    one = lambda qh, kh, vh, p: module.causal_exp_feature_attention(form, qh, kh, vh, p,
-                                                                     chunk_size=args.chunk)
-    f = lambda q, k, v, p: jax.vmap(one, in_axes=(2, 2, 2, 0), out_axes=2)(q, k, v, p)
+    """As the attention module calls them: vmapped over heads, or (stored path) the features vmapped
+    over heads and the core on ``[B, L, H, M']``."""
+    heads = lambda fn, *a: jax.vmap(fn, in_axes=(2,) * (len(a) - 1) + (0,), out_axes=2)(*a)
+    if form is not None:
+      one = lambda qh, kh, vh, p: module.causal_exp_feature_attention(form, qh, kh, vh, p,
+                                                                       chunk_size=args.chunk)
+      f = lambda q, k, v, p: heads(one, q, k, v, p)
+    else:
+      def f(q, k, v, p):
+        fq, fk, shift = heads(lambda qh, kh, ph: record.fn(qh, kh, ph, causal_chunk=args.chunk), q, k, p)
+        return module.linear_attention(fq, fk, v, causal=True, chunk_size=args.chunk, key_shift=shift)
     grad = jax.grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))
     return jax.jit(f), jax.jit(grad)
 

@@ -233,7 +233,7 @@ def softplus_map(q, k, proj=None, *, mask=None, stabilize=True):
 
 
 SOFTPLUS = plugins.register_feature_map(FeatureMap(
-    'softplus_map', softplus_map, target_kernel='none', parts=0, positive=True, row_wise=True,
+    'softplus_map', softplus_map, target_kernel='none', parts=0, positive=True, statistic='row',
     kind='softplus-map', paper='softplus(x) features, a plugin map'))
 '''
 

@@ -143,52 +143,88 @@ def empty_causal_state(batch: int, heads: int, features: int, value_dim: int):
 
 def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
                     key_shift: Array | None = None, state=None):
-  """Numerator and normalizer of causal linear attention in chunked form.
+  """Numerator and normalizer of causal linear attention in chunked form; with ``state`` (see
+  ``causal_linear_attention``) the carried sums enter every chunk's prefix and the state after the
+  last chunk is returned as a third value.
 
-  With ``state`` (see ``causal_linear_attention``) the carried sums enter every chunk's prefix and the
-  state after the last chunk is returned as a third value.
+  With ``key_shift [B, L, H, M]``, features shifted by each row's running key max ``beta``: chunk n's
+  key state is formed on ``gamma_n``, the shift of its last row (``phi(k_j) e^{beta_j - gamma_n}``);
+  ``lax.associative_scan`` with ``(S_a, g_a) + (S_b, g_b) = (S_a e^{g_a - g_b} + S_b, g_b)``
+  (associative) gives the inclusive sums relative to each ``gamma_n``, and chunk n's queries meet the
+  sums up to chunk n - 1 on ``gamma_{n-1}`` (``phi(q_i) e^{gamma_{n-1} - beta_i}``). Within a chunk,
+  one masked product (``_one_shift_block``) on the rows where it is exact, ``_shifted_blocks`` on the
+  others. Running maxima never decrease, so every factor is ``<= 1``; the clamp only matters where
+  leading rows had no valid key (their shift is the placeholder 0, their features 0). Without a key
+  shift every factor is 1.
   """
-  if key_shift is not None:
-    return _shifted_causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
   b, length, h, m = phi_q.shape
   dv = v.shape[-1]
+  if key_shift is not None and key_shift.shape != phi_k.shape:
+    raise ValueError(f'key_shift has shape {key_shift.shape}; expected {phi_k.shape} (the running key '
+                     'max of every row and feature)')
+  f32 = lambda x: x.astype(jnp.float32)
+  beta = (jnp.zeros((b, length, h, 1), jnp.float32) if key_shift is None
+          else jax.lax.stop_gradient(f32(key_shift)))
+  phi_q, phi_k, v = f32(phi_q), f32(phi_k), f32(v)
   c = max(1, min(chunk_size, length))
   n_chunks = -(-length // c)
   pad = n_chunks * c - length
   if pad:
-    # Zero rows at the end: padded keys add nothing, padded queries are cut off below.
-    padder = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    phi_q, phi_k, v = padder(phi_q), padder(phi_k), padder(v)
-  qc = phi_q.reshape(b, n_chunks, c, h, m)
-  kc = phi_k.reshape(b, n_chunks, c, h, m)
-  vc = v.reshape(b, n_chunks, c, h, dv)
-  # Inter-chunk part: exclusive prefix sum of per-chunk states.
-  kv_chunk = einsum_f32('bnchm,bnchd->bnhmd', kc, vc)               # [B, N, H, M, Dv]
-  ks_chunk = jnp.sum(kc.astype(jnp.float32), axis=2)              # [B, N, H, M]
+    # Zero rows at the end (padded keys add nothing, padded queries are cut off below); their shift
+    # repeats the last row's, so the running maxima stay non-decreasing.
+    padder = lambda x, mode: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)), mode=mode)
+    phi_q, phi_k, v, beta = (padder(phi_q, 'constant'), padder(phi_k, 'constant'),
+                             padder(v, 'constant'), padder(beta, 'edge'))
+  # [B, N, H, C, .]: rows of a chunk next to the feature axis.
+  chunks = lambda x: jnp.swapaxes(x.reshape(b, n_chunks, c, h, x.shape[-1]), 2, 3)
+  qc, kc, vc, bc = chunks(phi_q), chunks(phi_k), chunks(v), chunks(beta)
+  gamma = jnp.broadcast_to(bc[..., -1, :], qc.shape[:3] + (m,))       # [B, N, H, M]
+  kg = kc * _down(bc - gamma[..., None, :])
+  kv_chunk = jnp.einsum('bnhcm,bnhcd->bnhmd', kg, vc)               # [B, N, H, M, Dv]
+  ks_chunk = jnp.sum(kg, axis=-2)                                   # [B, N, H, M]
   if state is not None:
-    # The carried sums as a chunk "-1" in front, dropped again after the prefix sums.
-    kv0, ks0, beta0 = (x.astype(jnp.float32) for x in state)
+    # The carried sums as a chunk "-1" in front on their shift beta0.
+    kv0, ks0, beta0 = (f32(x) for x in state)
+    beta0 = jnp.where(jnp.isfinite(beta0) & (key_shift is not None), beta0, 0.0)   # none: unshifted
     kv_chunk = jnp.concatenate([kv0[:, None], kv_chunk], axis=1)
     ks_chunk = jnp.concatenate([ks0[:, None], ks_chunk], axis=1)
-  # Shifted inclusive sums, not ``cumsum - own chunk``: the subtraction's gradient cancels the
-  # cotangent of every later chunk against the own chunk's, which loses the keys' gradient where a
-  # normalizer is clamped to eps (g / eps ~ 1e6 enters and cancels; off by ~0.1 for relu maps).
-  zero = lambda x: jnp.zeros_like(x[:, :1])
-  kv_prev = jnp.concatenate([zero(kv_chunk), jnp.cumsum(kv_chunk, axis=1)[:, :-1]], axis=1)
-  ks_prev = jnp.concatenate([zero(ks_chunk), jnp.cumsum(ks_chunk, axis=1)[:, :-1]], axis=1)
+    gamma = jnp.concatenate([beta0[:, None], gamma], axis=1)
+
+  def combine(a, b_):
+    kv_a, ks_a, g_a = a
+    kv_b, ks_b, g_b = b_
+    f = _down(g_a - g_b)
+    return kv_a * f[..., None] + kv_b, ks_a * f + ks_b, g_b
+
+  # Inclusive sums, then shifted by one chunk (not ``inclusive - own chunk``: the subtraction's
+  # gradient cancels the cotangent of every later chunk against the own chunk's, which loses the
+  # keys' gradient where a normalizer is clamped to eps).
+  kv_inc, ks_inc, _ = jax.lax.associative_scan(combine, (kv_chunk, ks_chunk, gamma), axis=1)
   if state is not None:
-    final = (kv_prev[:, -1] + kv_chunk[:, -1], ks_prev[:, -1] + ks_chunk[:, -1], beta0)
-    kv_prev, ks_prev = kv_prev[:, 1:], ks_prev[:, 1:]
-  num = einsum_f32('bnchm,bnhmd->bnchd', qc, kv_prev)
-  den = einsum_f32('bnchm,bnhm->bnch', qc, ks_prev)
-  # Intra-chunk part: masked quadratic C x C.
-  scores = einsum_f32('bnihm,bnjhm->bnhij', qc, kc)
-  tril = jnp.tril(jnp.ones((c, c), dtype=bool))
-  scores = jnp.where(tril, scores, 0.0)
-  num = num + einsum_f32('bnhij,bnjhd->bnihd', scores, vc)
-  den = den + jnp.einsum('bnhij->bnih', scores)
-  num = num.reshape(b, n_chunks * c, h, dv)[:, :length]
-  den = den.reshape(b, n_chunks * c, h)[:, :length]
+    final = (kv_inc[:, -1], ks_inc[:, -1], gamma[:, -1] if key_shift is not None else state[2])
+    kv_prev, ks_prev, g_prev = kv_inc[:, :-1], ks_inc[:, :-1], gamma[:, :-1]
+  else:
+    # Chunk 0 has no earlier keys: zero sums (on any shift; its own keeps the factor at 1).
+    zero = lambda x: jnp.zeros_like(x[:, :1])
+    kv_prev = jnp.concatenate([zero(kv_inc), kv_inc[:, :-1]], axis=1)
+    ks_prev = jnp.concatenate([zero(ks_inc), ks_inc[:, :-1]], axis=1)
+    g_prev = jnp.concatenate([gamma[:, :1], gamma[:, :-1]], axis=1)
+  qg = qc * _down(g_prev[..., None, :] - bc)
+  num = jnp.einsum('bnhcm,bnhmd->bnhcd', qg, kv_prev)
+  den = jnp.einsum('bnhcm,bnhm->bnhc', qg, ks_prev)
+  rise = bc - bc[..., :1, :]
+  near = jnp.all((rise >= 0.0) & (rise <= FAST_SPAN), axis=-1)               # [B, N, H, C]
+
+  def per_row(*ops):
+    (n1, d1), (n2, d2) = _one_shift_block(*ops), _shifted_blocks(*ops)
+    return jnp.where(near[..., None], n1, n2), jnp.where(near, d1, d2)
+
+  if key_shift is None:
+    num_in, den_in = _one_shift_block(qc, kc, vc, bc)
+  else:
+    num_in, den_in = jax.lax.cond(jnp.all(near), _one_shift_block, per_row, qc, kc, vc, bc)
+  num = jnp.moveaxis(num + num_in, 3, 2).reshape(b, n_chunks * c, h, dv)[:, :length]
+  den = jnp.moveaxis(den + den_in, 3, 2).reshape(b, n_chunks * c, h)[:, :length]
   if state is not None:
     return num, den, final
   return num, den
@@ -220,73 +256,18 @@ def _running_max(x: Array) -> Array:
 _down = lambda x: jnp.exp(jnp.minimum(x, 0.0))
 
 
-def _shifted_causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state=None):
-  """``_causal_num_den`` for features shifted by the per-row running key max ``key_shift [B, L, H, M]``.
-
-  Chunk n's key state is formed on ``gamma_n``, the shift of its last row (``phi(k_j) e^{beta_j -
-  gamma_n}``); ``lax.associative_scan`` with ``(S_a, g_a) + (S_b, g_b) = (S_a e^{g_a - g_b} + S_b, g_b)``
-  (associative) gives the inclusive sums relative to each ``gamma_n``, and chunk n's queries meet the
-  sums up to chunk n - 1 on ``gamma_{n-1}`` (``phi(q_i) e^{gamma_{n-1} - beta_i}``). Within a chunk,
-  ``_shifted_blocks``. Running maxima never decrease, so every factor is ``<= 1``; the clamp only
-  matters where leading rows had no valid key (their shift is the placeholder 0, their features 0).
-  """
-  b, length, h, m = phi_q.shape
-  dv = v.shape[-1]
-  if key_shift.shape != phi_k.shape:
-    raise ValueError(f'key_shift has shape {key_shift.shape}; expected {phi_k.shape} (the running key '
-                     'max of every row and feature)')
-  beta = jax.lax.stop_gradient(key_shift.astype(jnp.float32))
-  f32 = lambda x: x.astype(jnp.float32)
-  phi_q, phi_k, v = f32(phi_q), f32(phi_k), f32(v)
-  c = max(1, min(chunk_size, length))
-  n_chunks = -(-length // c)
-  pad = n_chunks * c - length
-  if pad:
-    # Zero rows at the end (padded keys add nothing, padded queries are cut off below); their shift
-    # repeats the last row's, so the running maxima stay non-decreasing.
-    padder = lambda x, mode: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)), mode=mode)
-    phi_q, phi_k, v, beta = (padder(phi_q, 'constant'), padder(phi_k, 'constant'),
-                             padder(v, 'constant'), padder(beta, 'edge'))
-  # [B, N, H, C, .]: rows of a chunk next to the feature axis.
-  chunks = lambda x: jnp.swapaxes(x.reshape(b, n_chunks, c, h, x.shape[-1]), 2, 3)
-  qc, kc, vc, bc = chunks(phi_q), chunks(phi_k), chunks(v), chunks(beta)
-  gamma = bc[..., -1, :]                                            # [B, N, H, M]
-  kg = kc * _down(bc - gamma[..., None, :])
-  kv_chunk = jnp.einsum('bnhcm,bnhcd->bnhmd', kg, vc)               # [B, N, H, M, Dv]
-  ks_chunk = jnp.sum(kg, axis=-2)                                   # [B, N, H, M]
-  if state is not None:
-    # The carried sums as a chunk "-1" in front on their shift beta0.
-    kv0, ks0, beta0 = (f32(x) for x in state)
-    beta0 = jnp.where(jnp.isfinite(beta0), beta0, 0.0)
-    kv_chunk = jnp.concatenate([kv0[:, None], kv_chunk], axis=1)
-    ks_chunk = jnp.concatenate([ks0[:, None], ks_chunk], axis=1)
-    gamma = jnp.concatenate([beta0[:, None], gamma], axis=1)
-
-  def combine(a, b_):
-    kv_a, ks_a, g_a = a
-    kv_b, ks_b, g_b = b_
-    f = _down(g_a - g_b)
-    return kv_a * f[..., None] + kv_b, ks_a * f + ks_b, g_b
-
-  kv_inc, ks_inc, _ = jax.lax.associative_scan(combine, (kv_chunk, ks_chunk, gamma), axis=1)
-  if state is not None:
-    final = (kv_inc[:, -1], ks_inc[:, -1], gamma[:, -1])
-    kv_prev, ks_prev, g_prev = kv_inc[:, :-1], ks_inc[:, :-1], gamma[:, :-1]
-  else:
-    # Chunk 0 has no earlier keys: zero sums (on any shift; its own keeps the factor at 1).
-    zero = lambda x: jnp.zeros_like(x[:, :1])
-    kv_prev = jnp.concatenate([zero(kv_inc), kv_inc[:, :-1]], axis=1)
-    ks_prev = jnp.concatenate([zero(ks_inc), ks_inc[:, :-1]], axis=1)
-    g_prev = jnp.concatenate([gamma[:, :1], gamma[:, :-1]], axis=1)
-  qg = qc * _down(g_prev[..., None, :] - bc)
-  num = jnp.einsum('bnhcm,bnhmd->bnhcd', qg, kv_prev)
-  den = jnp.einsum('bnhcm,bnhm->bnhc', qg, ks_prev)
-  num_in, den_in = _shifted_blocks(qc, kc, vc, bc)
-  num = jnp.moveaxis(num + num_in, 3, 2).reshape(b, n_chunks * c, h, dv)[:, :length]
-  den = jnp.moveaxis(den + den_in, 3, 2).reshape(b, n_chunks * c, h)[:, :length]
-  if state is not None:
-    return num, den, final
-  return num, den
+def _one_shift_block(q: Array, k: Array, v: Array, beta: Array) -> tuple[Array, Array]:
+  """``_shifted_blocks``'s sums in one masked ``C x C`` product on the shift of the block's first row,
+  ``rho``: queries ``q e^{min(rho - beta_i, 0)}``, keys ``k e^{min(beta_j - rho, span)}``. Exact on
+  the rows ``i`` with ``0 <= beta_i - rho <= span`` (every product is ``q_i k_j e^{beta_j - beta_i}``:
+  running maxima never decrease, and a key capped at ``span`` is seen only by rows beyond it), and
+  independent of later rows, as the per-row form (``_causal_num_den`` takes it where exact)."""
+  rho = beta[..., :1, :]
+  qg = q * _down(rho - beta)
+  kg = k * jnp.exp(jnp.minimum(beta - rho, FAST_SPAN))
+  scores = jnp.einsum('...if,...jf->...ij', qg, kg)
+  scores = jnp.where(np.tril(np.ones(scores.shape[-2:], bool)), scores, 0.0)
+  return jnp.einsum('...ij,...jd->...id', scores, v), jnp.sum(scores, axis=-1)
 
 
 def _shifted_blocks(q: Array, k: Array, v: Array, beta: Array) -> tuple[Array, Array]:
@@ -469,17 +450,17 @@ _float0 = lambda x: np.zeros(np.shape(x), jax.dtypes.float0)
 def _lean_vjp(builder):
   """A cached factory of the ``jax.custom_vjp`` function of one lean path.
 
-  ``builder(*config) -> (primal, fwd, bwd)`` for a hashable static ``config`` (the form or component,
-  the parameters' tree structure, eps, chunk sizes): ``primal(q, k, v, diff, nondiff, mask) -> out``,
-  ``fwd(...) -> (out, residuals)`` and ``bwd(residuals, g) -> (dq, dk, dv, dw)`` (float32, ``dw`` one per
-  leaf of ``diff``; ``residuals`` start with the six arguments, whose dtypes the cotangents take, with
-  float0 for ``nondiff`` and ``mask``). ``functools.cache`` returns the same function for the same
+  ``builder(*config) -> (forward, bwd)`` for a hashable static ``config`` (the form or component,
+  the parameters' tree structure, eps, chunk sizes): ``forward(q, k, v, diff, nondiff, mask, save) ->
+  (out, saved)`` (``save`` False: the primal, which may save nothing) and ``bwd(residuals, g) -> (dq,
+  dk, dv, dw)`` (float32, ``dw`` one per leaf of ``diff``; ``residuals`` are the six arguments, whose
+  dtypes the cotangents take, with float0 for ``nondiff`` and ``mask``, then ``saved``). ``functools.cache`` returns the same function for the same
   config, so every trace of a model reuses it.
   """
   @functools.cache
   @functools.wraps(builder)
   def factory(*config):
-    primal, fwd, bwd = builder(*config)
+    forward, bwd = builder(*config)
 
     def cotangents(res, g):
       (q, k, v, diff, nondiff, mask), dq, dk, dv, dw = res[:6], *bwd(res, g)
@@ -487,7 +468,11 @@ def _lean_vjp(builder):
               tuple(d.astype(x.dtype) for d, x in zip(dw, diff)),
               tuple(_float0(x) for x in nondiff), _float0(mask))
 
-    fn = jax.custom_vjp(primal)
+    def fwd(*args):
+      out, saved = forward(*args, True)
+      return out, (*args, *saved)
+
+    fn = jax.custom_vjp(lambda *args: forward(*args, False)[0])
     fn.defvjp(fwd, cotangents)
     return fn
   return factory
@@ -555,7 +540,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
     ek = jnp.exp(key_logits(kc, mc, p) - beta) * form.scales(p, kc.dtype)[1]
     return jnp.where(mc[..., None], ek, 0.0)
 
-  def forward(q, k, v, diff, nondiff, mask):
+  def forward(q, k, v, diff, nondiff, mask, save):
+    del save                           # the residuals are the sums: no cost to the primal
     p = rebuild(diff, nondiff)
     dt = q.dtype
     kcs, vcs, mcs = _split_chunks(k, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)
@@ -590,13 +576,6 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
     _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
     return _join_chunks(out, -2), (beta, kv, ksum, _join_chunks(den, -1))
 
-  def primal(*args):
-    return forward(*args)[0]
-
-  def fwd(*args):
-    out, saved = forward(*args)
-    return out, (*args, *saved)
-
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, beta, kv, ksum, den = res
     return _bidirectional_backward(
@@ -604,7 +583,7 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
         lambda kk, mc, dd: key_features(kk, mc, rebuild(dd, nondiff), beta),
         q, k, v, g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck, eps)
 
-  return primal, fwd, bwd
+  return forward, bwd
 
 
 # The largest rise of the running key max inside one chunk (every feature) for which the chunk's in-chunk
@@ -662,26 +641,19 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
 
   * the scan carries ``gamma [1, F]``, the running key max up to the end of the previous chunk
     (``-inf`` before any valid key), and the prefix sums ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]``,
-    ``z = sum_{j < chunk} phi(k_j) [1, F]`` relative to it;
+    ``z = sum_{j < chunk} phi(k_j) [F]`` relative to it;
   * chunk n: each row's running max ``beta_i = max(gamma, max_{j <= i in n} zk_j)`` (0 where no valid
     key yet) and ``a_i = max_r (zq_ir + beta_ir)``, the row's largest term (it cancels in ``num / den``).
-    If ``beta`` rises by at most ``span`` inside the chunk (every feature and leading index; the chunk
-    is then formed on one shift ``rho = beta`` of its first row): ``phi(q_i) = s_q exp(zq_i + rho -
-    a_i) <= 1``, ``phi(k_j) = s_k exp(zk_j - rho) <= e^span``, ``num = phi(Q) S' + tril(phi(Q)
-    phi(K)^T) V`` with ``S' = S e^{gamma - rho}``, ``den`` alike with ``z``, then ``S, z`` take the
-    chunk's keys and move to its last row's shift. Every product is the unshifted one relative to
-    ``a_i``; a term is lost only below ``e^{span - 87}`` times its row's largest. Otherwise (a key in
-    the chunk far above the earlier ones), per row: ``phi(k_j) = s_k exp(zk_j - beta_j)``, ``phi(q_i) =
-    s_q exp(zq_i + beta_i - a_i)``, ``num_i = phi(q_i) e^{gamma - beta_i} S`` plus the in-chunk sums of
-    ``_shifted_blocks`` (every factor ``<= 1``, log2 C levels of small products). Both forms give the
-    same value; the one-shift form costs what the masked product costs. ``span=0`` takes the per-row
-    form for every chunk. Under ``vmap`` (over heads) a chunk takes one form for the whole batch
-    (``_cond_every``).
+    If ``beta`` rises by at most ``span`` inside the chunk (every feature and leading index), the chunk
+    is formed on one shift, the first row's ``beta`` (one masked product, ``_chunk_sums``); otherwise
+    per row (``_shifted_blocks``): ``_exp_chunk``. A term is lost only below ``e^{span - 87}`` times
+    its row's largest; ``span=0`` takes the per-row form everywhere. Under ``vmap`` (over heads) a
+    chunk takes one form for the whole batch (``_cond_every``).
   * Backward (``jax.custom_vjp``): the forward saves per chunk the incoming ``S [F, Dv]``, ``z`` and
     ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv), the output and the normalizer; a
     reverse scan recomputes the chunk's shifts and features and carries ``dS, dz``: by hand in the
-    one-shift form (as ``_causal_feature_attention_fn``), through ``jax.vjp`` of the chunk's sums in
-    the per-row form.
+    one-shift form (``_chunk_sums_grads``, as ``_causal_feature_attention_fn``), through ``jax.vjp``
+    of the chunk's sums in the per-row form.
 
   The shifts get no gradient (``stop_gradient`` in the stored path as well: they cancel), and
   ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size does not change any shift,
@@ -704,93 +676,118 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   return out[..., :length, :].astype(out_dtype)
 
 
+def _chunk_sums(phi_q, phi_k, vc, state, ksum, eps):
+  """The causal skeleton's step: one chunk from features on one shift and the sums ``S [F, Dv]``,
+  ``z [F]`` of the keys before it (Katharopoulos et al. 2020 eqs. 8-9, chunked): ``num = phi(Q) S +
+  tril(phi(Q) phi(K)^T) V``, ``den`` alike with ``z``. Returns ``(out, den, S', z')`` with the chunk's
+  keys added to the sums."""
+  tril = np.tril(np.ones((phi_q.shape[-2], phi_k.shape[-2]), bool))
+  scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+  num = jnp.einsum('...if,...fd->...id', phi_q, state) + jnp.einsum('...ij,...jd->...id', scores, vc)
+  den = jnp.einsum('...if,...f->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
+  return (normalize(num, den, eps), den, state + jnp.einsum('...jf,...jd->...fd', phi_k, vc),
+          ksum + jnp.sum(phi_k, axis=-2))
+
+
+def _chunk_sums_grads(phi_q, phi_k, vc, gc, oc, denc, state, ksum, d_state, d_ksum, eps):
+  """The skeleton's backward step: cotangents of ``_chunk_sums`` by hand from its output and normalizer
+  (the sums are not formed again). With ``gn = g / D``, ``gd = -(g . out) / D`` (0 where the guard
+  acts) and ``dA = tril(gn v^T + gd)``: ``dphi(q) = gn S^T + gd z + dA phi(k)``, ``dphi(k) = dA^T phi(q)
+  + v dS'^T + dz'``, ``dv = A^T gn + phi(k) dS'``. Returns those and the cotangents of ``S, z``."""
+  tril = np.tril(np.ones((phi_q.shape[-2], phi_k.shape[-2]), bool))
+  sden = safe_normalizer(denc, eps)
+  gn = gc / sden[..., None]
+  gd = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)
+  scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
+  d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gd[..., None], 0.0)
+  d_phi_q = (jnp.einsum('...id,...fd->...if', gn, state) + gd[..., None] * ksum[..., None, :]
+             + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
+  d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
+             + jnp.einsum('...jd,...fd->...jf', vc, d_state) + d_ksum[..., None, :])
+  dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_state)
+  return (d_phi_q, d_phi_k, dv, d_state + jnp.einsum('...if,...id->...fd', phi_q, gn),
+          d_ksum + jnp.einsum('...if,...i->...f', phi_q, gd))
+
+
+def _finite(x: Array) -> Array:
+  return jnp.where(jnp.isfinite(x), x, 0.0)
+
+
+def _exp_key_logits(form, kc, mc, p):
+  return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
+
+
+def _exp_chunk_shifts(zk, gamma, span):
+  """``(shift, ref, last, near, quick)`` from a chunk's key logits ``zk`` (``-inf`` for masked keys):
+  each row's running key max (0 where no valid key yet), the chunk's first finite one per feature (0 if
+  none), the last row's (``-inf`` if none: the next chunk's ``gamma``), whether each row's running max
+  is within ``span`` of ``ref`` (every feature), and whether every row's is (every leading index too)."""
+  rows = jax.lax.stop_gradient(_running_max(jnp.maximum(zk, gamma)))
+  finite = jnp.isfinite(rows)
+  ref = _finite(jnp.min(jnp.where(finite, rows, jnp.inf), axis=-2, keepdims=True))
+  near = jnp.all(jnp.where(finite, rows - ref, 0.0) <= span, axis=-1)       # [..., C]
+  return jnp.where(finite, rows, 0.0), ref, rows[..., -1:, :], near, jnp.all(near)
+
+
+def _exp_query_features(form, qc, p, shift, ref=None):
+  """``phi(q_i)`` on its row's ``shift`` (and the row max ``a_i``); with ``ref``, times
+  ``e^{min(ref - shift_i, 0)} <= 1`` in the same exponential."""
+  zq = form.logits(qc, p) + shift
+  a = _finite(jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True)))
+  if ref is not None:
+    zq = zq + jnp.minimum(ref - shift, 0.0)
+  return jnp.exp(zq - a) * form.scales(p, qc.dtype)[0]
+
+
+def _exp_key_features(form, kc, mc, p, shift, cap=None, zk=None):
+  """``phi(k_j)`` on ``shift``: its row's, or the chunk's ``ref`` with the exponent capped at ``cap``
+  (reached only by keys after every query that would see them at a larger value). ``zk``: the
+  chunk's key logits if already formed (the forward's)."""
+  z = (_exp_key_logits(form, kc, mc, p) if zk is None else zk) - shift
+  if cap is not None:
+    z = jnp.where(z > cap, cap, z)     # not minimum: its gradient at z == cap is halved
+  return jnp.where(mc[..., None], jnp.exp(z), 0.0) * form.scales(p, kc.dtype)[1]
+
+
+def _exp_chunk(form, p, eps, span, quick, qc, kc, vc, state, ksum, mc, shift, ref, last, near, gamma,
+               zk=None):
+  """``(out, den, state, ksum)`` of one chunk of ``causal_exp_feature_attention``. One-shift form:
+  ``_chunk_sums`` on ``ref`` (queries times factors ``<= 1``, keys ``<= e^span``), the carried sums
+  moved to ``ref`` first and to the last row's shift after. Per-row form (``quick`` False): features on
+  their own row's shift, the in-chunk part by ``_shifted_blocks`` (every factor ``<= 1``); it takes
+  the one-shift form's rows wherever ``near`` (they are exact there), so no row's value depends on
+  which form its chunk took, i.e. on later keys of the chunk or other leading indices."""
+  prev = _finite(gamma)
+  into, back = _down(prev - ref), _down(ref - _finite(last))
+  out, den, s1, z1 = _chunk_sums(_exp_query_features(form, qc, p, shift, ref),
+                                 _exp_key_features(form, kc, mc, p, ref, cap=span, zk=zk), vc,
+                                 state * jnp.swapaxes(into, -1, -2), ksum * into[..., 0, :], eps)
+  one = (out, den, s1 * jnp.swapaxes(back, -1, -2), z1 * back[..., 0, :])
+  if quick:
+    return one
+  phi_q = _exp_query_features(form, qc, p, shift)
+  phi_k = _exp_key_features(form, kc, mc, p, shift, zk=zk)
+  qg = phi_q * _down(prev - shift)
+  num_in, den_in = _shifted_blocks(phi_q, phi_k, vc, shift)
+  num = jnp.einsum('...if,...fd->...id', qg, state) + num_in
+  den = jnp.einsum('...if,...f->...i', qg, ksum) + den_in
+  last_shift = shift[..., -1:, :]
+  down = _down(prev - last_shift)
+  kg = phi_k * _down(shift - last_shift)
+  state = state * jnp.swapaxes(down, -1, -2) + jnp.einsum('...jf,...jd->...fd', kg, vc)
+  ksum = ksum * down[..., 0, :] + jnp.sum(kg, axis=-2)
+  out = normalize(num, den, eps)
+  return jnp.where(near[..., None], one[0], out), jnp.where(near, one[1], den), state, ksum
+
+
 @_lean_vjp
 def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
   """``causal_exp_feature_attention`` for one (form, W structure, eps, chunk, span)."""
   rebuild = _rebuilder(treedef, is_float)
-  tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
 
-  def key_logits(kc, mc, p):
-    return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
-
-  def chunk_shifts(zk, gamma):
-    """``(shift, ref, last, near, quick)`` from the chunk's key logits ``zk`` (``-inf`` for masked
-    keys): each row's running key max (0 where no valid key yet), the chunk's first finite one per
-    feature (0 if none), the last row's (``-inf`` if none: the next chunk's ``gamma``), whether each
-    row's running max is within ``span`` of ``ref`` (every feature), and whether every row's is (every
-    leading index too)."""
-    rows = jax.lax.stop_gradient(_running_max(jnp.maximum(zk, gamma)))
-    finite = jnp.isfinite(rows)
-    ref = jnp.min(jnp.where(finite, rows, jnp.inf), axis=-2, keepdims=True)
-    ref = jnp.where(jnp.isfinite(ref), ref, 0.0)
-    near = jnp.all(jnp.where(finite, rows - ref, 0.0) <= span, axis=-1)       # [..., C]
-    return jnp.where(finite, rows, 0.0), ref, rows[..., -1:, :], near, jnp.all(near)
-
-  def query_features(qc, p, shift, ref=None):
-    """``phi(q_i)`` on its row's ``shift`` (and the row max ``a_i``); with ``ref``, times
-    ``e^{min(ref - shift_i, 0)} <= 1`` in the same exponential."""
-    zq = form.logits(qc, p) + shift
-    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
-    a = jnp.where(jnp.isfinite(a), a, 0.0)
-    if ref is not None:
-      zq = zq + jnp.minimum(ref - shift, 0.0)
-    return jnp.exp(zq - a) * form.scales(p, qc.dtype)[0]
-
-  def key_features(kc, mc, p, shift, cap=None, zk=None):
-    """``phi(k_j)`` on ``shift``: its row's, or the chunk's ``ref`` with the exponent capped at ``cap``
-    (reached only by keys after every query that would see them at a larger value). ``zk``: the
-    chunk's key logits if already formed (the forward's)."""
-    z = (key_logits(kc, mc, p) if zk is None else zk) - shift
-    if cap is not None:
-      z = jnp.where(z > cap, cap, z)     # not minimum: its gradient at z == cap is halved
-    return jnp.where(mc[..., None], jnp.exp(z), 0.0) * form.scales(p, kc.dtype)[1]
-
-  def exact_sums(phi_q, phi_k, vc, state, ksum, shift, gamma):
-    """One chunk's output and the sums after it, from features on their own row's ``shift``: the
-    in-chunk part by ``_shifted_blocks`` (every factor ``<= 1``, whatever the rise in the chunk)."""
-    prev = jnp.where(jnp.isfinite(gamma), gamma, 0.0)
-    qg = phi_q * _down(prev - shift)
-    num_in, den_in = _shifted_blocks(phi_q, phi_k, vc, shift)
-    num = jnp.einsum('...if,...fd->...id', qg, state) + num_in
-    den = jnp.einsum('...if,...xf->...i', qg, ksum) + den_in
-    out = normalize(num, den, eps)
-    last = shift[..., -1:, :]
-    back = _down(prev - last)
-    kg = phi_k * _down(shift - last)
-    state = state * jnp.swapaxes(back, -1, -2) + jnp.einsum('...jf,...jd->...fd', kg, vc)
-    ksum = ksum * back + jnp.sum(kg, axis=-2, keepdims=True)
-    return out, den, state, ksum
-
-  def quick_sums(phi_q, phi_k, vc, state, ksum, ref, last, gamma):
-    """The same from features on the chunk's one shift ``ref`` (queries times factors ``<= 1``, keys
-    ``<= e^span``): the carried sums move to ``ref``, the in-chunk part is one masked C x C product,
-    and the sums after the chunk move to its last row's shift."""
-    prev = jnp.where(jnp.isfinite(gamma), gamma, 0.0)
-    into = _down(prev - ref)
-    state, ksum = state * jnp.swapaxes(into, -1, -2), ksum * into
-    scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-    num = jnp.einsum('...if,...fd->...id', phi_q, state) + jnp.einsum('...ij,...jd->...id', scores, vc)
-    den = jnp.einsum('...if,...xf->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
-    out = normalize(num, den, eps)
-    back = _down(ref - jnp.where(jnp.isfinite(last), last, 0.0))
-    state = (state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)) * jnp.swapaxes(back, -1, -2)
-    ksum = (ksum + jnp.sum(phi_k, axis=-2, keepdims=True)) * back
-    return out, den, state, ksum
-
-  def chunk(quick, qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, near, gamma,
-            zk=None):
-    """``(out, den, state, ksum)`` of one chunk in either form. The per-row form (``quick`` False)
-    takes the one-shift form's rows wherever ``near`` (they are exact there), so no row's value
-    depends on which form its chunk took, i.e. on later keys of the chunk or other leading indices."""
-    p = rebuild(diff, nondiff)
-    one = quick_sums(query_features(qc, p, shift, ref), key_features(kc, mc, p, ref, cap=span, zk=zk),
-                     vc, state, ksum, ref, last, gamma)
-    if quick:
-      return one
-    out, den, state, ksum = exact_sums(query_features(qc, p, shift),
-                                       key_features(kc, mc, p, shift, zk=zk), vc, state, ksum, shift,
-                                       gamma)
-    return jnp.where(near[..., None], one[0], out), jnp.where(near, one[1], den), state, ksum
+  def chunk(quick, qc, kc, vc, state, ksum, diff, mc, nondiff, *rest):
+    return _exp_chunk(form, rebuild(diff, nondiff), eps, span, quick, qc, kc, vc, state, ksum, mc,
+                      *rest)
 
   forms = tuple(functools.partial(lambda quick, ops: chunk(quick, *ops), quick) for quick in (True, False))
 
@@ -801,34 +798,21 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     return vjp(cts)
 
   def quick_grads(ops):
-    """The same in the one-shift form, by hand from the forward's output and normalizer (the sums
-    are not formed again): with ``gn = g / D`` and ``gd = -(g . out) / D`` (0 where the guard acts),
-    ``dphi(q) = gn S^T + gd z + dA phi(k)``, ``dphi(k) = dA^T phi(q) + v dS'^T + dz'`` with
-    ``dA = tril(gn v^T + gd)`` and ``dS', dz'`` the cotangents of the chunk's sums after it."""
+    """The same in the one-shift form: ``_chunk_sums_grads`` on the sums moved to ``ref``, through
+    ``jax.vjp`` of the chunk's features."""
     qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last, _, gm, oc, denc, gc, d_state, d_ksum = ops
-    phi_q, vjp_q = jax.vjp(lambda qq, dd: query_features(qq, rebuild(dd, nondiff), shift, ref),
-                           qc, diff)
-    phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, rebuild(dd, nondiff), ref, cap=span),
-                           kc, diff)
+    phi_q, vjp_q = jax.vjp(
+        lambda qq, dd: _exp_query_features(form, qq, rebuild(dd, nondiff), shift, ref), qc, diff)
+    phi_k, vjp_k = jax.vjp(
+        lambda kk, dd: _exp_key_features(form, kk, mc, rebuild(dd, nondiff), ref, cap=span), kc, diff)
     t = lambda x: jnp.swapaxes(x, -1, -2)
-    into = _down(jnp.where(jnp.isfinite(gm), gm, 0.0) - ref)
-    back = _down(ref - jnp.where(jnp.isfinite(last), last, 0.0))
-    sden = safe_normalizer(denc, eps)
-    gn = gc / sden[..., None]
-    gd = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)
-    scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-    d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gd[..., None], 0.0)
-    d_x, d_y = d_state * t(back), d_ksum * back
-    d_phi_q = (jnp.einsum('...id,...fd->...if', gn, sc * t(into)) + gd[..., None] * (zc * into)
-               + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
-    d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
-               + jnp.einsum('...jd,...fd->...jf', vc, d_x) + d_y)
-    dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_x)
-    d_prev = (jnp.einsum('...if,...id->...fd', phi_q, gn) + d_x) * t(into)
-    d_z = (jnp.einsum('...if,...i->...f', phi_q, gd)[..., None, :] + d_y) * into
+    into, back = _down(_finite(gm) - ref), _down(ref - _finite(last))
+    d_phi_q, d_phi_k, dv, d_prev, d_z = _chunk_sums_grads(
+        phi_q, phi_k, vc, gc, oc, denc, sc * t(into), zc * into[..., 0, :], d_state * t(back),
+        d_ksum * back[..., 0, :], eps)
     dq, dwq = vjp_q(d_phi_q.astype(phi_q.dtype))
     dk, dwk = vjp_k(d_phi_k.astype(phi_k.dtype))
-    return dq, dk, dv, d_prev, d_z, tuple(a + b for a, b in zip(dwq, dwk))
+    return dq, dk, dv, d_prev * t(into), d_z * into[..., 0, :], tuple(a + b for a, b in zip(dwq, dwk))
 
   def forward(q, k, v, diff, nondiff, mask, save):
     p = rebuild(diff, nondiff)
@@ -838,36 +822,29 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     def step(carry, xs):
       gamma, state, ksum = carry
       qc, kc, vc, mc = xs
-      zk = key_logits(kc, mc, p)
-      shift, ref, last, near, quick = chunk_shifts(zk, gamma)
+      zk = _exp_key_logits(form, kc, mc, p)
+      shift, ref, last, near, quick = _exp_chunk_shifts(zk, gamma, span)
       out, den, new_state, new_ksum = _cond_every(
           quick, *forms, (qc, kc, vc, state, ksum, diff, mc, nondiff, shift, ref, last, near, gamma, zk))
       ys = (out, den, state, ksum, gamma) if save else (out,)
       return (last, new_state, new_ksum), ys
 
     init = (jnp.full(lead + (1, f_dim), -jnp.inf, q.dtype),
-            jnp.zeros(lead + (f_dim, v.shape[-1]), jnp.float32), jnp.zeros(lead + (1, f_dim), jnp.float32))
+            jnp.zeros(lead + (f_dim, v.shape[-1]), jnp.float32), jnp.zeros(lead + (f_dim,), jnp.float32))
     xs = (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
           _split_chunks(mask, c, -1))
     _, ys = jax.lax.scan(step, init, xs, unroll=xs[0].shape[0] == 1)
-    return ys
-
-  def primal(*args):
-    return _join_chunks(forward(*args, False)[0], -2)
-
-  def fwd(*args):
-    ys = forward(*args, True)
-    return _join_chunks(ys[0], -2), (*args, *ys)
+    return _join_chunks(ys[0], -2), (ys if save else ())
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, out, den, state, ksum, gamma = res
-    zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
     add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
     def step(carry, xs):
       d_state, d_ksum, dw = carry
       qc, kc, vc, mc, gc, oc, denc, sc, zc, gm = xs
-      shift, ref, last, near, quick = chunk_shifts(key_logits(kc, mc, rebuild(diff, nondiff)), gm)
+      shift, ref, last, near, quick = _exp_chunk_shifts(
+          _exp_key_logits(form, kc, mc, rebuild(diff, nondiff)), gm, span)
       dq, dk, dv, d_prev, d_z, dwc = _cond_every(
           quick, quick_grads, exact_grads, (qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last,
                                             near, gm, oc, denc, gc, d_state, d_ksum))
@@ -876,12 +853,12 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
     split = lambda x: _split_chunks(x, c, -2)
     xs = (split(q), split(k), split(v), _split_chunks(mask, c, -1), split(g.astype(jnp.float32)),
           out, den, state, ksum, gamma)
-    init = (jnp.zeros_like(state[0]), jnp.zeros_like(ksum[0]), zeros_diff)
+    init = (jnp.zeros_like(state[0]), jnp.zeros_like(ksum[0]), tuple(jnp.zeros_like(x) for x in diff))
     (_, _, dw), (dq, dk, dv) = jax.lax.scan(step, init, xs, reverse=True,
                                             unroll=state.shape[0] == 1)
     return _join_chunks(dq, -2), _join_chunks(dk, -2), _join_chunks(dv, -2), dw
 
-  return primal, fwd, bwd
+  return forward, bwd
 
 
 # ----------------------------------------------------------------------------------------------
@@ -964,7 +941,8 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
   """``feature_attention`` for one (component, parameters, eps, chunks)."""
   rebuild = _rebuilder(treedef, is_float)
 
-  def forward(q, k, v, diff, nondiff, mask):
+  def forward(q, k, v, diff, nondiff, mask, save):
+    del save                           # the residuals are the sums: no cost to the primal
     query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
 
     def key_step(carry, xs):
@@ -992,20 +970,13 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
     _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
     return _join_chunks(out, -2), (kv, ksum, _join_chunks(den, -1))
 
-  def primal(*args):
-    return forward(*args)[0]
-
-  def fwd(*args):
-    out, saved = forward(*args)
-    return out, (*args, *saved)
-
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, kv, ksum, den = res
     query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
     return _bidirectional_backward(query_features, key_features, q, k, v, g.astype(jnp.float32), den,
                                    kv, ksum, diff, mask, cq, ck, eps)
 
-  return primal, fwd, bwd
+  return forward, bwd
 
 
 def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
@@ -1050,7 +1021,6 @@ def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
 def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
   """``causal_feature_attention`` for one (component, parameters, eps, chunk, segment)."""
   rebuild = _rebuilder(treedef, is_float)
-  tril = np.tril(np.ones((c, c), bool))   # numpy: the function is cached across traces
 
   def chunks(q, k, v, mask):
     return (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
@@ -1070,23 +1040,16 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
 
     def step(carry, xs):
-      state, ksum = carry
       qc, kc, vc, mc = xs
-      phi_q, phi_k = query_features(qc, diff), key_features(kc, mc, diff)
-      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-      num = (jnp.einsum('...if,...fd->...id', phi_q, state)
-             + jnp.einsum('...ij,...jd->...id', scores, vc))
-      den = jnp.einsum('...if,...f->...i', phi_q, ksum) + jnp.sum(scores, axis=-1)
-      out = normalize(num, den, eps)
-      state = state + jnp.einsum('...jf,...jd->...fd', phi_k, vc)
-      ksum = ksum + jnp.sum(phi_k, axis=-2)
-      return (state, ksum), ((out, den) if save else out)
+      out, den, *carry = _chunk_sums(query_features(qc, diff), key_features(kc, mc, diff), vc, *carry,
+                                     eps)
+      return tuple(carry), ((out, den) if save else out)
 
     init = init_state(q, k, v, mask, diff, nondiff)
     xs = chunks(q, k, v, mask)
     if not save:
       _, out = jax.lax.scan(step, init, xs, unroll=xs[0].shape[0] == 1)
-      return _join_chunks(out, -2)
+      return _join_chunks(out, -2), ()
 
     def segment(carry, seg_xs):
       new, (out, den) = jax.lax.scan(step, carry, seg_xs, unroll=g == 1)
@@ -1095,14 +1058,8 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     _, (out, den, s0, z0) = jax.lax.scan(segment, init, tuple(segments(x) for x in xs),
                                          unroll=xs[0].shape[0] == g)
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
-    return _join_chunks(flat(out), -2), (flat(den), s0, z0)
-
-  def primal(*args):
-    return forward(*args, False)
-
-  def fwd(*args):
-    out, saved = forward(*args, True)
-    return out, (*args, out, *saved)
+    out = _join_chunks(flat(out), -2)
+    return out, (out, flat(den), s0, z0)
 
   def bwd(res, gr):
     q, k, v, diff, nondiff, mask, out, den, s0, z0 = res
@@ -1122,18 +1079,8 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
       qc, kc, vc, mc, gc, oc, denc, pc, zc = xs
       phi_q, vjp_q = jax.vjp(query_features, qc, diff)
       phi_k, vjp_k = jax.vjp(lambda kk, dd: key_features(kk, mc, dd), kc, diff)
-      scores = jnp.where(tril, jnp.einsum('...if,...jf->...ij', phi_q, phi_k), 0.0)
-      sden = safe_normalizer(denc, eps)
-      gn = gc / sden[..., None]
-      gden = jnp.where(jnp.abs(denc) < eps, 0.0, -jnp.sum(gc * oc, axis=-1) / sden)     # [..., C]
-      d_scores = jnp.where(tril, jnp.einsum('...id,...jd->...ij', gn, vc) + gden[..., None], 0.0)
-      d_phi_q = (jnp.einsum('...id,...fd->...if', gn, pc) + gden[..., None] * zc[..., None, :]
-                 + jnp.einsum('...ij,...jf->...if', d_scores, phi_k))
-      d_phi_k = (jnp.einsum('...ij,...if->...jf', d_scores, phi_q)
-                 + jnp.einsum('...jd,...fd->...jf', vc, d_state) + d_ksum[..., None, :])
-      dv = jnp.einsum('...ij,...id->...jd', scores, gn) + jnp.einsum('...jf,...fd->...jd', phi_k, d_state)
-      d_state = d_state + jnp.einsum('...if,...id->...fd', phi_q, gn)
-      d_ksum = d_ksum + jnp.einsum('...if,...i->...f', phi_q, gden)
+      d_phi_q, d_phi_k, dv, d_state, d_ksum = _chunk_sums_grads(phi_q, phi_k, vc, gc, oc, denc, pc, zc,
+                                                               d_state, d_ksum, eps)
       dq, dwq = vjp_q(d_phi_q.astype(phi_q.dtype))
       dk, dwk = vjp_k(d_phi_k.astype(phi_k.dtype))
       return (d_state, d_ksum, add(dw, add(dwq, dwk))), (dq, dk, dv)
@@ -1152,4 +1099,4 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     flat = lambda x: x.reshape((-1,) + x.shape[2:])
     return (_join_chunks(flat(dq), -2), _join_chunks(flat(dk), -2), _join_chunks(flat(dv), -2), dw)
 
-  return primal, fwd, bwd
+  return forward, bwd

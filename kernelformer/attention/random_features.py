@@ -248,63 +248,96 @@ class RandomFeatureAttention(nn.Module):
     if (self.distill_weight > 0 and self.is_mutable_collection(distill_lib.DISTILL_COLLECTION)
         and not self.is_initializing()):   # init makes every collection mutable: no state from it
       self._sow_distillation(qf, kf, proj, mask, causal)
-    if self._use_pallas(position_bias, q.shape, v.dtype, causal):
-      return self._pallas_attention(qf, kf, v, proj, mask)
-    # Exp-maps, bidirectional: features formed chunk by chunk and recomputed in the backward
-    # (``linear.exp_feature_attention``, same values); phi(Q), phi(K) are then formed only when asked for.
-    # Causal exp-maps: the same, features formed inside one scan over chunks that also carries the
-    # running key max and the [M', Dv] state (``linear.causal_exp_feature_attention``).
-    # Row-wise maps (``row_wise`` records: Taylor, Hedgehog, T2R, DPFP, ReBased, the elementwise maps,
-    # elu, relu,
-    # rks, grelu): the same two paths without a stabilizer (``linear.feature_attention``,
-    # ``linear.causal_feature_attention``), so Taylor's 1 + d + d^2 features exist one chunk at a time.
-    form = None if STORED_FEATURES_ONLY else record.log_space
-    row_wise = form is None and record.row_wise and not STORED_FEATURES_ONLY
-    lean = (form is not None or row_wise) and position_bias is None
-    if lean and row_wise:
-      out = _row_wise_attention(self.component, qf, kf, v, proj, mask, causal=causal,
-                                per_head=not (self.share_heads or proj is None), eps=normalizer_eps(self.component, self.feature_eps),
-                                chunk_size=self.chunk_size)
-      if not self.is_mutable_collection('intermediates'):
-        return out
-    elif lean:
-      proj_axis = None if (self.share_heads or proj is None) else 0
-      if causal:
-        one_head = lambda qh, kh, vh, p: linear.causal_exp_feature_attention(
-            form, qh, kh, vh, p, mask=mask, eps=normalizer_eps(self.component, self.feature_eps), chunk_size=self.chunk_size)
-      else:
-        one_head = lambda qh, kh, vh, p: linear.exp_feature_attention(
-            form, qh, kh, vh, p, mask=mask, eps=normalizer_eps(self.component, self.feature_eps))
-      out = jax.vmap(one_head, in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
-      if not self.is_mutable_collection('intermediates'):
-        return out
-    # Causal exp-maps: key shifts are running maxima per row (no later key enters an earlier row).
+    path = self._path(record, position_bias, q.shape, v.dtype, causal)
+    paths = {'pallas': self._pallas_attention, 'exp': self._exp_attention,
+             'row_wise': self._row_wise_attention, 'stored': self._stored_attention}
+    return paths[path](qf, kf, v, proj, mask, causal, position_bias,
+                       normalizer_eps(self.component, self.feature_eps))
+
+  def _path(self, record, position_bias, q_shape, dtype, causal: bool) -> str:
+    """The one core that computes this call, chosen up front from what the map is:
+
+    * 'pallas': the fused kernels (``_use_pallas``);
+    * 'exp': maps with a ``LogSpaceForm`` (posrf, hyperbolic) -- ``linear.exp_feature_attention`` /
+      ``causal_exp_feature_attention``, features formed chunk by chunk (inside one scan that carries the
+      running key max and the ``[M', Dv]`` state when causal) and recomputed in the backward;
+    * 'row_wise': maps whose row's features depend on that row alone (Taylor, Hedgehog, T2R, DPFP,
+      ReBased, the elementwise maps, elu, relu, rks, grelu) -- the same two paths without a stabilizer,
+      so Taylor's 1 + d + d^2 features exist one chunk at a time;
+    * 'stored': every other map, a position bias (RPE), or ``STORED_FEATURES_ONLY`` -- phi(Q), phi(K)
+      formed whole, then ``linear.linear_attention`` or ``rpe.rpe_linear_attention``.
+    """
+    if self._use_pallas(position_bias, q_shape, dtype, causal):
+      return 'pallas'
+    if position_bias is not None or STORED_FEATURES_ONLY:
+      return 'stored'
+    if record.log_space is not None:
+      return 'exp'
+    return 'row_wise' if record.row_wise else 'stored'
+
+  def _features(self, qf, kf, proj, mask, **kwargs):
+    """``per_head_features`` of this module's map (with token positions for the positional maps)."""
+    positions = (maps_lib.token_positions(mask, qf.shape[1], kf.shape[1], self.cos_length)
+                 if catalog.get(self.component).positional else None)
+    return per_head_features(self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
+                             positions=positions, **kwargs)
+
+  def _sow_features(self, qf, kf, proj, mask, phi=None) -> None:
+    """phi(Q), phi(K) into ``intermediates`` for tests and analysis (``mutable=['intermediates']``; a
+    no-op otherwise), on one shift for all keys: chunk-shifted features pair up only with the core's
+    rescaling."""
+    if self.is_mutable_collection('intermediates'):
+      phi_q, phi_k = phi or self._features(qf, kf, proj, mask)
+      self.sow('intermediates', 'phi_q', phi_q)
+      self.sow('intermediates', 'phi_k', phi_k)
+
+  def _exp_attention(self, qf, kf, v, proj, mask, causal, position_bias, eps):
+    del position_bias
+    self._sow_features(qf, kf, proj, mask)
+    form = catalog.get(self.component).log_space
+    if causal:
+      one_head = lambda qh, kh, vh, p: linear.causal_exp_feature_attention(
+          form, qh, kh, vh, p, mask=mask, eps=eps, chunk_size=self.chunk_size)
+    else:
+      one_head = lambda qh, kh, vh, p: linear.exp_feature_attention(form, qh, kh, vh, p, mask=mask,
+                                                                    eps=eps)
+    proj_axis = None if (self.share_heads or proj is None) else 0
+    return jax.vmap(one_head, in_axes=(2, 2, 2, proj_axis), out_axes=2)(qf, kf, v, proj)
+
+  def _row_wise_attention(self, qf, kf, v, proj, mask, causal, position_bias, eps):
+    """``linear.feature_attention`` / ``causal_feature_attention`` with heads as a leading axis of the
+    call (``[B, H, L, d]``) rather than a ``vmap`` around it: the chunks' large einsums then run on
+    plain leading axes (at Taylor's M' = 4161, L = 2048, H = 2, fwd+bwd took 0.56-0.64x the time of the
+    vmapped call, interleaved on this CPU). Per-head parameters are vmapped inside the feature
+    computation only (``_heads_component``)."""
+    del position_bias
+    self._sow_features(qf, kf, proj, mask)
+    per_head = not (self.share_heads or proj is None)
+    fn = _heads_component(self.component) if per_head else catalog.get(self.component).fn
+    qt, kt, vt = (jnp.swapaxes(x, 1, 2) for x in (qf, kf, v))
+    key_mask = None if mask is None else jnp.asarray(mask, bool)[:, None, :]
+    if causal:
+      out = linear.causal_feature_attention(fn, qt, kt, vt, proj, mask=key_mask, eps=eps,
+                                            chunk_size=self.chunk_size)
+    else:
+      out = linear.feature_attention(fn, qt, kt, vt, proj, mask=key_mask, eps=eps)
+    return jnp.swapaxes(out, 1, 2)
+
+  def _stored_attention(self, qf, kf, v, proj, mask, causal, position_bias, eps):
+    record = catalog.get(self.component)
+    # Causal maps with a running key shift: key shifts are running maxima per row (no later key enters
+    # an earlier row). Causal RPE on l2-normalized keys (nprf-rpe): one key shift from W alone, set by
+    # no key (the record's ``unit_key_shift``); the decoder's step uses the same one.
     chunked = causal and position_bias is None and record.causal_shift
-    # Causal RPE on l2-normalized keys (nprf-rpe): one key shift from W alone, set by no key
-    # (the record's ``unit_key_shift``); the decoder's step uses the same one.
     unit_keys = (causal and position_bias is not None and self.normalize_qk
                  and record.unit_key_shift is not None)
-    positions = (maps_lib.token_positions(mask, q.shape[1], k.shape[1], self.cos_length)
-                 if record.positional else None)
-    phi_q, phi_k, *key_shift = per_head_features(
-        self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
-        causal_chunk=self.chunk_size if chunked else None, unit_keys=unit_keys, positions=positions)
-    # Exposed for tests and analysis (``mutable=['intermediates']``); a no-op otherwise. Chunk-shifted
-    # features pair up only with the core's rescaling, so the sown ones use one shift for all keys.
-    sown = (per_head_features(self.component, qf, kf, proj, mask, heads_share_proj=self.share_heads,
-                              positions=positions)
-            if chunked and self.is_mutable_collection('intermediates') else (phi_q, phi_k))
-    self.sow('intermediates', 'phi_q', sown[0])
-    self.sow('intermediates', 'phi_k', sown[1])
-    if lean:
-      return out
+    phi_q, phi_k, *key_shift = self._features(qf, kf, proj, mask, unit_keys=unit_keys,
+                                              causal_chunk=self.chunk_size if chunked else None)
+    self._sow_features(qf, kf, proj, mask, None if chunked else (phi_q, phi_k))
     if position_bias is not None:
-      return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal,
-                                      eps=normalizer_eps(self.component, self.feature_eps))
-    return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal,
-                                   chunk_size=self.chunk_size, eps=normalizer_eps(self.component, self.feature_eps),
-                                   key_shift=key_shift[0] if key_shift else None)
-
+      return rpe.rpe_linear_attention(phi_q, phi_k, v, position_bias, mask=mask, causal=causal, eps=eps)
+    return linear.linear_attention(phi_q, phi_k, v, mask=mask, causal=causal, chunk_size=self.chunk_size,
+                                   eps=eps, key_shift=key_shift[0] if key_shift else None)
 
   def _sow_distillation(self, qf, kf, proj, mask, causal) -> None:
     """``distill_weight`` x Hedgehog's distillation loss into ``aux_loss`` (``attention/distill.py``).
@@ -312,11 +345,7 @@ class RandomFeatureAttention(nn.Module):
     The student's features are those of the stopped q, k with the live map parameters, so this term's
     gradient reaches only the map (Hedgehog's W).
     """
-    sq, sk = jax.lax.stop_gradient(qf), jax.lax.stop_gradient(kf)
-    positions = (maps_lib.token_positions(mask, qf.shape[1], kf.shape[1], self.cos_length)
-                 if catalog.get(self.component).positional else None)
-    phi_q, phi_k = per_head_features(self.component, sq, sk, proj, mask,
-                                     heads_share_proj=self.share_heads, positions=positions)
+    phi_q, phi_k = self._features(jax.lax.stop_gradient(qf), jax.lax.stop_gradient(kf), proj, mask)
     loss = distill_lib.attention_distillation_loss(qf, kf, phi_q, phi_k, mask=mask, causal=causal)
     self.sow(distill_lib.DISTILL_COLLECTION, 'distill', self.distill_weight * loss)
 
@@ -350,7 +379,8 @@ class RandomFeatureAttention(nn.Module):
     from kernelformer.pallas import validated  # pylint: disable=g-import-not-at-top
     return validated.select(feature, causal=False, dtype=jnp.dtype(dtype).name)[0]
 
-  def _pallas_attention(self, qf, kf, v, proj, mask):
+  def _pallas_attention(self, qf, kf, v, proj, mask, causal, position_bias, eps):
+    del causal, position_bias         # bidirectional and no bias: ``_use_pallas``
     from kernelformer import pallas  # pylint: disable=g-import-not-at-top
     w, weights = None, None
     if proj is not None:
@@ -358,8 +388,7 @@ class RandomFeatureAttention(nn.Module):
       w = dense(proj) if self.share_heads else jax.vmap(dense)(proj)
       weights = proj.feature_weights
     return pallas.feature_attention(qf, kf, v, w, feature=catalog.get(self.component).pallas_feature,
-                                    feature_weights=weights, mask=mask,
-                                    eps=normalizer_eps(self.component, self.feature_eps))
+                                    feature_weights=weights, mask=mask, eps=eps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -372,26 +401,6 @@ def _heads_component(component: str):
     one = lambda qh, kh, p, m: fn(qh, kh, p, mask=m, stabilize=stabilize)
     return jax.vmap(one, in_axes=(1, 1, 0, None if mask is None else 1), out_axes=1)(q, k, proj, mask)
   return heads
-
-
-def _row_wise_attention(component: str, q: Array, k: Array, v: Array, proj, mask: Optional[Array], *,
-                        causal: bool, per_head: bool, eps: float, chunk_size: int) -> Array:
-  """``linear.feature_attention`` / ``causal_feature_attention`` for ``[B, L, H, d]`` inputs.
-
-  Heads become a leading axis of the call (``[B, H, L, d]``) rather than a ``vmap`` around it: the
-  chunks' large einsums then run on plain leading axes (at Taylor's M' = 4161, L = 2048, H = 2, fwd+bwd
-  took 0.56-0.64x the time of the vmapped call, interleaved on this CPU). Per-head parameters are
-  vmapped inside the feature computation only (``_heads_component``).
-  """
-  fn = _heads_component(component) if per_head else catalog.get(component).fn
-  qt, kt, vt = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
-  key_mask = None if mask is None else jnp.asarray(mask, bool)[:, None, :]
-  if causal:
-    out = linear.causal_feature_attention(fn, qt, kt, vt, proj, mask=key_mask, eps=eps,
-                                          chunk_size=chunk_size)
-  else:
-    out = linear.feature_attention(fn, qt, kt, vt, proj, mask=key_mask, eps=eps)
-  return jnp.swapaxes(out, 1, 2)
 
 
 def pallas_components() -> list[str]:

@@ -685,10 +685,10 @@ _GRELU_KERNEL = 'its own kernel sum_r c_r (relu(w_r.q)+eps)(relu(w_r.k)+eps), no
 
 # The exp-maps share one stabilizer (``_exp_shifted``): a causal form with per-chunk running key maxima,
 # and a normalizer in the units of a data-dependent shift (guard ``SHIFTED_EPS``).
-_EXP_MAP = dict(positive=True, causal_shift=True, normalizer_eps=SHIFTED_EPS, grid=True)
+_EXP_MAP = dict(positive=True, statistic='key_max', normalizer_eps=SHIFTED_EPS, grid=True)
 
 FEATURE_MAPS = (
-    FeatureMap('trigrf', trigrf, 'softmax', parts=2, causal_shift=True, grid=True, pallas_feature='trig',
+    FeatureMap('trigrf', trigrf, 'softmax', parts=2, statistic='key_max', grid=True, pallas_feature='trig',
                paper=f'Rahimi & Recht 2007 with Performer Lemma 1; {_SPECTRA} eqs. 8, 10'),
     FeatureMap('posrf', posrf, 'softmax', parts=1, **_EXP_MAP, pallas_feature='exp',
                log_space=LogSpaceForm(_posrf_logits, parts=1),
@@ -698,20 +698,20 @@ FEATURE_MAPS = (
                paper=f'Likhosherstov et al. 2022 (FAVOR++); {_SPECTRA} eqs. 34-35'),
     FeatureMap('saderf', saderf, 'softmax', parts=1, **_EXP_MAP, sequence_statistics=True,
                paper=f'Likhosherstov et al. 2023 (FAVOR#); {_SPECTRA} eq. 36'),
-    FeatureMap('rks', rks, 'gaussian', parts=2, row_wise=True, grid=True,
+    FeatureMap('rks', rks, 'gaussian', parts=2, statistic='row', grid=True,
                paper=f'Rahimi & Recht 2007 (RKS); {_KL} eq. 3'),
     FeatureMap('hyperbolic', hyperbolic, 'softmax', parts=2, **_EXP_MAP,
                log_space=LogSpaceForm(_hyperbolic_logits, parts=2),
                unit_key_shift=_unit_key_bound(_hyperbolic_unit_key_shift),
                paper=f'Choromanski et al. 2021 (hyperbolic PRF); {_SPECTRA} eq. 11 with l=2'),
-    FeatureMap('elu', elu, 'none', parts=0, positive=True, row_wise=True, pallas_feature='elu',
+    FeatureMap('elu', elu, 'none', parts=0, positive=True, statistic='row', pallas_feature='elu',
                paper='Katharopoulos et al. 2020 (Linear Transformer), elu(x)+1',
                approximates='its own kernel (elu(q)+1).(elu(k)+1)'),
-    FeatureMap('relu', relu, 'none', parts=0, row_wise=True, pallas_feature='relu',
+    FeatureMap('relu', relu, 'none', parts=0, statistic='row', pallas_feature='relu',
                paper='deterministic relu(x) feature map', approximates='its own kernel relu(q).relu(k)'),
-    FeatureMap('grelu', grelu, 'none', parts=1, positive=True, row_wise=True, paper=_GRELU_PAPER,
+    FeatureMap('grelu', grelu, 'none', parts=1, positive=True, statistic='row', paper=_GRELU_PAPER,
                approximates=_GRELU_KERNEL),
-    FeatureMap('grelu_det', grelu_det, 'none', parts=0, positive=True, row_wise=True,
+    FeatureMap('grelu_det', grelu_det, 'none', parts=0, positive=True, statistic='row',
                paper=f'{_GRELU_PAPER}, features_type=deterministic (LRA repository default Performer)',
                approximates='its own kernel (relu(q)+eps).(relu(k)+eps), no d^-1/4 scale'),
     FeatureMap('posrf_lra', posrf_lra, 'softmax', parts=1, positive=True,
@@ -720,7 +720,7 @@ FEATURE_MAPS = (
                non_causal="LRA's key features are shifted by one maximum over all keys and the +1e-6 "
                           'added after the shift does not cancel, so later keys change earlier rows'),
     FeatureMap('performer_skyformer', performer_skyformer, 'none', parts=1, positive=True,
-               normalizer_eps=SHIFTED_EPS, whole_tensor=True, kind='performer-skyformer', sampler='orf',
+               normalizer_eps=SHIFTED_EPS, statistic='tensor', kind='performer-skyformer', sampler='orf',
                kind_options=(('num_features', 128), ('redraw_every', 0), ('share_heads', True)),
                paper=("Skyformer's Performer (Chen et al. 2021 baseline): pkuzengqi/Skyformer @ 1a677cb "
                       'src/models/attention_performer.py 9-25, src/models/performer.py 50-75, 174-227 '

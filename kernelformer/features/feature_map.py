@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 TARGET_KERNELS = ('softmax', 'gaussian', 'none')
+STATISTICS = ('row', 'key_max', 'keys', 'tensor')
 _NAME_CHARS = frozenset('abcdefghijklmnopqrstuvwxyz0123456789_')
 
 # The guard of maps whose features carry a data-dependent shift (a key maximum, per row when causal)
@@ -40,26 +41,30 @@ class FeatureMap:
     positive: features positive by construction (the normalizer is positive too).
     paper: paper and equation, for ``kernelformer kernels`` and docs/kernels.md.
     approximates: the kernel text of its registry kinds ('' = from ``target_kernel``).
+    statistic: what a row's features depend on besides the row -- the one field the attention's paths
+      follow (``row_wise``, ``causal_shift``, ``whole_tensor`` are derived from it):
+      'row': nothing (no key statistic, no shift): the attention forms them one chunk at a time
+      (``linear.feature_attention``) unless they are ``positional``;
+      'key_max': a per-feature key maximum, the exp stabilizer: ``fn`` takes ``causal_chunk=C`` (and
+      ``shift_init=``) and then returns ``(phi_q, phi_k, key_shift)``, features shifted by each row's
+      running key max;
+      'keys' (default): another statistic over the keys, or unknown: features formed whole;
+      'tensor': one over the whole ``[B, H, ...]`` tensor (Skyformer's Performer: one key maximum over
+      every example, head, key and feature): ``fn`` is called once with every head in the leading
+      axes (W shared by the heads), never a head at a time.
     log_space: a ``components.LogSpaceForm`` (per-row log-magnitudes) for the memory-lean exp path
       (``linear.exp_feature_attention``), or None.
-    causal_shift: ``fn`` takes ``causal_chunk=C`` (and ``shift_init=``) and then returns
-      ``(phi_q, phi_k, key_shift)``: features shifted by running per-chunk key maxima.
     normalizer_eps: the core's guard on D (``linear.safe_normalizer``): ``|D| < eps`` becomes ``+-eps``;
       ``SHIFTED_EPS`` for maps whose D carries a data-dependent shift (an exp-map's key maximum); a
       negative value is added to every D instead (``den + |eps|``, as Zoology's Based does).
     unit_key_shift: ``f(proj, dtype) -> [..., 1, M']``, a key shift bounding every unit-norm key's
       exponent from W alone (causal RPE on l2-normalized keys, nprf-rpe), or None.
-    row_wise: a row's features depend on that row alone (no key statistic, no shift, no positions):
-      the attention forms them one chunk at a time (``linear.feature_attention``).
     positional: ``fn`` takes ``positions=(i_q, i_k, M)`` (cosFormer's re-weighting).
     non_causal: why the map has no causal form ('' if it has one): causal attention refuses it.
     sequence_statistics: the map's parameters are means over the whole sequence (OPRF, SADERF), so a
       decoder refuses it (earlier positions would see later tokens).
     feature_dim: ``f(head_dim, num_features, map_dim) -> M'`` where M' is not ``parts * M`` or d.
     pallas_feature: the fused Pallas kernel's feature name ('exp', 'trig', 'elu', 'relu') or ''.
-    whole_tensor: ``fn`` takes a statistic over the whole ``[B, H, ...]`` tensor (Skyformer's Performer:
-      one key maximum over every example, head, key and feature), so the attention calls it once with
-      every head in the leading axes (W shared by the heads), never a head at a time.
     grid: paired with every weight sampler as ``<name>-<sampler>`` (plus learnable FastFood).
     kind: the registry kind of a map registered on its own ('' = none of its own).
     sampler: with ``kind``: the fixed sampler drawing its W ('' = no random W).
@@ -78,17 +83,15 @@ class FeatureMap:
   positive: bool = False
   paper: str = ''
   approximates: str = ''
+  statistic: str = 'keys'
   log_space: Any = None
-  causal_shift: bool = False
   normalizer_eps: float = 1e-6
   unit_key_shift: Optional[Callable[..., Any]] = None
-  row_wise: bool = False
   positional: bool = False
   non_causal: str = ''
   sequence_statistics: bool = False
   feature_dim: Optional[Callable[..., int]] = None
   pallas_feature: str = ''
-  whole_tensor: bool = False
   grid: bool = False
   kind: str = ''
   sampler: str = ''
@@ -110,6 +113,24 @@ class FeatureMap:
     if not isinstance(self.parts, int) or isinstance(self.parts, bool) or self.parts < 0:
       raise ValueError(f'component {name!r}: parts must be an int >= 0 (0: no projection), '
                        f'got {self.parts!r}')
+    if self.statistic not in STATISTICS:
+      raise ValueError(f'component {name!r}: statistic must be one of {", ".join(STATISTICS)}, '
+                       f'got {self.statistic!r}')
+
+  @property
+  def row_wise(self) -> bool:
+    """A row's features depend on that row alone (and no positions): formed one chunk at a time."""
+    return self.statistic == 'row' and not self.positional
+
+  @property
+  def causal_shift(self) -> bool:
+    """``fn`` takes ``causal_chunk=`` and returns each row's running key max as a third value."""
+    return self.statistic == 'key_max'
+
+  @property
+  def whole_tensor(self) -> bool:
+    """``fn`` takes a statistic over every head at once (called once with heads in the leading axes)."""
+    return self.statistic == 'tensor'
 
   @property
   def uses_projection(self) -> bool:

@@ -395,7 +395,7 @@ def _own(kind: str, fn, paper: str, kernel: str, width: Callable[..., int], **fi
   """A map of its own kind: defines its own kernel, row-wise, registered alone as ``kind``."""
   learned = fields.get('parameters') is not None
   return FeatureMap(kind.replace('-nu', '').replace('-', '_'), fn, 'none', parts=1 if learned else 0,
-                    row_wise=True, kind=kind, paper=paper, approximates=kernel, feature_dim=_width(width),
+                    statistic='row', kind=kind, paper=paper, approximates=kernel, feature_dim=_width(width),
                     **fields)
 
 
@@ -426,7 +426,7 @@ FEATURE_MAPS = (
              'with the cos re-weighting split into cos and sin halves',
              'relu(q_i).relu(k_j) cos(pi/2 (i-j)/M), M = real tokens (cos_length; decoder: max_length)',
              lambda d, m, r: 2 * d),
-        row_wise=False, positional=True),
+        positional=True),
     _own('polysketch-learned', polysketch_learned, 'Kacham et al. 2023 (PolySketchFormer), learnable '
          'sketch as flash-linear-attention LearnablePolySketchNonNegativeFeatureMap @ bc3b101',
          "(s(q).s(k))^2, s(x) = (W1 x') * (W2 x')/sqrt(d), x' = gamma LN(x) + beta; "
@@ -437,7 +437,7 @@ FEATURE_MAPS = (
            "its own kernel, M' = d", lambda d, m, r: d) for name, (f, text) in ELEMENTWISE.items()),
     # Zoology's Performer: ORF directions, rows of norm sqrt(d/M), drawn once, shared by the heads.
     # Normalized as Based does, num / (den + 1e-12): zoology/mixers/based.py 205-209, eps at 69, 102.
-    FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, row_wise=True,
+    FeatureMap('performer_zoology', performer_zoology, 'none', parts=1, statistic='row',
                kind='performer-zoology', sampler='orf', normalizer_eps=-1e-12,
                kind_options=(('num_features', 256), ('redraw_every', 0), ('share_heads', True)),
                paper=("Zoology's PerformerFeatureMap (Based's figure 3): HazyResearch/zoology @ d88d6f5 "
@@ -446,7 +446,7 @@ FEATURE_MAPS = (
                approximates=("its own kernel exp(-|q'|^2/2 - |k'|^2/2) mean_r exp(w_r.(q'+k')), "
                              "x' = x/d^(1/4), |w_r| = sqrt(d/M) (0.5 at d = 64, M = 256)")),
     # A random W drawn by a sampler (iid): registered as the kind ``polysketch`` with that sampler.
-    FeatureMap('polysketch', polysketch, 'none', parts=1, row_wise=True, kind='polysketch', sampler='iid',
+    FeatureMap('polysketch', polysketch, 'none', parts=1, statistic='row', kind='polysketch', sampler='iid',
                feature_dim=_width(_polysketch_width),
                paper='Kacham et al. 2023 (PolySketchFormer), random degree-2 Gaussian sketches [G1; G2] '
                      'self-tensored (non-negative), degree p = 4',

@@ -758,38 +758,30 @@ def feature_attention(q: Array, k: Array, v: Array, w: Optional[Array] = None, *
                       num_splits: Optional[int] = None, interpret: Optional[bool] = None,
                       eps: float = 1e-6, block_m: Optional[int] = None,
                       num_warps: Optional[int] = None, num_stages: Optional[int] = None) -> Array:
-  """Normalized random-feature attention in fused Pallas kernels (module docstring: design, math).
+  """Normalized random-feature attention in fused Pallas kernels, ``[B, L, H, dv]`` in ``v.dtype``.
 
   Equals ``linear.linear_attention(*components.<map>(q, k, Projection(w, feature_weights)), v)`` per
-  head up to float32 rounding (where that path's normalizer does not underflow, this one cannot).
+  head up to float32 rounding (where that path's normalizer does not underflow, this one cannot);
+  design and math in the module docstring.
 
   Args:
-    q: ``[B, L, H, d]`` queries, already scaled (d^-1/4) by the caller.
-    k: ``[B, S, H, d]`` keys, scaled alike.
-    v: ``[B, S, H, dv]`` values; their dtype sets the output dtype and the matmul operand dtype.
-    w: the dense projection, ``[H, M, d]`` or ``[M, d]`` shared by all heads (None for elu / relu).
-      Differentiable: learnable spectral kernels train through it.
+    q, k: ``[B, L, H, d]``, ``[B, S, H, d]``, already scaled (d^-1/4) by the caller.
+    v: ``[B, S, H, dv]``; its dtype sets the output dtype and the matmul operand dtype.
+    w: the dense projection, ``[H, M, d]`` or ``[M, d]`` shared by all heads (None for elu / relu);
+      differentiable (learnable spectral kernels train through it).
     feature: 'exp' (posrf ``sqrt(c_r) exp(w_r.x - |x|^2/2)``), 'trig' (trigrf
       ``exp(|x|^2/2) [cos, sin](W x)``, 2M features), 'elu' (elu + 1) or 'relu'.
     feature_weights: quadrature weights c_r, ``[M]`` or ``[H, M]``; None = 1/M. Negative weights: sqrt|c|
       on both sides and the sign on the query side, as components.py.
-    mask: ``[B, S]`` bool, True = real key; padded keys contribute nothing.
-    causal: refused (one line): the kernels have no causal form with the per-row running-max shift
-      of the XLA path (``linear.linear_attention(key_shift=)``), so causal attention stays on XLA.
-    block_q: query rows per tile; a power of two >= 16.
-    block_k: key rows per tile; a power of two >= 16.
-    num_splits: programs per (batch, head) in the reductions over keys (forward and backward) and
-      queries (backward); None = a heuristic aiming at ~256 programs.
-    interpret: run the kernels in Pallas interpret mode; None = interpret unless the default backend
-      is a GPU.
+    mask: ``[B, S]`` bool, True = real key. causal: refused in one line (no causal form with the XLA
+      path's per-row running-max shift, ``linear.linear_attention(key_shift=)``).
+    block_q, block_k: query / key rows per tile, powers of two >= 16. num_splits: programs per (batch,
+      head) in the reductions over keys and queries; None = a heuristic aiming at ~256 programs.
+    interpret: Pallas interpret mode; None = unless the default backend is a GPU.
     eps: normalizer guard of linear.safe_normalizer.
-    block_m: feature columns per program (a power of two >= 16 dividing the padded feature count);
-      None = ``tiling()``'s choice. With fewer columns than features the kernels run one program per
-      tile and XLA merges the tiles' partial sums.
-    num_warps, num_stages: Triton launch parameters; None = ``tiling()``'s choice.
-
-  Returns:
-    ``[B, L, H, dv]`` in ``v.dtype``.
+    block_m: feature columns per program (a power of two >= 16 dividing the padded feature count; fewer
+      than the features: one program per tile, XLA merges the partial sums); num_warps, num_stages:
+      Triton launch parameters; None = ``tiling()``'s choice.
   """
   if causal:
     raise ValueError('the Pallas kernels are bidirectional only; causal attention: the XLA path')

@@ -17,6 +17,7 @@ from kernelformer.attention import linear
 from kernelformer.attention import random_features as rf
 from kernelformer.attention import rpe
 from kernelformer.attention import softmax
+from kernelformer.features import catalog
 from kernelformer.features import maps
 from kernelformer.features import weights as weights_lib
 
@@ -293,3 +294,17 @@ def test_unknown_options_fail_loudly():
     rf.RandomFeatureAttention(component='posrf', weights='gaussian').init(RNGS, q, k, v)
   with pytest.raises(ValueError, match='unknown component'):
     rf.RandomFeatureAttention(component='softmax', weights='iid').init(RNGS, q, k, v)
+
+
+@pytest.mark.parametrize('component,bias,want', [
+    ('posrf', False, 'exp'), ('hyperbolic', False, 'exp'), ('relu', False, 'row_wise'),
+    ('taylor', False, 'row_wise'), ('trigrf', False, 'stored'), ('oprf', False, 'stored'),
+    ('cosformer', False, 'stored'), ('posrf', True, 'stored')])
+def test_the_module_picks_one_path_up_front(component, bias, want, monkeypatch):
+  """``_path``: one core per call from the record and the call (XLA here; a bias forces stored)."""
+  module = rf.RandomFeatureAttention(component=component, impl='xla')
+  bias = jnp.zeros((1, 2, 8)) if bias else None
+  for causal in (False, True):
+    assert module._path(catalog.get(component), bias, (1, 8, 2, 4), jnp.float32, causal) == want
+  monkeypatch.setattr(rf, 'STORED_FEATURES_ONLY', True)
+  assert module._path(catalog.get(component), None, (1, 8, 2, 4), jnp.float32, False) == 'stored'

@@ -341,3 +341,17 @@ def test_bf16_in_bf16_out(name):
   # bf16 keeps 8 mantissa bits: relative rounding error <= 2^-8.
   np.testing.assert_allclose(pq.astype(jnp.float32), rq, rtol=2 ** -8, atol=1e-30)
   np.testing.assert_allclose(pk.astype(jnp.float32), rk, rtol=2 ** -8, atol=1e-30)
+
+
+def test_statistic_is_the_one_path_switch_of_a_record():
+  """``row_wise``, ``causal_shift`` and ``whole_tensor`` follow from ``statistic`` alone (positional
+  maps are never formed a chunk at a time); an unknown statistic is refused when the record is made."""
+  from kernelformer.features.feature_map import FeatureMap
+  rec = {r.name: r for r in catalog.records()}
+  assert [n for n in ('trigrf', 'posrf', 'hyperbolic') if not rec[n].causal_shift] == []
+  assert rec['relu'].row_wise and rec['taylor'].row_wise and not rec['relu'].causal_shift
+  assert rec['cosformer'].statistic == 'row' and not rec['cosformer'].row_wise      # positional
+  assert not (rec['posrf_lra'].row_wise or rec['posrf_lra'].causal_shift or rec['posrf_lra'].whole_tensor)
+  assert rec['performer_skyformer'].whole_tensor and not rec['performer_skyformer'].row_wise
+  with pytest.raises(ValueError, match='statistic must be one of'):
+    FeatureMap('odd', lambda q, k, p: (q, k), 'none', parts=0, statistic='rows')
