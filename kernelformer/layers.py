@@ -23,7 +23,7 @@ Array = Any
 # Skyformer trains (src/main.py 212, src/models/model_LRA.py 53 @ 1a677cb): the encoder's and head's
 # Linears in float16, the residual stream, LayerNorm's statistics, the final LayerNorm and the
 # attention core in float32 (attention.py 128-132 runs it under ``autocast(enabled=False)`` on
-# ``Q.float()``...), the loss in float32 (``trainer.cross_entropy``).
+# ``Q.float()``...), the loss in float32 (``steps.cross_entropy``).
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 # ``config.model.param_init``: how the encoder's parameters are initialised (``dense_init``, ``embed_init``).

@@ -10,7 +10,7 @@ import pytest
 
 from kernelformer import decoder, encoder, run_config
 from kernelformer.layers import ModelConfig
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from tests.training import helpers
 
 
@@ -36,11 +36,11 @@ def test_the_trainer_builds_both_models_from_the_record(tmp_path):
   shared = ModelConfig.of(run_config.of(c).model, info)
   assert shared['dtype'] == jnp.bfloat16 and shared['max_length'] == 17
   run = run_config.of(c)
-  enc = trainer.build_model(run, info).encoder
+  enc = steps_lib.build_model(run, info).encoder
   assert {k: enc[k] for k in shared if k != 'attention'} == {k: v for k, v in shared.items()
                                                              if k != 'attention'}
   lm = types.SimpleNamespace(vocab_size=21, max_length=17, language_model=True)
-  dec = trainer.build_model(run, lm)
+  dec = steps_lib.build_model(run, lm)
   assert isinstance(dec, decoder.Decoder)
   assert {k: getattr(dec, k) for k in shared} == shared
 
@@ -52,4 +52,4 @@ def test_a_bad_dtype_is_the_same_line_for_encoder_and_decoder(tmp_path, language
                                language_model=language_model)
   with pytest.raises(ValueError, match=r"^model.dtype must be one of float32, bfloat16, float16, got 'float64'$"):
     run = run_config.of(c)
-    trainer.build_model(run, info)
+    steps_lib.build_model(run, info)

@@ -18,7 +18,7 @@ from configs import retrieval
 from kernelformer import run_config
 from kernelformer.encoder import Classifier
 from kernelformer.layers import EncoderBlock
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from lra_tasks import common
 
 EMB, MLP, L, B = 8, 12, 6, 3
@@ -100,11 +100,11 @@ def test_qkv_bias_false_has_no_projection_bias_and_equals_zero_biases():
 
 def test_presets_build_the_model_they_name():
   info = common.TaskInfo(num_classes=2, vocab_size=257, max_length=16, dual=True)
-  lra = trainer.build_model(run_config.of(retrieval.get_config('lra')), info)
-  sky = trainer.build_model(run_config.of(retrieval.get_config('skyformer')), info)
+  lra = steps_lib.build_model(run_config.of(retrieval.get_config('lra')), info)
+  sky = steps_lib.build_model(run_config.of(retrieval.get_config('skyformer')), info)
   assert lra.retrieval_head == 'lra' and not lra.encoder['qkv_bias']
   assert sky.retrieval_head == 'nli' and sky.encoder['qkv_bias']
-  single = trainer.build_model(run_config.of(listops.get_config('lra')), common.TaskInfo(10, 20, 16))
+  single = steps_lib.build_model(run_config.of(listops.get_config('lra')), common.TaskInfo(10, 20, 16))
   assert not single.encoder['qkv_bias']
 
 
@@ -188,7 +188,7 @@ def test_layer_norm_eps_and_exact_gelu_reach_every_layer():
 
 def test_skyformer_presets_build_the_torch_layers():
   info = common.TaskInfo(num_classes=10, vocab_size=20, max_length=16)
-  sky = trainer.build_model(run_config.of(listops.get_config('skyformer')), info)
+  sky = steps_lib.build_model(run_config.of(listops.get_config('skyformer')), info)
   assert (sky.encoder['param_init'], sky.encoder['layer_norm_eps'], sky.encoder['gelu_approximate']) == (
       'skyformer', 1e-5, False)
 

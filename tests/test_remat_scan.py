@@ -169,7 +169,7 @@ def test_config_fields_validated_and_passed():
   trainer hands both fields to the encoder (and refuses them for the LM decoder)."""
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from configs import text  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
   c = text.get_config('lra')
   assert c.model.remat == 'none' and c.model.scan_layers is False
   validate.validate_config(c)
@@ -183,7 +183,7 @@ def test_config_fields_validated_and_passed():
   c.model.remat, c.model.scan_layers = 'dots_saveable', True
   validate.validate_config(c)
   run = run_config.of(c)
-  model = trainer.build_model(run, lra_tasks.get('text').info(c.data))
+  model = steps_lib.build_model(run, lra_tasks.get('text').info(c.data))
   assert model.encoder['remat'] == 'dots_saveable' and model.encoder['scan_layers'] is True
   # The LM decoder takes neither: refused before anything is built.
   from configs import mqar  # pylint: disable=g-import-not-at-top

@@ -434,7 +434,7 @@ def text_config(variant: str, dry_run: bool):
 def time_train_step(variant: str, opts: Options) -> dict[str, Any]:
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer.training import optim as optim_lib  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
   config = text_config(variant, opts.dry_run)
   row = {'variant': variant, 'status': 'ok', 'note': '',
          'attention': config.model.attention.kind, 'length': config.data.max_length + 1,
@@ -444,16 +444,16 @@ def time_train_step(variant: str, opts: Options) -> dict[str, Any]:
   try:
     info = lra_tasks.get('text').info(config.data)
     run = run_config.of(config)
-    model = trainer.build_model(run, info)
+    model = steps_lib.build_model(run, info)
     tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
-    keys = trainer.run_keys(config.seed)
-    train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
+    keys = steps_lib.run_keys(config.seed)
+    train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
     length = info.max_length
     dummy = {'inputs': jnp.ones((1, length), jnp.int32)}
     variables = dict(model.init({'params': keys['init'], 'dropout': keys['init'],
                                  'features': keys['features']}, dummy, train=False))
     params = variables.pop('params')
-    state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+    state = steps_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                opt_state=tx.init(params), model_state=variables)
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, info.vocab_size, size=(config.batch_size, length)).astype(np.int32)

@@ -2,7 +2,7 @@
 
 ``python -m kernelformer.bench.layer_memory --length 4096 --batch 2 --kind posrf-orf --rounds 3``
 
-The step is the trainer's own (``trainer.make_steps``: loss, gradient, optimizer update, the
+The step is the trainer's own (``steps.make_steps``: loss, gradient, optimizer update, the
 'features' collection) for the model of ``configs/text.py`` preset ``lra`` (4 layers, 4 heads, emb 256,
 MLP 1024, CLS) with the given attention kind and length. For each setting it compiles the step ahead of
 time, reads XLA's ``memory_analysis`` (temp bytes: what the step needs beyond its arguments and
@@ -27,23 +27,24 @@ def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bo
   """(compiled train step, its arguments, temp bytes) for one setting."""
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer.configs import text  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import optim, trainer  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import optim  # pylint: disable=g-import-not-at-top
   c = text.get_config('lra')
   c.data.max_length = length
   c.model.attention.kind = kind
   c.model.remat, c.model.scan_layers = remat, scan_layers
   info = lra_tasks.get('text').info(c.data)
   run = run_config.of(c)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(c.seed)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(c.seed)
   tx, schedule = optim.make_optimizer(run.optim, run.num_train_steps)
-  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
+  train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
   tokens = jax.random.randint(jax.random.key(1), (batch, info.max_length), 1, info.vocab_size)
   variables = dict(jax.jit(lambda: model.init(
       {'params': keys['init'], 'dropout': keys['init'], 'features': keys['features']},
       {'inputs': tokens[:1]}))())
   params = variables.pop('params')
-  state = trainer.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+  state = steps_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
                              opt_state=tx.init(params), model_state=variables)
   batch_ = {'inputs': tokens, 'targets': jnp.zeros((batch,), jnp.int32)}
   compiled = jax.jit(train_step).lower(state, batch_).compile()

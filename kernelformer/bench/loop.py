@@ -1,13 +1,13 @@
 """The trainer's loop against a bare loop of the same compiled step.
 
-Both sides run ``train_and_evaluate``'s own executable (``trainer.make_loop_step``: the train step
+Both sides run ``train_and_evaluate``'s own executable (``steps.make_loop_step``: the train step
 plus the on-device window of sums and the non-finite check), on the same model and batches:
 
-* **trainer**: ``trainer.Loop.run`` (set up by ``trainer.benchmark_loop``) for ``steps`` steps --
+* **trainer**: ``loop.Loop.run`` (set up by ``loop.benchmark_loop``) for ``steps`` steps --
   host batches placed on the devices ``input_pipeline.PREFETCH`` ahead by a thread (on CPU: by the
   step's own dispatch, ``input_pipeline.stages_on_host``; that copy is counted here, the bare loop's
   is not), at most
-  ``trainer.MAX_IN_FLIGHT`` steps in flight (then a wait until ``trainer.RESUME_IN_FLIGHT`` are), the
+  ``loop.MAX_IN_FLIGHT`` steps in flight (then a wait until ``loop.RESUME_IN_FLIGHT`` are), the
   watchdog armed per step, the progress bar, and a logging boundary every ``log_every`` steps (one
   read of the window) plus one read at the end. The round's host batches are read before it starts,
   so the figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
@@ -63,7 +63,7 @@ from kernelformer.bench import measure as measure_lib
 from kernelformer.bench import train_step
 from kernelformer.training import input_pipeline
 from kernelformer.training import sharding
-from kernelformer.training import trainer
+from kernelformer.training import loop as loop_lib
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
@@ -213,8 +213,8 @@ class _Bench:
     self.source = source(setting, kind, int(config.batch_size))
     info = lra_tasks.get(config.data.task).info(config.data)
     self.tmp = tempfile.mkdtemp(prefix='kf-loop-bench-')
-    # The trainer's own loop, set up without a workdir's files (``trainer.benchmark_loop``).
-    self.loop, self.state = trainer.benchmark_loop(config, info, self.tmp)
+    # The trainer's own loop, set up without a workdir's files (``loop.benchmark_loop``).
+    self.loop, self.state = loop_lib.benchmark_loop(config, info, self.tmp)
     task = lra_tasks.get(config.data.task)
     data = (task.source(config.data, 'train') if SETTINGS[setting].task_data
             else _random_tokens(info, 4 * config.batch_size))

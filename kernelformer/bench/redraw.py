@@ -27,6 +27,7 @@ import ml_collections
 from kernelformer import run_config
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import optim as optim_lib
+from kernelformer.training import steps as steps_lib
 from kernelformer.training import trainer
 from kernelformer.training import workdir as workdir_lib
 
@@ -61,7 +62,7 @@ def accuracy_by_draw(workdir: str, draw_steps: Sequence[int], *, checkpoint: str
   config = read_config(workdir)
   task, info = trainer.prepare_data(config, True)
   run = run_config.of(config)
-  parts, state = trainer.build_steps(run, info, None)
+  parts, state = steps_lib.build_steps(run, info, None)
   # best/ saves only improvements, so its newest checkpoint is the best; checkpoints/ holds the latest.
   which = 'best' if checkpoint == 'best' else 'checkpoints'
   if not os.path.isdir(os.path.join(workdir, which)):
@@ -90,15 +91,15 @@ def accuracy_by_draw(workdir: str, draw_steps: Sequence[int], *, checkpoint: str
   log(f'restored step {int(state.step)} of {workdir}')
 
   tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
-  _, eval_step = trainer.make_steps(parts['model'], tx, schedule, run,
-                                    trainer.run_keys(config.seed))
+  _, eval_step = steps_lib.make_steps(parts['model'], tx, schedule, run,
+                                      steps_lib.run_keys(config.seed))
   at_draw = jax.jit(eval_step)
   source = task.source(config.data, split)
   rows = []
   for draw in [None, *draw_steps]:
     fn = (lambda s, b: at_draw(s, b)) if draw is None else (
         lambda s, b, d=jnp.int32(draw): at_draw(s, b, d))
-    out = trainer.evaluate(fn, state, source, run, parts['mesh'], max_batches=0)
+    out = steps_lib.evaluate(fn, state, source, run, parts['mesh'], max_batches=0)
     rows.append(DrawAccuracy('trained' if draw is None else f'step {draw}', out['accuracy'],
                              out['loss'], out['examples']))
     log(f'{rows[-1].draw}: accuracy {out["accuracy"]:.4f}, loss {out["loss"]:.4f}')

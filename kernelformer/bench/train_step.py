@@ -10,7 +10,7 @@ window of ``redraw_every`` steps, so two numbers per kind:
   FastFood's structure), measured by setting the state's step to a window boundary before each call.
 
 Kinds are measured round-robin (one step of each per round) so the load of a shared machine hits them
-alike. The step is ``trainer.make_steps``'s train step compiled once per kind with the state donated,
+alike. The step is ``steps.make_steps``'s train step compiled once per kind with the state donated,
 exactly as ``train_and_evaluate`` runs it; the batch is random tokens of the task's vocabulary.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import lra_tasks
 from kernelformer import run_config
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 
 
 @dataclasses.dataclass
@@ -45,19 +45,19 @@ def random_batch(info, batch_size: int, seed: int = 0) -> dict:
   targets: the input both step benchmarks feed (no data files needed)."""
   rng = np.random.default_rng(seed)
   batch = {name: rng.integers(1, info.vocab_size, size=(batch_size, info.max_length)).astype(np.int32)
-           for name in trainer.input_names(info)}
+           for name in steps_lib.input_names(info)}
   batch['targets'] = rng.integers(0, info.num_classes, size=(batch_size,)).astype(np.int32)
   return batch
 
 
 def _compiled_step(config: ml_collections.ConfigDict, info, batch):
   run = run_config.of(config)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(config.seed)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(config.seed)
   tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
-  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
+  train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
   mesh = sharding.make_mesh(None)
-  state = trainer.init_state(model, tx, info, run, keys, mesh)
+  state = steps_lib.init_state(model, tx, info, run, keys, mesh)
   start = time.perf_counter()
   compiled = jax.jit(train_step, donate_argnums=0).lower(state, batch).compile()
   return compiled, state, time.perf_counter() - start

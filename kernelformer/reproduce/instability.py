@@ -31,7 +31,7 @@ leaves open is chosen here, each choice for a stated reason:
 * **Same starting point and data**: every kind trains on the same batches (the trainer's, a function
   of the seed and the step) and starts from softmax's initial parameters wherever the trees share a
   leaf (path and shape); only a kind's own parameters come from its own initialiser.
-* **The update** is the trainer's loss, dropout keys and optimizer (``trainer.make_steps``,
+* **The update** is the trainer's loss, dropout keys and optimizer (``steps.make_steps``,
   ``optim.make_optimizer`` from the preset).
 
 Skyformer's protocol, as options (docs/reproduce.md gives the commands): ``--precision skyformer-amp``
@@ -191,13 +191,13 @@ def make_functions(model, tx, config):
 
 def _trainer_loss(model, config) -> Callable:
   """``loss(params, model_state, batch, step, keys) -> (loss, new_model_state)``: the loss of
-  ``trainer.make_steps`` (its ``cross_entropy``, dropout key ``fold_in(dropout, step)``, the run's
+  ``steps.make_steps`` (its ``cross_entropy``, dropout key ``fold_in(dropout, step)``, the run's
   features key), without gradient accumulation; ``make_steps`` returns only the updated state, and
   the update itself is needed here."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
-  lm = trainer.is_decoder(model)
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  lm = steps_lib.is_decoder(model)
   aux = float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0
 
   def loss(params, model_state, batch, step, keys):
@@ -211,12 +211,12 @@ def _trainer_loss(model, config) -> Callable:
       logits, new_state = model.apply({'params': params}, inputs, train=True, step=step,
                                       rngs=rngs), model_state
     if lm:
-      losses, _, w = trainer.cross_entropy(logits, batch['targets'],
+      losses, _, w = steps_lib.cross_entropy(logits, batch['targets'],
                                            (batch['targets'] != 0).astype(jnp.float32))
       return jnp.sum(losses) / jnp.maximum(jnp.sum(w), 1.0), new_state
     if aux:
       raise InstabilityError('attention distillation (distill_weight > 0) is not supported here')
-    losses, _, _ = trainer.cross_entropy(logits, batch['targets'])
+    losses, _, _ = steps_lib.cross_entropy(logits, batch['targets'])
     return jnp.mean(losses), new_state
   return loss
 
@@ -244,15 +244,15 @@ def programs(config, kind: str) -> dict:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer.training import optim as optim_lib  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
   c = with_kind(config, kind)
   if int(c.optim.grad_accum_steps) != 1:
     raise InstabilityError('optim.grad_accum_steps must be 1 (one update per batch x_i)')
   info = lra_tasks.get(c.data.task).info(c.data)
   run = run_config.of(c)
-  model = trainer.build_model(run, info)
+  model = steps_lib.build_model(run, info)
   tx, _ = optim_lib.make_optimizer(run.optim, run.num_train_steps)
-  dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
+  dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in steps_lib.input_names(info)}
   init = jax.jit(lambda keys: dict(model.init({'params': keys['init'], 'dropout': keys['init'],
                                                'features': keys['features']}, dummy, train=False)))
   train_step, embed = make_functions(model, tx, c)
@@ -269,12 +269,12 @@ def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *
   Returns ``(trace, initial params, [W_0, W_1, ...] if keep_params else [])``."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
 
   t0 = time.perf_counter()
   pr = program or programs(config, kind)
   c, embed = pr['config'], pr['embed']
-  keys = keys if keys is not None else trainer.run_keys(int(config.seed))
+  keys = keys if keys is not None else steps_lib.run_keys(int(config.seed))
   model_state = pr['init'](keys)
   params = model_state.pop('params')
   shared, own = 0, len(jax.tree.leaves(params))
@@ -375,10 +375,10 @@ def reusable(previous: Optional[dict], settings: Mapping[str, Any], env: Mapping
 def seed_inputs(config, seed: int, steps: int, vary: str = 'all') -> tuple[dict, list]:
   """``(keys, batches)`` of ``seed`` under ``vary`` (``VARY``): the controls take seed 0's keys and
   batches for everything the seed does not vary."""
-  from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
-  keys = trainer.run_keys(seed if vary == 'all' else 0)
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  keys = steps_lib.run_keys(seed if vary == 'all' else 0)
   if vary == 'init':
-    keys['init'] = trainer.run_keys(seed)['init']
+    keys['init'] = steps_lib.run_keys(seed)['init']
   return keys, seed_batches(config, 0 if vary == 'init' else seed, steps)
 
 

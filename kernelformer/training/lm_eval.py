@@ -61,7 +61,7 @@ def evaluate_stateful(model, variables: dict, source, *, features_key,
 
   ``model``: a ``decoder.Decoder``; ``variables``: its ``params`` and other non-cache collections
   (the ``features`` draws). Each window (``inputs``, ``targets`` ``[L]``) is one decode call of L tokens
-  starting from the previous window's cache. Returns the same dict as ``trainer.evaluate``:
+  starting from the previous window's cache. Returns the same dict as ``steps.evaluate``:
   ``loss`` (mean nats per scored token), ``accuracy`` and ``examples`` (scored tokens).
   """
   problem = stateful_problem_of_model(model)

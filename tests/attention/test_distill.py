@@ -24,7 +24,7 @@ from kernelformer.attention import distill
 from kernelformer.training import input_pipeline
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from tests.training import helpers
 
 B, L, H, D = 2, 6, 2, 4
@@ -81,11 +81,11 @@ def _setup(tmp_path, **overrides):
   task.prepare(config.data)
   info = task.info(config.data)
   run = run_config.of(config)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(config.seed)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(config.seed)
   mesh = sharding.make_mesh(jax.devices()[:1])
   tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
-  state = trainer.init_state(model, tx, info, run, keys, mesh)
+  state = steps_lib.init_state(model, tx, info, run, keys, mesh)
   batch = input_pipeline.TrainBatches(task.source(config.data, 'train'), config.batch_size,
                                       config.seed).batch(0)
   return config, model, keys, tx, schedule, state, sharding.shard_batch(batch, mesh)
@@ -110,12 +110,12 @@ def test_gradient_reaches_only_the_map_and_the_step_adds_and_logs_it(tmp_path):
   assert all(names[n] == 0.0 for n in names if n not in map_w), {n: g for n, g in names.items() if g}
 
   # The train step: loss = task + aux, aux logged on its own.
-  _, metrics = jax.jit(trainer.make_steps(model, tx, schedule, run_config.of(config), keys)[0])(state, batch)
+  _, metrics = jax.jit(steps_lib.make_steps(model, tx, schedule, run_config.of(config), keys)[0])(state, batch)
   aux = float(aux_only(state.params))
   assert aux > 0 and 'aux_loss' in metrics
   np.testing.assert_allclose(float(metrics['aux_loss']), aux, rtol=1e-5)
   config0, model0, *_ = _setup(tmp_path, **{'model.attention.distill_weight': 0.0})
-  _, m0 = jax.jit(trainer.make_steps(model0, tx, schedule, run_config.of(config0), keys)[0])(state, batch)
+  _, m0 = jax.jit(steps_lib.make_steps(model0, tx, schedule, run_config.of(config0), keys)[0])(state, batch)
   np.testing.assert_allclose(float(metrics['loss']), float(m0['loss']) + aux, rtol=1e-5)
 
 
@@ -124,10 +124,10 @@ def test_weight_zero_leaves_the_step_unchanged(tmp_path):
   metric, and bit for bit the same update either way (the code path of the plain step)."""
   config, model, keys, tx, schedule, state, batch = _setup(tmp_path)
   assert config.model.attention.distill_weight is None           # unset: the module's default, 0
-  plain_state, plain = jax.jit(trainer.make_steps(model, tx, schedule, run_config.of(config), keys)[0])(state, batch)
+  plain_state, plain = jax.jit(steps_lib.make_steps(model, tx, schedule, run_config.of(config), keys)[0])(state, batch)
   assert set(plain) == {'loss', 'accuracy', 'learning_rate', 'grad_norm'}
   config0, model0, *_ = _setup(tmp_path, **{'model.attention.distill_weight': 0.0})
-  new_state, metrics = jax.jit(trainer.make_steps(model0, tx, schedule, run_config.of(config0), keys)[0])(state, batch)
+  new_state, metrics = jax.jit(steps_lib.make_steps(model0, tx, schedule, run_config.of(config0), keys)[0])(state, batch)
   assert set(metrics) == set(plain) and float(plain['loss']) == float(metrics['loss'])
   for a, b in zip(jax.tree.leaves(plain_state.params), jax.tree.leaves(new_state.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -150,7 +150,7 @@ def test_gradient_accumulation_carries_the_aux_loss(tmp_path):
   micro-batches' own aux losses averaged)."""
   config, model, keys, tx, schedule, state, batch = _setup(
       tmp_path, **{'model.attention.distill_weight': 0.5, 'optim.grad_accum_steps': 2})
-  _, metrics = jax.jit(trainer.make_steps(model, tx, schedule, run_config.of(config), keys)[0])(state, batch)
+  _, metrics = jax.jit(steps_lib.make_steps(model, tx, schedule, run_config.of(config), keys)[0])(state, batch)
   inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
   dropout = jax.random.fold_in(keys['dropout'], 0)
   parts = []

@@ -14,7 +14,7 @@ from ml_collections import config_flags
 
 import lra_tasks
 from kernelformer import run_config
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'configs')
 # Every task config offers these; a config file may declare its own list as PRESETS.
@@ -84,9 +84,9 @@ def test_build_model_for_every_preset(name):
     config = load(name, preset)
     info = lra_tasks.get(config.data.task).info(config.data)
     run = run_config.of(config)
-    model = trainer.build_model(run, info)
+    model = steps_lib.build_model(run, info)
     assert model.dual == (name == 'retrieval') and model.num_classes == info.num_classes
-    dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in trainer.input_names(info)}
+    dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in steps_lib.input_names(info)}
     keys = {'params': jax.random.key(0), 'features': jax.random.key(1),
             'dropout': jax.random.key(2)}
     shapes = jax.eval_shape(lambda m=model, d=dummy: m.init(keys, d, train=False))

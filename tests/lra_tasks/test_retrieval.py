@@ -13,7 +13,7 @@ import pytest
 from configs import retrieval as retrieval_config
 from kernelformer import run_config
 from kernelformer.encoder import Encoder
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from lra_tasks import common
 from lra_tasks import fixtures
 from lra_tasks import retrieval
@@ -127,7 +127,7 @@ def test_dual_encoder_has_no_cross_attention(tmp_path):
   c = retrieval_config.get_config('tiny')
   info = retrieval.TASK.info(c.data)
   run = run_config.of(c)
-  model = trainer.build_model(run, info)
+  model = steps_lib.build_model(run, info)
   length = info.max_length
   rng = np.random.default_rng(0)
   doc1 = rng.integers(1, 257, size=(2, length)).astype(np.int32)

@@ -21,7 +21,7 @@ from kernelformer import run_config
 from kernelformer import cli
 from kernelformer.reproduce import instability as ins
 from kernelformer.training import optim as optim_lib
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from lra_tasks import fixtures
 
 MODEL = [('model.emb_dim', 16), ('model.qkv_dim', 16), ('model.mlp_dim', 32), ('batch_size', 4),
@@ -65,11 +65,11 @@ def test_tau_is_the_formula_on_the_trainers_trajectory(tmp_path, kind):
   # Each W_i is the trainer's train step from W_{i-1} on the i-th batch (x_i = trainer batch i-1).
   info = lra_tasks.get('listops').info(c.data)
   run = run_config.of(c)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(c.seed)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(c.seed)
   tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
-  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
-  state = trainer.TrainState(step=jnp.int32(0), params=initial, opt_state=tx.init(initial),
+  train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
+  state = steps_lib.TrainState(step=jnp.int32(0), params=initial, opt_state=tx.init(initial),
                              model_state={})
   step_fn = jax.jit(train_step)
   for i in range(1, steps + 1):

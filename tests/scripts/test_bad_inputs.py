@@ -15,7 +15,7 @@ The cases run in-process through the real entry point (``kernelformer.cli.main([
 ``scripts/train.py`` and ``python -m kernelformer train`` call), with absl's flag state reset between
 them (80 subprocesses of python + jax would take minutes); ``SUBPROCESS_CASES`` also run as real
 ``scripts/train.py`` / ``python -m kernelformer`` processes. A case that wrongly passes validation would
-reach ``trainer.build_model``, which the runner replaces with a failure, so nothing ever trains here.
+reach ``steps.build_model``, which the runner replaces with a failure, so nothing ever trains here.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import pytest
 from absl import app, flags
 
 from kernelformer import cli as kernelformer_cli
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from kernelformer.training import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -675,7 +675,7 @@ class ReachedTraining(AssertionError):
 def no_training(monkeypatch):
   def build_model(*args, **kwargs):
     raise ReachedTraining('validation let this case through to build_model')
-  monkeypatch.setattr(trainer, 'build_model', build_model)
+  monkeypatch.setattr(steps_lib, 'build_model', build_model)
 
 
 def test_table_is_large_and_unique():

@@ -43,6 +43,7 @@ def main() -> None:
       print('compiling', flush=True)
       return compile_(self, *a, **k)
     jax.stages.Lowered.compile = announced_compile
+    from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
     from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
     from tests.training import helpers  # pylint: disable=g-import-not-at-top
     values = {}
@@ -51,7 +52,7 @@ def main() -> None:
       values[key] = eval(value, {})  # pylint: disable=eval-used  (test-only driver, literal values)
     config = helpers.tiny_config(args.data_dir, **values)
     if args.hang_at:
-      make_steps = trainer.make_steps
+      make_steps = steps_lib.make_steps
 
       def hanging_make_steps(*a, **k):
         train_step, eval_step = make_steps(*a, **k)
@@ -64,7 +65,7 @@ def main() -> None:
           jax.debug.callback(block, state.step)
           return train_step(state, batch)
         return step_fn, eval_step
-      trainer.make_steps = hanging_make_steps
+      steps_lib.make_steps = hanging_make_steps
 
     def report(step, state):
       del state

@@ -88,6 +88,8 @@ def test_a_returned_run_leaves_no_thread_and_no_live_run(tmp_path, monkeypatch):
   import gc  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   import weakref  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import loop as loop_lib  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import run_meta  # pylint: disable=g-import-not-at-top
   from kernelformer.training import trainer  # pylint: disable=g-import-not-at-top
   from kernelformer.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from tests.training import helpers  # pylint: disable=g-import-not-at-top
@@ -99,7 +101,7 @@ def test_a_returned_run_leaves_no_thread_and_no_live_run(tmp_path, monkeypatch):
       init(self, *args, **kwargs)
     return tracked
 
-  for cls in (trainer.Setup, trainer.Loop):
+  for cls in (run_meta.Setup, loop_lib.Loop):
     monkeypatch.setattr(cls, '__init__', tracking(cls.__init__))
   c = helpers.tiny_config(tmp_path / 'data', watchdog_step_s=60.0, watchdog_compile_s=600.0)
   names = ('kernelformer-watchdog', 'kernelformer-input')

@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 
+from kernelformer.training import finish as finish_lib
 from kernelformer.training import trainer
 from kernelformer.training import workdir as workdir_lib
 from tests.training import helpers
@@ -75,7 +76,7 @@ def test_a_kill_at_every_write_of_the_final_record_leaves_the_old_or_the_whole_n
   for name in OPS:
     monkeypatch.setattr(os, name, counted(getattr(os, name)))
   monkeypatch.setattr(builtins, 'open', counted(builtins.open))
-  real_finish = trainer.finish
+  real_finish = finish_lib.finish
 
   def finish(*args):
     shutil.copytree(workdir, pristine, ignore=shutil.ignore_patterns('checkpoints'))

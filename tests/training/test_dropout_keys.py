@@ -13,7 +13,7 @@ from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from tests.training import helpers
 
 
@@ -23,15 +23,15 @@ def test_dropout_key_is_folded_with_the_step(tmp_path):
   task.prepare(config.data)
   info = task.info(config.data)
   run = run_config.of(config)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(config.seed)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(config.seed)
   tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
   mesh = sharding.make_mesh(jax.devices()[:1])
-  state = trainer.init_state(model, tx, info, run, keys, mesh)
+  state = steps_lib.init_state(model, tx, info, run, keys, mesh)
   batch = input_pipeline.TrainBatches(task.source(config.data, 'train'), config.batch_size,
                                       config.seed).batch(0)
   batch = sharding.shard_batch(batch, mesh)
-  train_step, _ = trainer.make_steps(model, tx, schedule, run, keys)
+  train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
   step = jax.jit(train_step)
   loss = {s: float(step(state.replace(step=jax.numpy.int32(s)), batch)[1]['loss']) for s in (0, 1, 7)}
   again = float(step(state.replace(step=jax.numpy.int32(1)), batch)[1]['loss'])

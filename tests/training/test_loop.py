@@ -8,6 +8,7 @@ import jax._src.array as jax_array
 import numpy as np
 
 from kernelformer.training import metrics as metrics_lib
+from kernelformer.training import loop as loop_lib
 from kernelformer.training import trainer
 from tests.training import helpers
 
@@ -82,14 +83,14 @@ def test_metrics_are_strict_json(tmp_path):
 
 
 def test_boundaries_are_the_steps_of_validation_checkpoints_and_the_end(tmp_path):
-  """``trainer.next_boundary`` (computed once per boundary, not per step) walks exactly the steps that
+  """``loop.next_boundary`` (computed once per boundary, not per step) walks exactly the steps that
   validate, checkpoint or end the run."""
   c = helpers.tiny_config(tmp_path / 'data', num_train_steps=22, eval_every=4)
   with c.unlocked():
     c.checkpoint_every = 6
   walked, step = [], 0
   while step < 22:
-    step = trainer.next_boundary(c, 22, step)
+    step = loop_lib.next_boundary(c, 22, step)
     walked.append(step)
   assert walked == [s for s in range(1, 23) if s % 4 == 0 or s % 6 == 0 or s == 22]
-  assert trainer.next_boundary(c, 22, 13) == 16 and trainer.next_boundary(c, 22, 21) == 22
+  assert loop_lib.next_boundary(c, 22, 13) == 16 and loop_lib.next_boundary(c, 22, 21) == 22

@@ -25,6 +25,7 @@ import lra_tasks
 from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import sharding
+from kernelformer.training import steps as steps_lib
 from kernelformer.training import trainer
 from tests.training import helpers
 
@@ -83,8 +84,8 @@ def test_bfloat16_computes_in_bfloat16(runs):
   config = runs['bfloat16']['config']
   info = lra_tasks.get('listops').info(config.data)
   run = run_config.of(config)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(0)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(0)
   x = jnp.ones((2, info.max_length), jnp.int32)
   # Shapes only (no computation): the lowered forward pass of the bf16 model.
   variables = jax.eval_shape(
@@ -115,20 +116,20 @@ def test_gradient_accumulation_equals_one_batch(data_dir):
   task.prepare(config.data)
   info = task.info(config.data)
   run = run_config.of(config)
-  model = trainer.build_model(run, info)
-  keys = trainer.run_keys(config.seed)
+  model = steps_lib.build_model(run, info)
+  keys = steps_lib.run_keys(config.seed)
   tx = optax.GradientTransformation(
       init=lambda params: jax.tree.map(jnp.zeros_like, params),
       update=lambda grads, state, params=None: (jax.tree.map(jnp.zeros_like, grads), grads))
   mesh = sharding.make_mesh(jax.devices()[:2])
-  state = trainer.init_state(model, tx, info, run, keys, mesh)
+  state = steps_lib.init_state(model, tx, info, run, keys, mesh)
   batch = input_pipeline.TrainBatches(task.source(config.data, 'train'), config.batch_size,
                                       config.seed).batch(3)
   batch = sharding.shard_batch(batch, mesh)
   out = {}
   for k in (1, ACCUM):
     config.optim.grad_accum_steps = k
-    train_step, _ = trainer.make_steps(model, tx, lambda s: 1.0, run_config.of(config), keys)
+    train_step, _ = steps_lib.make_steps(model, tx, lambda s: 1.0, run_config.of(config), keys)
     new_state, metrics = jax.jit(train_step)(state, batch)
     grads = jax.tree.map(np.asarray, new_state.opt_state)
     out[k] = (grads, {m: float(v) for m, v in metrics.items()})

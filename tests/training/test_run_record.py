@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from kernelformer.training import loop as loop_lib
 from kernelformer.training import trainer
 from kernelformer.training import workdir as workdir_lib
 from tests.training import helpers
@@ -234,7 +235,7 @@ def test_divergence_lines_name_what_is_non_finite_and_advise_only_what_is_not_se
   window = {'bad_step': 7, 'bad_loss': 1.2e17, 'bad_grad_norm': float('inf'), 'consecutive': 10}
   for policy in ('stop', 'skip'):
     with pytest.raises(workdir_lib.RunError) as e:
-      raise trainer.divergence_error(window, policy, 'no checkpoint had been written')
+      raise loop_lib.divergence_error(window, policy, 'no checkpoint had been written')
     msg = str(e.value)
     assert e.value.exit_code == workdir_lib.EXIT_DIVERGED and 'step 7' in msg, msg
     assert ("on_nonfinite='skip'" in msg) == (policy == 'stop'), msg

@@ -8,7 +8,9 @@ import jax
 import numpy as np
 import pytest
 
+from kernelformer.training import run_meta
 from kernelformer.training import trainer
+from kernelformer.training import workdir as workdir_lib
 from tests.training import helpers
 
 
@@ -67,9 +69,9 @@ def test_resumed_run_equals_uninterrupted(tmp_path, monkeypatch, caplog):
       resumed.update(params=state.params)
 
   # The resume runs under other code (a new commit): allowed, but named in a warning and recorded.
-  first_code = trainer.workdir_lib.code_version()
+  first_code = workdir_lib.code_version()
   other_code = {'package_version': 'test', 'git_commit': 'f' * 40, 'git_dirty': False}
-  monkeypatch.setattr(trainer.workdir_lib, 'code_version', lambda: dict(other_code))
+  monkeypatch.setattr(workdir_lib, 'code_version', lambda: dict(other_code))
   with caplog.at_level('WARNING'):
     trainer.train_and_evaluate(c, str(tmp_path / 'resumed'), hooks=[record])
   assert seen[0] == 5  # continued after the checkpoint, not from scratch
@@ -86,13 +88,13 @@ def test_resumed_run_equals_uninterrupted(tmp_path, monkeypatch, caplog):
 
 def test_code_segments_resumed_under_the_same_code_add_nothing():
   a = {'package_version': '1', 'git_commit': 'a' * 40, 'git_dirty': False}
-  first = trainer.code_segments(None, 0, a, resumed=False)
+  first = run_meta.code_segments(None, 0, a, resumed=False)
   assert first == [{'from_step': 0, 'code_version': a}]
-  assert trainer.code_segments(first, 8, dict(a), resumed=True) == first
+  assert run_meta.code_segments(first, 8, dict(a), resumed=True) == first
   dirty = {**a, 'git_dirty': True}
-  assert trainer.code_segments(first, 8, dirty, resumed=True)[1] == {'from_step': 8, 'code_version': dirty}
+  assert run_meta.code_segments(first, 8, dirty, resumed=True)[1] == {'from_step': 8, 'code_version': dirty}
   # A checkpoint written before the field existed: its steps are of unknown code, not of today's.
-  old = trainer.code_segments(None, 8, a, resumed=True)
+  old = run_meta.code_segments(None, 8, a, resumed=True)
   assert [s['from_step'] for s in old] == [0, 8] and 'unknown' in old[0]['code_version']['package_version']
 
 
