@@ -27,8 +27,7 @@ def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bo
   """(compiled train step, its arguments, temp bytes) for one setting."""
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer.configs import text  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import optim  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import optim, steps as steps_lib  # pylint: disable=g-import-not-at-top
   c = text.get_config('lra')
   c.data.max_length = length
   c.model.attention.kind = kind

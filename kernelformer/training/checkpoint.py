@@ -166,7 +166,7 @@ class Checkpoints:
       shutil.rmtree(self.directory, ignore_errors=True)
       if os.path.isdir(source):
         shutil.copytree(source, self.directory, copy_function=os.link)
-    _sync('checkpoint-copy')
+    sync('checkpoint-copy')
     self._manager = self._open()
 
   def _reload(self) -> None:
@@ -191,7 +191,7 @@ class Checkpoints:
       aside = f'{path}.replaced-{os.getpid()}'
       if jax.process_index() == 0:
         os.rename(path, aside)
-      _sync('checkpoint-aside')
+      sync('checkpoint-aside')
       self._reload()
     # orbax, tensorstore and asyncio print their own tracebacks when a write fails (100+ lines for a
     # full disk): held back, and kept in a log file named by the one-line error.
@@ -298,7 +298,7 @@ class Checkpoints:
       os.rename(path, target)
       say(f'checkpoint {path} does not restore ({type(error).__name__}: {error_reason(error)}); set '
           f'aside as {os.path.basename(target)}, trying the previous one')
-    _sync('checkpoint-set-aside')
+    sync('checkpoint-set-aside')
     self._reload()
 
   def close(self) -> None:
@@ -331,7 +331,7 @@ def abstract_like(tree: Any) -> Any:
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)), tree)
 
 
-def _sync(name: str) -> None:
+def sync(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
     multihost_utils.sync_global_devices(name)

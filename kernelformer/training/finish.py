@@ -21,21 +21,16 @@ from kernelformer.training.steps import TrainState, count_params, evaluate
 
 @dataclasses.dataclass(frozen=True)
 class Tested:
-  """The test of the run: its loss, accuracy and examples, which checkpoint was tested
-  (``{'which': 'best' | 'final', 'step', 'rule': eval.test_checkpoint}``) and that checkpoint's meta
-  (None: the final state's)."""
+  """The test's loss, accuracy and examples, the checkpoint tested (``{'which': 'best' | 'final',
+  'step', 'rule'}``) and its meta (None: the final state's)."""
   result: dict
   checkpoint: dict
   meta: Optional[dict]
 
 
 def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Tested:
-  """Test loss and accuracy of the best checkpoint (by validation accuracy) on the whole test split.
-
-  If the newest best/ does not restore (set aside with one line), the earlier kept one is tested
-  and named; if none restores, the run stops with one line -- other weights are never tested under
-  the best step's name.
-  """
+  """Test loss and accuracy of the selected checkpoint on the whole test split. If the newest best/
+  does not restore, the earlier one is tested and named; if none does, the run stops with one line."""
   best, tested_meta = setup.best, None
   rule = setup.run.eval.test_checkpoint
   checkpoint = {'which': 'final', 'step': int(state.step), 'rule': rule}

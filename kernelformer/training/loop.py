@@ -3,7 +3,6 @@ divergence, and the profiler trace."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import os
 import time
@@ -25,12 +24,8 @@ from kernelformer.training.run_meta import Journal, RunMeta, Segment, Setup, Wat
 from kernelformer.training.steps import TrainState, build_steps, empty_window, evaluate, window_values
 
 
-# Steps dispatched ahead of the one the host waits for: the device always has the next steps queued,
-# while the watchdog still names the first step that does not finish. Each holds only its batch and
-# its window. When more than MAX_IN_FLIGHT are in flight the host waits until RESUME_IN_FLIGHT are:
-# one wait (one wake-up of the host thread) per MAX_IN_FLIGHT - RESUME_IN_FLIGHT steps, not one per
-# step -- on a loaded CPU a wake-up costs as much as a small step (docs/benchmarks.md, "The training
-# loop against a bare loop").
+# Steps in flight: past MAX_IN_FLIGHT the host waits until RESUME_IN_FLIGHT are, one wake-up of the
+# host thread per 8 steps (docs/architecture.md, "The loop never waits for the host").
 MAX_IN_FLIGHT = 16
 RESUME_IN_FLIGHT = 8
 
@@ -81,10 +76,9 @@ def kept(setup: Setup) -> str:
 
 
 class Loop:
-  """The step loop of one segment. It owns what only it touches: the compiled step, the steps in
-  flight, the logs queued for reading and the window of on-device sums since the last log. Its
-  boundaries (log, validation, checkpoint, stop) update the run's ``RunMeta``, ``Segment`` and
-  ``Journal`` it is given; the state is an argument and the result of ``run``."""
+  """The step loop of one segment: it owns the compiled step, the steps in flight, the queued logs and
+  the window; its boundaries (log, validation, checkpoint, stop) update the ``RunMeta``, ``Segment``
+  and ``Journal`` it is given; the state is an argument and the result of ``run``."""
 
   def __init__(self, setup: Setup, meta: RunMeta, segment: Segment, journal: Journal):
     self.setup, self.meta, self.segment, self.journal = setup, meta, segment, journal
@@ -120,11 +114,9 @@ class Loop:
       # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
       self.dispatching = done
       watch.step(self.unfinished_steps, self.first_unfinished)
-      if run.profile_steps > 0:
-        with _maybe_profile(run, setup.workdir, step, start):
-          state, self.window = self.compiled(state, self.window, batch)
-      else:
-        state, self.window = self.compiled(state, self.window, batch)
+      if run.profile_steps > 0 and jax.process_index() == 0:
+        profile(setup.workdir, step - start, run.profile_steps)
+      state, self.window = self.compiled(state, self.window, batch)
       self.dispatched = done
       self.in_flight.append((done, self.window))
       if done == start + 1:
@@ -327,11 +319,9 @@ class Loop:
 
 
 def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tuple[Loop, TrainState]:
-  """The trainer's step loop for ``config`` and ``info`` set up without a workdir's files: no data
-  preparation, no checkpoint, no record, no progress bar, and no final boundary (``num_train_steps``
-  taken as unbounded; set ``eval_every`` and ``checkpoint_every`` past the steps run) -- the loop alone,
-  for timing it against a bare loop (``kernelformer benchmark loop``). ``Loop.run(state, start,
-  until, batches)`` runs it; ``workdir`` is only where a profile would go."""
+  """The step loop alone, without a workdir's files, data preparation, record or final boundary (set
+  ``eval_every`` and ``checkpoint_every`` past the steps run), for ``kernelformer benchmark loop``;
+  ``Loop.run(state, start, until, batches)`` runs it; ``workdir`` is only where a profile would go."""
   run = run_config.of(config)
   parts, state = build_steps(run, info, None)
   num_steps = 1 << 30
@@ -345,10 +335,8 @@ def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tup
   return Loop(setup, meta, segment, journal), state
 
 
-# The rule for a good checkpoint (``Loop.check_finite``): finite parameters and a validation loss that
-# is finite and at most DIVERGED_FACTOR x max(1, the lowest validation loss of the run so far). A run
-# whose loss has blown up by orders of magnitude (1e14 where it was 2) is diverged even while finite;
-# the floor of 1 nat keeps a well-fitted run (lowest 0.01) from being stopped by ordinary overfitting.
+# The rule for a good checkpoint (``Loop.check_finite``; docs/architecture.md): a finite validation loss
+# at most DIVERGED_FACTOR x max(1, the lowest so far); the floor of 1 nat spares ordinary overfitting.
 DIVERGED_FACTOR = 1000.0
 
 
@@ -362,18 +350,14 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
-def _maybe_profile(run: run_config.Run, workdir: str, step: int, start_step: int):
-  """A jax.profiler trace of ``run.profile_steps`` steps, starting after the first (compiled) one."""
-  n = run.profile_steps
-  if n <= 0 or jax.process_index() != 0:
-    return contextlib.nullcontext()
-  first = start_step + 1
-  if step == first and not _TRACING:
+def profile(workdir: str, i: int, n: int) -> None:
+  """A jax.profiler trace of ``n`` steps: started before the segment's step ``i`` = 1 (after the
+  compiled one), stopped before step ``n + 1`` (or at the segment's end, ``stop_profile``)."""
+  if i == 1 and not _TRACING:
     jax.profiler.start_trace(os.path.join(workdir, 'profile'))
     _TRACING.append(True)
-  if step == first + n - 1:
-    return _StopTrace()
-  return contextlib.nullcontext()
+  elif i == n + 1:
+    stop_profile()
 
 
 _TRACING = []  # non-empty while this process has a profiler trace open
@@ -384,10 +368,3 @@ def stop_profile() -> None:
     _TRACING.clear()
     jax.effects_barrier()
     jax.profiler.stop_trace()
-
-
-class _StopTrace(contextlib.AbstractContextManager):
-
-  def __exit__(self, *exc):
-    stop_profile()
-    return False

@@ -28,14 +28,9 @@ class RunResults(dict):
 
 
 def code_segments(previous, start: int, current: dict, resumed: bool) -> list:
-  """The code that trained each stretch of the run: ``[{'from_step', 'code_version'}, ...]``.
-
-  A run resumed under other code (another commit, a dirty tree, another package version) is legal --
-  a fix can be picked up mid-run -- but it can change what the remaining steps compute (a numerics fix,
-  a new default), so it is never silent: a new entry starts at the resume step, one warning line names
-  both versions, and results.json carries the whole list. Checkpoints written before this field
-  existed resume with an entry of unknown code for their steps.
-  """
+  """The code that trained each stretch of the run: ``[{'from_step', 'code_version'}, ...]``; a resume
+  under other code appends an entry and warns (docs/architecture.md); checkpoints older than this
+  field resume with an entry of unknown code for their steps."""
   segments = [dict(s) for s in previous] if isinstance(previous, list) else []
   if resumed and not segments and start > 0:
     segments = [{'from_step': 0, 'code_version': {'package_version': 'unknown (checkpoint older '
@@ -66,8 +61,8 @@ class Prior:
 
   @property
   def provisional(self) -> bool:
-    """A stretch continuing a finished run (a config change, more steps, a re-test): its record and
-    best/ replace that run's only when it completes (docs/architecture.md, "The run's record")."""
+    """A stretch continuing a finished run: its record and best/ replace that run's only when it
+    completes (docs/architecture.md, "The run's record")."""
     return self.previous is not None
 
 
@@ -122,11 +117,9 @@ class Watch:
     return on_batch
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Setup:
-  """What a run is built from, once (``build``, ``refuse_silent_restart``): nothing in it is reassigned
-  while the run trains. The bench's loop (``benchmark_loop``) has no sources and no checkpoints."""
+  """What a run is built from, once (``build``), never reassigned (``benchmark_loop``'s: no sources)."""
   config: ml_collections.ConfigDict   # the user's, as recorded (run.json, config.json, results.json)
   run: run_config.Run                 # what the run reads
   workdir: str
@@ -235,10 +228,8 @@ class Journal:
     self.committed = writer is not None
 
   def commit(self, root: Optional[str] = None) -> None:
-    """Writes the run's record -- run.json, config.json, metrics.jsonl without the events after the
-    step the record was last written at (the resumed run logs them again) -- into the workdir, or
-    ``root``: the run's final record (``finish``; metrics.jsonl copied). A run that stops before
-    (divergence, signal, error) leaves the workdir's record as it was, so its command still runs."""
+    """Writes run.json, config.json and metrics.jsonl (cut at the step the record was last written:
+    the resumed run logs the rest again) into the workdir, or ``root``: the final record (``finish``)."""
     if self.committed and root is None:
       return
     setup, prior, was = self.setup, self.setup.prior, self.committed

@@ -33,15 +33,10 @@ class TrainState:
 def build_model(run: run_config.Run, info: lra_tasks.TaskInfo) -> nn.Module:
   """The classifier (dual encoder for Retrieval), or for causal LM tasks (enwik8, MQAR, selective copy)
   the decoder-only model with per-token targets."""
-  if is_language_model(info):
+  if getattr(info, 'language_model', False):   # per-position targets (``lra_tasks.mqar.LMTaskInfo``)
     from kernelformer import decoder  # pylint: disable=g-import-not-at-top
     return decoder.build_decoder(run.model, info)
   return encoder.build_classifier(run.model, info)
-
-
-def is_language_model(info) -> bool:
-  """Whether the task gives per-position next-token targets (``lra_tasks.mqar.LMTaskInfo``)."""
-  return bool(getattr(info, 'language_model', False))
 
 
 def is_decoder(model) -> bool:
@@ -194,11 +189,8 @@ def initializer(model, tx, info, keys) -> Callable[[jax.Array], TrainState]:
 def evaluate(eval_step, state, source, run: run_config.Run, mesh, *, max_batches: Optional[int] = None,
              on_batch: Optional[Callable[[int], None]] = None) -> dict[str, float]:
   """Loss, accuracy and example count over ``source`` (``max_batches``: None = the periodic-validation
-  cap ``run.max_eval_batches``; 0 = the whole split, which the final test always uses).
-
-  ``on_batch(i)`` is called before batch ``i`` (the watchdog counts evaluation batches as progress).
-  The per-batch sums stay on the device and are read once, at the end (summed in float64 on the host).
-  """
+  cap ``run.max_eval_batches``; 0 = the whole split). ``on_batch(i)`` is called before batch ``i``
+  (watchdog progress); the per-batch sums are read once, at the end, and summed in float64."""
   if max_batches is None:
     max_batches = run.max_eval_batches
   outs = []
@@ -226,13 +218,9 @@ MAX_CONSECUTIVE_SKIPS = 10
 def make_loop_step(train_step, policy: str, log_every: int = 1):
   """``loop_step(state, window, batch) -> (state, window)``: ``train_step`` plus on-device bookkeeping.
 
-  ``window`` holds sums over the steps since the last log (loss, accuracy, learning rate, gradient
-  norm, over applied steps only), counts, and the first step that stops the run (``bad_step``, -1
-  while none). The step after a log step (``state.step`` a multiple of ``log_every``) starts a new
-  window itself (``next_window``), so a log boundary costs the host one read and no dispatch. A step whose loss or gradient norm is non-finite is not applied (the state is kept,
-  only its step advances under 'skip'); under 'stop', and under 'skip' after
-  ``MAX_CONSECUTIVE_SKIPS`` in a row, ``bad_step`` is recorded and no later update is applied, so the
-  host, reading ``window`` at the next boundary, stops with the exact step and the state before it.
+  ``window``: sums since the last log over applied steps, counts, and the first step that stops the
+  run (``bad_step``, -1 while none); the step after a log step starts a new one (``next_window``), so
+  a log boundary costs the host one read and no dispatch. Non-finite steps: docs/architecture.md.
   """
 
   def loop_step(state: TrainState, packed: jax.Array, batch):
@@ -266,9 +254,8 @@ def make_loop_step(train_step, policy: str, log_every: int = 1):
   return loop_step
 
 
-# The window travels as one int32 array (the float fields as their bits), so that a boundary reads it
-# in one transfer: ``np.asarray`` of one array costs the host ~2 us, ``jax.device_get`` of a dict of
-# two ~25 us -- a fifth of a tiny step (docs/benchmarks.md, "The training loop against a bare loop").
+# The window travels as one int32 array (the float fields as their bits): a boundary reads it in one
+# transfer (docs/benchmarks.md, "The training loop against a bare loop").
 WINDOW_INTS = ('applied', 'skipped', 'first_skipped', 'consecutive', 'bad_step')
 WINDOW_FLOATS = ('loss', 'accuracy', 'learning_rate', 'grad_norm', 'aux_loss', 'bad_loss',
                  'bad_grad_norm')
@@ -298,13 +285,8 @@ def window_values(packed) -> dict:
 
 
 def empty_window() -> jax.Array:
-  f, i = jnp.float32, jnp.int32
-  return pack_window({
-      'loss': jnp.zeros((), f), 'accuracy': jnp.zeros((), f), 'learning_rate': jnp.zeros((), f),
-      'grad_norm': jnp.zeros((), f), 'aux_loss': jnp.zeros((), f),
-      'applied': jnp.zeros((), i), 'skipped': jnp.zeros((), i),
-      'first_skipped': -jnp.ones((), i), 'consecutive': jnp.zeros((), i),
-      'bad_step': -jnp.ones((), i), 'bad_loss': jnp.zeros((), f), 'bad_grad_norm': jnp.zeros((), f)})
+  return pack_window({**dict.fromkeys(WINDOW_INTS + WINDOW_FLOATS, 0), 'first_skipped': -1,
+                      'bad_step': -1})
 
 
 def next_window(window: jax.Array) -> jax.Array:

@@ -1,12 +1,11 @@
 """``train_and_evaluate(config, workdir)``: the one training loop for every task and attention kind,
-read top to bottom (its parts: ``steps``, ``run_meta``, ``loop``, ``finish``).
+read top to bottom (parts: ``steps``, ``run_meta``, ``loop``, ``finish``; outputs: docs/runs.md).
 
 * Parallelism: ``jax.jit`` over a 1-D ``data`` mesh of all devices, batch sharded, state replicated; the
   same code runs on 1 CPU, 8 GPUs or a TPU pod (``config.batch_size`` is global).
 * Randomness: a run is a function of (config, seed). Dropout keys are ``fold_in(seed_key, step)``; the
   random-feature key is fixed and the attention modules fold in ``step // redraw_every`` themselves;
   batches are a function of the step (``input_pipeline``). So a resumed run equals an uninterrupted one.
-* Outputs in ``workdir``: docs/runs.md.
 """
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ from kernelformer.training.run_meta import (Journal, Prior, RunMeta, Segment, Se
                                             finished_results, read_prior)
 from kernelformer.training.steps import TrainState, build_steps
 
-# best/ keeps the last two bests: the test falls back to the earlier if the newest does not restore.
-KEEP_BEST = 2
+KEEP_BEST = 2   # best/ keeps two: the test falls back to the earlier if the newest does not restore
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -44,17 +42,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """Trains ``config`` in ``workdir`` (resuming if it holds a checkpoint); returns the results dict.
 
   ``hooks`` are called after every step is dispatched, with (step, state); ``state`` may still be
-  computing (reading it waits for it). Tests use them to interrupt a run.
-  ``devices`` restricts the mesh (default: all devices).
-
-  The loop never waits for the host between boundaries (logging, validation, checkpoint, stop): the
-  step's loss, accuracy, gradient norm and learning rate are summed on the device (``loop_step``), a
-  non-finite step is detected there and its update not applied, and the host reads the sums once per
-  boundary. Batches are read and placed on the devices by a thread, ``input_pipeline.PREFETCH`` steps
-  ahead (on CPU: placed by the step itself).
-
-  Run safety (lock, one config per workdir, signals, divergence, watchdog, damaged checkpoints, the
-  record written at once): docs/runs.md; each stop is a ``workdir_lib.RunError`` with the exit code.
+  computing (reading it waits for it). Tests use them to interrupt a run. ``devices`` restricts the
+  mesh (default: all devices). Run safety: docs/runs.md; each stop is a ``workdir_lib.RunError``.
   """
   logging.getLogger('absl').setLevel(logging.WARNING)
   run = validate.validate_run(config, workdir, devices)  # user mistakes: one line, before anything is created
@@ -75,9 +64,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
 
 
 def _train_and_evaluate(config, run, workdir, hooks, devices, watchdog) -> dict:
-  """read the workdir -> build -> restore -> train (steps and boundaries: log, evaluate, save) -> test
-  -> finish: each phase a function of the values the one before returned (``Setup``, ``RunMeta``,
-  ``Segment``, ``Journal``, the state)."""
+  """read the workdir -> build -> restore -> train -> test -> finish, each phase a function of the
+  values the one before returned (``run_meta``)."""
   t0, started = time.monotonic(), workdir_lib.now_iso()
   prior = read_prior(config, run, workdir)
   finished = finished_results(run, prior)
@@ -109,7 +97,7 @@ def prepare_data(run: run_config.Run, is_lead: bool):
       if line is None:
         raise
       raise lra_tasks.DataError(f'{task.name}: {line}') from None
-  _sync('prepare_data')
+  ckpt_lib.sync('prepare_data')
   missing = task.check(run.data)
   if missing:
     raise lra_tasks.DataError(f'{task.name}: data missing: ' + '; '.join(missing))
@@ -199,7 +187,7 @@ def refuse_silent_restart(setup: Setup) -> Setup:
     os.rename(finished, f'{finished}.before-start-over-{n}')
     workdir_lib.say(f'start_over: {what}; training from step 0; the earlier best/ is kept as '
                     f'best.before-start-over-{n}')
-  _sync('start-over')
+  ckpt_lib.sync('start-over')
   return dataclasses.replace(setup, best=ckpt_lib.Checkpoints(best.directory, KEEP_BEST))
 
 
@@ -214,9 +202,3 @@ def close(setup: Setup, segment: Segment, journal: Journal, completed: bool) -> 
         setup.prior.previous.get('final_step') or 0):   # the next start refills best.next (restore)
       shutil.rmtree(setup.best.directory, ignore_errors=True)
     setup.checkpoints.close()
-
-
-def _sync(name: str) -> None:
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    multihost_utils.sync_global_devices(name)
