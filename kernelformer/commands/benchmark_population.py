@@ -4,7 +4,7 @@
   kernelformer benchmark population --configs listops:skyformer --batch 4 --length 256 --steps 3
 
 For each config and size P (members: seeds 0..P-1), each round runs ``--steps`` steps of the population's
-jitted step, then P single runs of ``--steps`` steps one after another (``trainer.build_steps``' step;
+jitted step, then P single runs of ``--steps`` steps one after another (``steps_lib.build_steps``' step;
 every seed's single run is the same program, so one is compiled), interleaved so a shared machine's load
 hits both alike. Batches are read beforehand: each member's own data order from the task's training
 split where it is on disk or generated (MQAR), else random tokens. member-steps/s = P x steps / seconds;
@@ -33,7 +33,7 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer import run_config  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import input_pipeline, population, trainer  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import input_pipeline, population, steps as steps_lib  # pylint: disable=g-import-not-at-top
   from lra_tasks import common as lra_common  # pylint: disable=g-import-not-at-top
   task, _, preset = spec.partition(':')
   config = importlib.import_module(f'kernelformer.configs.{task}').get_config(preset)
@@ -43,8 +43,8 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
   info = task.info(config.data)
   source = (task.source(config.data, 'train') if not task.check(config.data) else
             lra_common.ArraySource(**train_step.random_batch(info, 4 * config.batch_size)))
-  parts, single = trainer.build_steps(run_config.of(config), info, None)
-  window, data = trainer.empty_window(), input_pipeline.TrainBatches(source, config.batch_size, 0)
+  parts, single = steps_lib.build_steps(run_config.of(config), info, None)
+  window, data = steps_lib.empty_window(), input_pipeline.TrainBatches(source, config.batch_size, 0)
   pops = {p: population.build(config, info, source, population=[{'seed': s} for s in range(p)])
           for p in sizes}
   rates = {p: ([], []) for p in sizes}

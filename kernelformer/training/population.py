@@ -2,7 +2,7 @@
 
 ``config.population`` (or ``build(..., population=)``) lists each member's overrides of ``FIELDS``, e.g.
 ``[{'seed': 0}, {'seed': 1, 'optim.learning_rate': 1e-3}]``. A member is its single run: its seed's
-parameters, data order (``input_pipeline.TrainBatches``), dropout and feature keys (``trainer.run_keys``),
+parameters, data order (``input_pipeline.TrainBatches``), dropout and feature keys (``steps_lib.run_keys``),
 its schedule and AdamW values (``optim.make_optimizer(**member)``) and dropout rates. One jitted step --
 the trainer's ``make_loop_step(make_steps(...))``, vmapped over a leading member axis of state, window
 and batch -- trains them all, on a 2-D mesh: ``members`` (each device group trains its own members)
@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import optim as optim_lib
-from kernelformer.training import trainer
+from kernelformer.training import steps as steps_lib
 from kernelformer.training import validate
 
 FIELDS = ('seed', 'optim.learning_rate', 'optim.warmup_steps', 'optim.weight_decay', 'optim.b1',
@@ -134,9 +134,9 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   batches = tuple(input_pipeline.TrainBatches(source, config.batch_size, int(c.seed))
                   for c in configs) if source is not None else ()
   if size == 1:   # the single run's program: vmap, a reshape, even donation change XLA's rounding
-    parts, state = trainer.build_steps(runs[0], info, devices)
+    parts, state = steps_lib.build_steps(runs[0], info, devices)
     return Population(tuple(configs), parts['mesh'], parts['loop_step'], batches), state, \
-        trainer.empty_window()
+        steps_lib.empty_window()
   varying = {f for f in FIELDS if len({_get(c, f) for c in configs}) > 1}
   program = ml_collections.ConfigDict(configs[0].to_dict())
   for field in varying & set(PLACEHOLDER_RATES):
@@ -148,8 +148,8 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   if config.batch_size % data:
     raise PopulationError(f'batch_size={config.batch_size} is not divisible by the {data}-way data '
                           f'axis of {size} members on {mesh.devices.size} devices')
-  model = trainer.build_model(program, info)
-  keys = jax.tree.map(lambda *k: jnp.stack(k), *[trainer.run_keys(r.seed) for r in runs])
+  model = steps_lib.build_model(program, info)
+  keys = jax.tree.map(lambda *k: jnp.stack(k), *[steps_lib.run_keys(r.seed) for r in runs])
   keep = {PLACEHOLDER_RATES[f]: jnp.asarray([np.float32(1.0 - _get(c, f)) for c in configs])
           for f in varying & set(PLACEHOLDER_RATES)}
   schedules = [optim_lib.make_schedule(r.optim, n) for r in runs]
@@ -168,12 +168,12 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
     return optim_lib.make_optimizer(program.optim, n, **member)
 
   def init(index, member_keys):
-    return trainer.initializer(model, optimizer(index)[0], info, member_keys)(member_keys['init'])
+    return steps_lib.initializer(model, optimizer(index)[0], info, member_keys)(member_keys['init'])
 
   def member_step(index, member_keys, state, window, batch):
     tx, schedule = optimizer(index)
-    train_step, _ = trainer.make_steps(model, tx, schedule, program, member_keys)
-    loop_step = trainer.make_loop_step(train_step, program.on_nonfinite, program.log_every)
+    train_step, _ = steps_lib.make_steps(model, tx, schedule, program, member_keys)
+    loop_step = steps_lib.make_loop_step(train_step, program.on_nonfinite, program.log_every)
     with nn.intercept_methods(_dropout({r: k[index] for r, k in keep.items()})):
       return loop_step(state, window, batch)
 
@@ -184,5 +184,5 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
       lambda *args: jax.vmap(member_step, spmd_axis_name='members')(index, keys, *args),
       in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data'))),
       out_shardings=(members_sh, members_sh), donate_argnums=0)
-  window = jax.device_put(jnp.stack([trainer.empty_window()] * size), members_sh)
+  window = jax.device_put(jnp.stack([steps_lib.empty_window()] * size), members_sh)
   return Population(configs=tuple(configs), mesh=mesh, step=step, batches=batches), state, window

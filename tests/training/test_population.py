@@ -1,6 +1,6 @@
 """A population trains each member as its single run would (``kernelformer/training/population.py``).
 
-Each member's parameters after ``STEPS`` steps are compared with its single run's (``trainer.build_steps``'
+Each member's parameters after ``STEPS`` steps are compared with its single run's (``steps_lib.build_steps``'
 jitted loop step over ``TrainBatches`` of its seed). Tolerance: ``ATOL`` absolute on every leaf. vmap
 batches the member axis into XLA's fusions and dot products, which changes the order of float32
 reductions (a population of one runs the single run's program and is compared bitwise); measured
@@ -22,6 +22,7 @@ from configs import retrieval
 from kernelformer import run_config
 from kernelformer.training import input_pipeline
 from kernelformer.training import population
+from kernelformer.training import steps as steps_lib
 from kernelformer.training import trainer
 from lra_tasks import fixtures
 
@@ -48,9 +49,9 @@ def _config(task, tmp_path, steps=STEPS):
 
 
 def _single(config, info, source, steps, devices):
-  parts, state = trainer.build_steps(run_config.of(config), info, devices)
+  parts, state = steps_lib.build_steps(run_config.of(config), info, devices)
   batches, window = input_pipeline.TrainBatches(source, config.batch_size, config.seed), \
-      trainer.empty_window()
+      steps_lib.empty_window()
   for s in range(steps):
     state, window = parts['loop_step'](state, window, batches.batch(s))
   return state, window
@@ -73,8 +74,8 @@ def _check(task, tmp_path, overrides, positions, *, devices=None, single_devices
     got, want = _leaves(member.params), _leaves(single.params)
     for name in want:
       np.testing.assert_allclose(got[name], want[name], rtol=0, atol=ATOL, err_msg=f'member {i} {name}')
-    loss = trainer.window_values(pop.member(window, i))['loss']
-    np.testing.assert_allclose(loss, trainer.window_values(single_window)['loss'], rtol=1e-5)
+    loss = steps_lib.window_values(pop.member(window, i))['loss']
+    np.testing.assert_allclose(loss, steps_lib.window_values(single_window)['loss'], rtol=1e-5)
   return pop, state
 
 
