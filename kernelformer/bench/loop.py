@@ -254,12 +254,12 @@ class _Bench:
     the input pipeline as in a run (``with_pipeline``). Timed by the trainer's own clock (what
     results.json reports): from the end of the round's first step -- the trainer waits for a
     segment's first step, its warm-up -- to the read of the window after the last."""
-    meta = self.loop.meta
     start, numpy_batches = (self.start, None) if with_pipeline else self._round_batches()
     batches = self.pipeline if with_pipeline else _Preloaded(numpy_batches)
-    steps0, seconds0 = meta.timed_steps, meta.train_seconds
+    before = self.loop.meta   # frozen: the loop replaces it
     self.state = self.loop.run(self.state, start, start + self.steps, batches)
-    timed, seconds = meta.timed_steps - steps0, meta.train_seconds - seconds0
+    timed = self.loop.meta.timed_steps - before.timed_steps
+    seconds = self.loop.meta.train_seconds - before.train_seconds
     self._check('trainer with input pipeline' if with_pipeline else 'trainer', start)
     if timed != self.steps - 1:
       raise RoundMismatch(f'{self.setting}: the trainer timed {timed} steps (expected '
