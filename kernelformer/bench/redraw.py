@@ -60,8 +60,8 @@ def accuracy_by_draw(workdir: str, draw_steps: Sequence[int], *, checkpoint: str
                      ) -> tuple[int, list[DrawAccuracy]]:
   """``(checkpoint step, [the trained draws' accuracy, then each of draw_steps'])`` on ``split``."""
   config = read_config(workdir)
-  task, info = trainer.prepare_data(config, True)
   run = run_config.of(config)
+  task, info = trainer.prepare_data(run, True)
   parts, state = steps_lib.build_steps(run, info, None)
   # best/ saves only improvements, so its newest checkpoint is the best; checkpoints/ holds the latest.
   which = 'best' if checkpoint == 'best' else 'checkpoints'

@@ -345,7 +345,7 @@ CASES: list[tuple[str, Any, str]] = [
     ('qkv_not_divisible', '--config.model.qkv_dim=15', 'config.model.qkv_dim=15 is invalid: must be divisible'),
     ('pooling_unknown', '--config.model.pooling=max', "config.model.pooling='max'"),
     ('pos_encoding_unknown', '--config.model.pos_encoding=rotary', "config.model.pos_encoding='rotary'"),
-    ('dtype_unknown', '--config.model.dtype=float16', "config.model.dtype='float16'"),
+    ('dtype_unknown', '--config.model.dtype=float64', "config.model.dtype='float64'"),
     ('max_length_zero', '--config.data.max_length=0', 'config.data.max_length=0'),
     ('num_train_zero', '--config.data.num_train=0',
      'config.data.num_train=0 is invalid: must be an integer >= 1 (the train split would be empty)'),
