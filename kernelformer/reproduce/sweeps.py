@@ -35,7 +35,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
-from kernelformer.training.workdir import RECORD_NEXT, read_results
+from kernelformer.training.record import RECORD_NEXT, read_results
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The task configs ship as kernelformer.configs (a checkout's configs/ folder; kernelformer/configs links to it).

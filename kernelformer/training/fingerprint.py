@@ -3,7 +3,7 @@
 A workdir belongs to one config. ``config_fields`` flattens a config to ``{'model.attention.kind': ...}``
 minus the fields that cannot change what a run computes (``EXCLUDED``, each with its reason); the
 fingerprint is a SHA-256 of that dict. A later run whose fields differ is refused before anything is
-compiled (``kernelformer.training.workdir``), naming the differing fields.
+compiled (``kernelformer.training.record``), naming the differing fields.
 
 ``tree_digest`` hashes a state's arrays (paths, shapes, dtypes and bytes), stored in each checkpoint's
 meta so that a restore can tell a bit-flipped checkpoint from a good one; ``tree_structure`` hashes the
@@ -65,7 +65,7 @@ def canonical_kind(kind: Any) -> Any:
 def config_fields(config: Any, *, without: tuple[str, ...] = ()) -> dict[str, Any]:
   """Flat ``{'dotted.name': value}`` of ``config`` (a ConfigDict or dict, nested fields included) without
   the ``EXCLUDED`` fields (and the dotted names in ``without``), the attention kind by its canonical
-  name. The one definition of "the same run": the workdir's record (``workdir.RunRecord``) and the
+  name. The one definition of "the same run": the workdir's record (``record.RunRecord``) and the
   report's grouping of seeds (``reproduce.report``, ``without=('seed',)``) both use it."""
   d = config.to_dict() if hasattr(config, 'to_dict') else dict(config)
   out: dict[str, Any] = {}

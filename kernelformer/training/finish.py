@@ -13,6 +13,7 @@ import numpy as np
 from kernelformer import plugins
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import lm_eval
+from kernelformer.training import record as record_lib
 from kernelformer.training import selection
 from kernelformer.training import workdir as workdir_lib
 from kernelformer.training.run_meta import Journal, RunMeta, RunResults, Segment, Setup
@@ -64,9 +65,8 @@ def test(setup: Setup, meta: RunMeta, state: TrainState, segment: Segment) -> Te
 
 def finish(setup: Setup, meta: RunMeta, segment: Segment, journal: Journal, state: TrainState,
            tested: Tested) -> RunResults:
-  """Writes the test event and results.json with the rest of the record (a stretch's: run.json,
-  config.json, metrics.jsonl, best/), made current at once (``workdir_lib.new_record``)."""
-  with workdir_lib.new_record(setup.workdir) if setup.is_lead else contextlib.nullcontext() as staged:
+  """Writes the test event and results.json with the rest of the run's record (``record_lib.new_record``)."""
+  with record_lib.new_record(setup.workdir) if setup.is_lead else contextlib.nullcontext() as staged:
     results = write_results(setup, meta, segment, journal, state, tested, staged)
     journal.close()
     setup.checkpoints.close()

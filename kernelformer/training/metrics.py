@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from kernelformer.training import record as record_lib
 from kernelformer.training import workdir as workdir_lib
 
 
@@ -72,12 +73,11 @@ class MetricsWriter:
 
   def write_config(self, config) -> None:
     if self.enabled:
-      workdir_lib.atomic_write_json(os.path.join(self.root, 'config.json'), config.to_dict())
+      record_lib.atomic_write_json(os.path.join(self.root, 'config.json'), config.to_dict())
 
   def write_results(self, results: dict) -> None:
     if self.enabled:  # a results.json that exists is complete (sweeps rely on it)
-      workdir_lib.atomic_write_json(os.path.join(self.root, 'results.json'),
-                                  strict_json(results))
+      record_lib.atomic_write_json(os.path.join(self.root, 'results.json'), strict_json(results))
 
   def close(self) -> None:
     if self.enabled:

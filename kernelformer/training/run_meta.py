@@ -18,6 +18,7 @@ from kernelformer import run_config
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import metrics as metrics_lib
+from kernelformer.training import record as record_lib
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
 
@@ -55,7 +56,7 @@ def _describe_code(version: dict) -> str:
 @dataclasses.dataclass(frozen=True)
 class Prior:
   """The workdir as the run found it, read before anything is written."""
-  record: workdir_lib.RunRecord   # run.json: the config the workdir belongs to
+  record: record_lib.RunRecord   # run.json: the config the workdir belongs to
   allowed: Any                    # the config changes run.json allows (``config.allow_config_change``)
   previous: Optional[dict]        # results.json of a finished run, else None
 
@@ -67,10 +68,10 @@ class Prior:
 
 
 def read_prior(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str) -> Prior:
-  record = workdir_lib.RunRecord(workdir)
+  record = record_lib.RunRecord(workdir)
   record.load()
   allowed = record.check(config, run.allow_config_change)
-  previous, why = workdir_lib.read_results(workdir)
+  previous, why = record_lib.read_results(workdir)
   if why:
     raise workdir_lib.RunError(f'{workdir}/results.json {why}; move it aside and re-run to re-test '
                                f'the final checkpoint')

@@ -24,6 +24,7 @@ from kernelformer import run_config
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import input_pipeline
 from kernelformer.training import metrics as metrics_lib
+from kernelformer.training import record as record_lib
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import workdir as workdir_lib
 from kernelformer.training import validate
@@ -53,7 +54,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   lock = workdir_lib.WorkdirLock(workdir)
   if is_lead:
     lock.acquire()
-    workdir_lib.settle_record(workdir)   # a record write cut short: finished or undone
+    record_lib.settle_record(workdir)   # a record write cut short: finished or undone
   watchdog = signals_lib.Watchdog()
   watchdog.on_fire = lock.release
   try:

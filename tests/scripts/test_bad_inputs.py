@@ -257,13 +257,13 @@ def _in_workdir(name: str, content: bytes):
 
 def _other_config_run(ctx):
   from configs import listops  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import record as record_lib  # pylint: disable=g-import-not-at-top
   c = listops.get_config('tiny')
   with c.unlocked():
     c.seed = 7
     c.data.data_dir = ctx.data_dir
     c.progress = False
-  workdir_lib.RunRecord(ctx.workdir).write(c, [], 0)
+  record_lib.RunRecord(ctx.workdir).write(c, [], 0)
   return []
 
 

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from kernelformer.training import metrics as metrics_lib
+from kernelformer.training import record as record_lib
 from kernelformer.training import trainer
 from kernelformer.training import workdir as workdir_lib
 from tests.training import helpers
@@ -55,7 +56,7 @@ def test_results_and_config_on_a_full_disk_keep_the_earlier_file(tmp_path, name)
 
 
 def test_run_record_and_lock_on_a_full_disk(tmp_path):
-  record = workdir_lib.RunRecord(str(tmp_path))
+  record = record_lib.RunRecord(str(tmp_path))
   os.symlink(FULL, tmp_path / f'run.json.tmp-{os.getpid()}')
   with pytest.raises(workdir_lib.RunError) as e:
     record.write(helpers.tiny_config(tmp_path / 'data'), [], 0)
@@ -87,7 +88,7 @@ def test_metrics_reader_is_bounded(tmp_path):
 def test_results_on_a_full_disk_at_the_end_of_a_run_then_the_same_command_finishes(tmp_path,
                                                                                   monkeypatch):
   workdir = tmp_path / 'run'
-  real = workdir_lib.new_record
+  real = record_lib.new_record
 
   @contextlib.contextmanager
   def full_disk(path):   # results.json's temporary file, where the run's record is staged
@@ -95,7 +96,7 @@ def test_results_on_a_full_disk_at_the_end_of_a_run_then_the_same_command_finish
       os.symlink(FULL, os.path.join(staged, f'results.json.tmp-{os.getpid()}'))
       yield staged
 
-  monkeypatch.setattr(workdir_lib, 'new_record', full_disk)
+  monkeypatch.setattr(record_lib, 'new_record', full_disk)
   c = helpers.tiny_config(tmp_path / 'data')
   with pytest.raises(workdir_lib.RunError) as e:
     trainer.train_and_evaluate(c, str(workdir))

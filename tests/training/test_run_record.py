@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from kernelformer.training import loop as loop_lib
+from kernelformer.training import record as record_lib
 from kernelformer.training import trainer
 from kernelformer.training import workdir as workdir_lib
 from tests.training import helpers
@@ -203,14 +204,14 @@ def test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run(tmp_pat
   before, events_before = record(workdir), snapshot(workdir / 'tensorboard')
   longer = helpers.tiny_config(tmp_path / 'data', num_train_steps=18, eval_every=3,
                                checkpoint_every=3, keep_checkpoints=1, allow_config_change=True)
-  real = workdir_lib.atomic_write_json
+  real = record_lib.atomic_write_json
 
   def full_disk(path, obj):
     if path.endswith('results.json'):
       raise workdir_lib.write_error(path, OSError(28, 'No space left on device'))
     real(path, obj)
 
-  monkeypatch.setattr(workdir_lib, 'atomic_write_json', full_disk)
+  monkeypatch.setattr(record_lib, 'atomic_write_json', full_disk)
   with pytest.raises(workdir_lib.RunError, match='No space left'):
     trainer.train_and_evaluate(longer, str(workdir))
   after = record(workdir)
@@ -218,7 +219,7 @@ def test_a_write_failure_at_the_end_of_a_stretch_leaves_the_finished_run(tmp_pat
   assert snapshot(workdir / 'tensorboard') == events_before   # no partial event file to duplicate
   assert not [n for n in os.listdir(workdir) if n.startswith(('record.', 'run.json.'))]
   assert numbered(workdir / 'checkpoints') == [12, 18]
-  monkeypatch.setattr(workdir_lib, 'atomic_write_json', real)
+  monkeypatch.setattr(record_lib, 'atomic_write_json', real)
   assert trainer.train_and_evaluate(c, str(workdir)).status == 'finished'
   done = trainer.train_and_evaluate(longer, str(workdir))
   assert done['final_step'] == 18 and done['config_changes']
