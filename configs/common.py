@@ -116,6 +116,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.watchdog_compile_s = 7200.0         # the same limit while compiling (0 = off)
   c.allow_config_change = False         # continue a workdir started with another config (recorded in results.json)
   c.reevaluate = False                  # re-test a finished run (else re-running it changes nothing)
+  # Runs trained as one program, each its overrides of population.FIELDS in --workdir/<member name>
+  # (docs/runs.md, "Populations"), e.g. --config.population="({'seed': 0}, {'seed': 1})".
+  c.population = ()
   c.start_over = False                  # no checkpoint restores (all damaged): train from step 0 anyway, moving best/ aside
   return c
 

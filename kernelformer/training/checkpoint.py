@@ -244,8 +244,7 @@ class Checkpoints:
     digest that does not match the restored arrays raises ValueError (damage).
     """
     step = self.latest_step() if step is None else step
-    meta = dict(self._manager.restore(step, args=ocp.args.Composite(
-        meta=ocp.args.JsonRestore()))['meta'])
+    meta = self.meta(step)
     want = fp.tree_structure(abstract_state)
     if meta.get('structure') not in (None, want):
       versions = meta.get('code_versions') or [{}]
@@ -261,6 +260,9 @@ class Checkpoints:
     if meta.get('state_sha256') is not None and fp.tree_digest(state) != meta['state_sha256']:
       raise ValueError('the restored arrays do not match the digest written with them')
     return state, meta
+
+  def meta(self, step: int) -> dict:
+    return dict(self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))['meta'])
 
   def restore_latest(self, abstract_state: Any, upto: Optional[int] = None
                      ) -> Optional[tuple[Any, dict]]:

@@ -74,8 +74,9 @@ def user_error_types() -> tuple[type, ...]:
   from kernelformer.training import sharding  # pylint: disable=g-import-not-at-top
   from kernelformer.training import validate  # pylint: disable=g-import-not-at-top
   from kernelformer.training import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import population  # pylint: disable=g-import-not-at-top
   return (lra_tasks.DataError, registry.UnknownKernelError, sharding.ShardingError,
-          validate.ConfigError, validate.WorkdirError, workdir_lib.RunError)
+          validate.ConfigError, validate.WorkdirError, workdir_lib.RunError, population.PopulationError)
 
 
 def run(get_config: Callable, workdir: str) -> dict:
@@ -88,20 +89,37 @@ def run(get_config: Callable, workdir: str) -> dict:
   if jax.process_index() == 0:
     from kernelformer import data_location  # pylint: disable=g-import-not-at-top
     print(data_location.describe(config.data.data_dir), flush=True)
-  results = trainer.train_and_evaluate(config, workdir)
-  from kernelformer.training import peers  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import peers, population, population_run, signals  # pylint: disable=g-import-not-at-top
+  if config.get('population'):   # members in --workdir/<member name>, one result line each
+    names = [population.member_name(m) for m in config.population]
+    workdirs = [os.path.join(workdir, n) for n in names]
+    try:
+      results = population_run.train_population(config, workdirs)
+    except population_run.PopulationDiverged as e:
+      _print_results(e.results, workdirs, [f'{n}: ' for n in names])
+      raise
+  else:
+    results = [trainer.train_and_evaluate(config, workdir)]
+    workdirs, names = [workdir], ['']
   peers.stop()  # finished: slower peers must not take this process's exit for a death
-  if jax.process_index() == 0 and getattr(results, 'status', '') == 'finished':
-    print(f"this run is finished (step {results['final_step']}, test accuracy "
-          f"{results['test_accuracy']:.4f}); nothing changed; --config.reevaluate=True re-tests it, "
-          f"a new --workdir starts another run")
-  elif jax.process_index() == 0:
-    print(f"test accuracy {results['test_accuracy']:.4f} (best validation "
-          f"{results['best_val_accuracy']:.4f} at step {results['best_step']}); "
-          f"{results['steps_per_sec']:.1f} steps/s; results in {os.path.join(workdir, 'results.json')}")
-  from kernelformer.training import signals  # pylint: disable=g-import-not-at-top
+  _print_results(results, workdirs, [f'{n}: ' if n else '' for n in names])
   signals.finished()
-  return results
+  return results if config.get('population') else results[0]
+
+
+def _print_results(results: list, workdirs: list, prefixes: list) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  for results, workdir, prefix in zip(results, workdirs, prefixes):
+    if jax.process_index() != 0 or results is None:
+      continue
+    if getattr(results, 'status', '') == 'finished':
+      print(f"{prefix}this run is finished (step {results['final_step']}, test accuracy "
+            f"{results['test_accuracy']:.4f}); nothing changed; --config.reevaluate=True re-tests it, "
+            f"a new --workdir starts another run")
+    else:
+      print(f"{prefix}test accuracy {results['test_accuracy']:.4f} (best validation "
+            f"{results['best_val_accuracy']:.4f} at step {results['best_step']}); "
+            f"{results['steps_per_sec']:.1f} steps/s; results in {os.path.join(workdir, 'results.json')}")
 
 
 def _is_config_override_error(exc: BaseException) -> bool:

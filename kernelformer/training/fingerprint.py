@@ -41,6 +41,7 @@ EXCLUDED: dict[str, str] = {
     'model.attention.implementation': 'as model.attention.impl, for softmax (cuDNN or XLA)',
     'allow_config_change': 'the override itself (recorded in run.json and results.json)',
     'reevaluate': 'asks a finished run to re-test; the trained state is the same',
+    'population': "a population's members; each member's workdir records its own config, without it",
     'start_over': 'allows a workdir whose checkpoints are all damaged to train again from step 0',
     'watchdog_step_s': 'a time limit on a hung step; a run that finishes computed the same',
     'watchdog_compile_s': 'a time limit on a hung compilation, as watchdog_step_s',

@@ -75,6 +75,11 @@ def members(config: ml_collections.ConfigDict, population=None) -> list:
   return out
 
 
+def member_name(overrides) -> str:
+  """A member's workdir name: its overrides, e.g. ``seed=1,optim.learning_rate=0.001``."""
+  return ','.join(f'{k}={v}' for k, v in overrides.items()) or 'base'
+
+
 def make_mesh(size: int, devices=None) -> Mesh:
   """``members`` x ``data``: gcd(size, devices) groups of devices, each training its share of the
   members with their batches split over the group (8 members on 8 devices: one each; 2 on 8: 4-way)."""
@@ -105,7 +110,7 @@ class Population:
   """The members' configs, the mesh, the jitted step and each member's training batches."""
   configs: tuple
   mesh: Mesh
-  step: Any          # jitted (state, window, batch) -> (state, window), member axis leading
+  step: Any          # jitted (state, window, batch, *extra(active)) -> (state, window), members leading
   batches: tuple     # each member's ``input_pipeline.TrainBatches``
 
   def batch(self, step: int) -> dict:
@@ -117,11 +122,18 @@ class Population:
     """Member ``i``'s ``TrainState`` (or window) out of the population's (one member: no member axis)."""
     return tree if len(self.configs) == 1 else jax.tree.map(lambda x: x[i], tree)
 
-  def run(self, state, window, start: int, stop: int):
-    """Steps ``start..stop-1`` (tests and the benchmark; the trainer's loop does not run it yet)."""
-    for s in range(start, stop):
-      state, window = self.step(state, window, self.batch(s))
-    return state, window
+  def extra(self, active=None) -> tuple:
+    """The step's last argument (several members): which members it trains (default: all); the
+    others' state and window are kept (frozen: stopped early or diverged)."""
+    size = len(self.configs)
+    return () if size == 1 else (np.ones(size, bool) if active is None else np.asarray(active),)
+
+  def stack(self, trees: list):
+    """The population's state (or window) of its members' (``member``'s inverse)."""
+    if len(trees) == 1:
+      return trees[0]
+    return jax.device_put(jax.tree.map(lambda *x: jnp.stack(x), *trees),
+                          NamedSharding(self.mesh, P('members')))
 
 
 def build(config: ml_collections.ConfigDict, info, source=None, *, population=None,
@@ -170,19 +182,20 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   def init(index, member_keys):
     return steps_lib.initializer(model, optimizer(index)[0], info, member_keys)(member_keys['init'])
 
-  def member_step(index, member_keys, state, window, batch):
+  def member_step(index, member_keys, state, window, batch, active):
     tx, schedule = optimizer(index)
     train_step, _ = steps_lib.make_steps(model, tx, schedule, program, member_keys)
     loop_step = steps_lib.make_loop_step(train_step, program.on_nonfinite, program.log_every)
     with nn.intercept_methods(_dropout({r: k[index] for r, k in keep.items()})):
-      return loop_step(state, window, batch)
+      new = loop_step(state, window, batch)
+    return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, (state, window))
 
   index = jnp.arange(size)
   members_sh = NamedSharding(mesh, P('members'))
   state = jax.jit(jax.vmap(init), out_shardings=members_sh)(index, keys)
   step = jax.jit(
       lambda *args: jax.vmap(member_step, spmd_axis_name='members')(index, keys, *args),
-      in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data'))),
+      in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data')), members_sh),
       out_shardings=(members_sh, members_sh), donate_argnums=0)
   window = jax.device_put(jnp.stack([steps_lib.empty_window()] * size), members_sh)
   return Population(configs=tuple(configs), mesh=mesh, step=step, batches=batches), state, window

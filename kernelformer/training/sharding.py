@@ -26,7 +26,7 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def batch_sharded(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P('data'))
+  return NamedSharding(mesh, P(*mesh.axis_names))   # a population's: members x data
 
 
 def check_batch_size(global_batch: int, mesh: Mesh, what: str = 'batch_size') -> int:

@@ -297,8 +297,9 @@ def next_window(window: jax.Array) -> jax.Array:
   return pack_window(fresh)
 
 
-def build_steps(run: run_config.Run, info, devices) -> tuple[dict, TrainState]:
-  """Mesh, model, optimizer, the jitted loop and eval steps (``Setup`` fields) and a fresh state."""
+def build_steps(run: run_config.Run, info, devices, fresh: bool = True) -> tuple[dict, TrainState]:
+  """Mesh, model, optimizer, the jitted loop and eval steps (``Setup`` fields) and a fresh state
+  (``fresh``; else None: a population member's state is the population's)."""
   mesh = sharding.make_mesh(devices)
   validate.check_batches(run, mesh)
   model = build_model(run, info)
@@ -309,6 +310,6 @@ def build_steps(run: run_config.Run, info, devices) -> tuple[dict, TrainState]:
   loop_step = jax.jit(make_loop_step(train_step, run.on_nonfinite, run.log_every),
                       in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl), donate_argnums=0)
   eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
-  state = init_state(model, tx, info, run, keys, mesh)
+  state = init_state(model, tx, info, run, keys, mesh) if fresh else None
   return dict(mesh=mesh, model=model, features_key=keys['features'], loop_step=loop_step,
               eval_step=eval_step), state

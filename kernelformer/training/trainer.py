@@ -107,12 +107,15 @@ def prepare_data(run: run_config.Run, is_lead: bool):
 
 def build(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str, prior: Prior, *,
           hooks: Iterable = (), devices: Optional[list] = None,
-          watchdog: Optional[signals_lib.Watchdog] = None) -> tuple[Setup, TrainState]:
+          watchdog: Optional[signals_lib.Watchdog] = None, program=None) -> tuple[Setup, TrainState]:
   """Data (missing data stops here), mesh, model, the compiled-to-be steps, the sources, the checkpoint
-  managers, and a fresh state."""
+  managers, and a fresh state; ``program``: a population member's (task, info, parts, state)."""
   is_lead = jax.process_index() == 0
-  task, info = prepare_data(run, is_lead)
-  parts, state = build_steps(run, info, devices)
+  if program is None:
+    task, info = prepare_data(run, is_lead)
+    parts, state = build_steps(run, info, devices)
+  else:
+    task, info, parts, state = program
   setup = Setup(
       config=config, run=run, workdir=workdir, prior=prior, is_lead=is_lead,
       num_steps=run.num_train_steps, policy=run.on_nonfinite, hooks=tuple(hooks),
@@ -125,18 +128,20 @@ def build(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str, 
   return setup, state
 
 
-def restore(setup: Setup, state: TrainState, *, t0: float, started: str
+def restore(setup: Setup, state: TrainState, *, t0: float, started: str, upto: Optional[int] = None
             ) -> tuple[Setup, TrainState, RunMeta, Segment, Journal]:
-  """The newest checkpoint that restores (damaged newer ones set aside), or step 0 -- never step 0
-  silently when checkpoints existed: that stops with one line unless ``config.start_over``
-  (``refuse_silent_restart``, which may give a new ``Setup``: best/ moved aside)."""
-  restored = setup.checkpoints.restore_latest(  # a stretch beyond a re-tested finished run: not it
-      ckpt_lib.abstract_like(state), setup.num_steps if setup.prior.provisional else None)
+  """The newest checkpoint (at most at ``upto``: a population's members resume at one step) that
+  restores (damaged newer ones set aside), or step 0 -- never step 0 silently when checkpoints existed:
+  that stops with one line unless ``config.start_over`` (``refuse_silent_restart``, which may give a
+  new ``Setup``: best/ moved aside)."""
+  if setup.prior.provisional:   # a stretch beyond a re-tested finished run: not it
+    upto = min(setup.num_steps, setup.num_steps if upto is None else upto)
+  restored = setup.checkpoints.restore_latest(ckpt_lib.abstract_like(state), upto)
   meta = {'best_val_accuracy': -1.0, 'best_step': -1}
   if restored is not None:
     state, meta = restored
     logging.warning('resumed from %s at step %d', setup.checkpoints.directory, int(state.step))
-  else:
+  elif upto is None or not setup.checkpoints.all_steps():
     setup = refuse_silent_restart(setup)
   start = int(state.step)
   if start > setup.num_steps:

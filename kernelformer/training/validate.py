@@ -318,6 +318,9 @@ def validate_config(config: Any, devices: Optional[list] = None) -> run_config.R
 
   ``devices``: the devices the run will use (default: all), for the batch divisibility checks.
   """
+  if _present(config, 'population') and config.population:
+    raise ConfigError('config.population lists members: kernelformer train (or population_run.'
+                      'train_population) trains them, each in its own workdir')
   task = _check_str(config, 'data.task')
   if task not in lra_tasks.names():
     _fail('data.task', task, 'one of ' + ', '.join(repr(n) for n in lra_tasks.names()))
@@ -489,6 +492,20 @@ def check_data(config: Any) -> None:
   for split in lra_tasks.common.SPLITS:
     if len(task.source(data, split)) == 0:
       raise lra_tasks.DataError(f'{task.name}: the {split} split is empty; check {root}')
+
+
+def validate_population(config: Any, workdirs: list, devices: Optional[list] = None) -> list:
+  """``validate_run`` of each member of ``config.population`` in its workdir; the members' one-line
+  ``population.PopulationError``."""
+  from kernelformer.training import population  # pylint: disable=g-import-not-at-top
+  members = population.members(config)
+  if len(workdirs) != len(members) or len({os.path.abspath(w) for w in workdirs}) != len(members):
+    raise population.PopulationError(f'{len(members)} members need {len(members)} distinct workdirs, '
+                                     f'got {list(workdirs)}')
+  if config.keep_checkpoints < 2:   # members' checkpoints are written one after another
+    _fail('keep_checkpoints', config.keep_checkpoints, '>= 2 in a population (a kill between members\' '
+          'checkpoints resumes at the one before)')
+  return [validate_run(c, w, devices) for c, w in zip(members, workdirs)]
 
 
 def validate_run(config: Any, workdir: str, devices: Optional[list] = None) -> run_config.Run:
