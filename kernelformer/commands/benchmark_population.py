@@ -55,7 +55,7 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
       ones = [data.batch(start + s) for s in range(steps)]
       t0 = time.perf_counter()
       for b in batches:
-        state, pwindow = pop.step(state, pwindow, b)
+        state, pwindow = pop.step(state, pwindow, b, *pop.extra())
       jax.block_until_ready(state)
       t1 = time.perf_counter()
       for _ in range(p):
@@ -71,7 +71,7 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
   single_mib = _mib(parts['loop_step'].lower(single, window, ones[0]).compile())
   rows = []
   for p, (pop, state, pwindow) in pops.items():
-    compiled = pop.step.lower(state, pwindow, pop.batch(0)).compile()
+    compiled = pop.step.lower(state, pwindow, pop.batch(0), *pop.extra()).compile()
     rows.append((spec, p, statistics.median(rates[p][0]), statistics.median(rates[p][1]),
                  statistics.median(a / b for a, b in zip(*rates[p])), _mib(compiled, p), single_mib))
   return rows

@@ -33,7 +33,7 @@ from kernelformer.training.loop import MAX_IN_FLIGHT, RESUME_IN_FLIGHT, Loop, ne
 from kernelformer.training.run_meta import RunResults, finished_results, read_prior
 from kernelformer.training.steps import build_steps
 
-DIVERGED = 'diverged.json'   # a member's workdir: it diverged in its population ({'step', 'error'})
+DIVERGED = 'diverged.json'   # in a member's workdir: it diverged in its population ({'error': line})
 
 
 class PopulationDiverged(workdir_lib.RunError):
@@ -185,7 +185,7 @@ def _each(loops: dict, live: list, diverged: dict, fn) -> None:
       workdir_lib.say(f'{loop.setup.workdir}: {e}')
       if loop.setup.is_lead:
         record_lib.atomic_write_json(os.path.join(loop.setup.workdir, DIVERGED),
-                                     {'step': loop.dispatched, 'error': str(e)})
+                                     {'error': str(e)})
       trainer.close(loop.setup, loop.segment, loop.journal, False)
 
 

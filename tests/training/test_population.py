@@ -57,6 +57,12 @@ def _single(config, info, source, steps, devices):
   return state, window
 
 
+def _run(pop, state, window, steps):
+  for s in range(steps):
+    state, window = pop.step(state, window, pop.batch(s), *pop.extra())
+  return state, window
+
+
 def _leaves(params):
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(params)
           if not ('attention' in jax.tree_util.keystr(p) and "['key']['bias']" in jax.tree_util.keystr(p))}
@@ -65,7 +71,7 @@ def _leaves(params):
 def _check(task, tmp_path, overrides, positions, *, devices=None, single_devices=None, steps=STEPS):
   c, info, source = _config(task, tmp_path, steps)
   pop, state, window = population.build(c, info, source, population=overrides, devices=devices)
-  state, window = pop.run(state, window, 0, steps)
+  state, window = _run(pop, state, window, steps)
   for i in positions:
     single, single_window = _single(pop.configs[i], info, source, steps,
                                     single_devices or jax.devices()[:1])
@@ -85,7 +91,7 @@ def test_population_of_one_is_the_single_run_bitwise(tmp_path):
     c.population = [{'seed': 3}]        # the config's own field
   pop, state, _ = population.build(c, info, source, devices=jax.devices()[:1])
   assert 'population' not in pop.configs[0] and pop.configs[0].seed == 3
-  state, _ = pop.run(state, _, 0, STEPS)
+  state, _ = _run(pop, state, _, STEPS)
   single, _ = _single(pop.configs[0], info, source, STEPS, jax.devices()[:1])
   jax.tree.map(np.testing.assert_array_equal, pop.member(state, 0), single)
 
