@@ -106,6 +106,7 @@ class Run:
   reevaluate: bool = False
   start_over: bool = False
   early_stop_accuracy: float = 0.0   # no stopping rule (configs/mqar.py sets one)
+  population: tuple = ()             # members' overrides: population_run trains them, not one run
 
   @property
   def test_batch_size(self) -> int:   # eval_batch_size 0 = batch_size

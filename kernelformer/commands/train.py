@@ -9,6 +9,8 @@ examples:
       --config.model.attention.kind=posrf-orf --config.model.attention.num_features=64
   kernelformer train --config listops:tiny --workdir runs/mine \\
       --config.model.attention.plugin=my_kernels.py --config.model.attention.kind=mine-orf
+  kernelformer train --config listops:tiny --workdir runs/pop \\
+      --config.population="({'seed': 0}, {'seed': 1})"   # one program: runs/pop/seed=0, runs/pop/seed=1
 
 A run writes checkpoints/, best/, metrics.jsonl, tensorboard/ and results.json into --workdir (README,
 "Resuming, outputs, results"). The work is kernelformer.training.train_and_evaluate; multi-host: README

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import time
 from typing import Optional
@@ -16,6 +17,7 @@ import numpy as np
 from kernelformer import run_config
 from kernelformer.training import checkpoint as ckpt_lib
 from kernelformer.training import metrics as metrics_lib
+from kernelformer.training.population import Population
 from kernelformer.training import selection
 from kernelformer.training import sharding
 from kernelformer.training import signals as signals_lib
@@ -94,66 +96,11 @@ class Loop:
     self.meta = dataclasses.replace(self.meta, **changes)
     return self.meta
 
-  # ---- the steps ----------------------------------------------------------------------------------
   def run(self, state: TrainState, start: int, until: int, batches) -> TrainState:
-    """Dispatches steps start..``until`` of ``batches``; the host waits for the device only at
-    validation and checkpoint boundaries (and after step ``until``). A log boundary queues the window
-    of its step and reads it once that step is done, while later steps run. Returns the state."""
-    setup, segment, watch, run = self.setup, self.segment, self.setup.watch, self.setup.run
-    self.in_flight.clear()
-    self.pending_logs.clear()
-    if self.meta.stopped_early is not None:   # restored from the checkpoint where the run stopped early
-      return state
-    self.steps_before = self.meta.steps_trained - start
-    placed = batches.device_iterate(start, until, setup.mesh)   # placed ahead, by a thread
-    boundary = next_boundary(run, setup.num_steps, start)
-    for step, batch in zip(range(start, until), placed):
-      done = step + 1
-      if self.compiled is None:
-        self.compile(state, batch, done)
-      # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
-      self.dispatching = done
-      watch.step(self.unfinished_steps, self.first_unfinished)
-      if run.profile_steps > 0 and jax.process_index() == 0:
-        profile(setup.workdir, step - start, run.profile_steps)
-      state, self.window = self.compiled(state, self.window, batch)
-      self.dispatched = done
-      self.in_flight.append((done, self.window))
-      if done == start + 1:
-        self.wait(0)
-      elif len(self.in_flight) > MAX_IN_FLIGHT:
-        self.wait(RESUME_IN_FLIGHT)
-      if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
-        segment.span = (done, time.perf_counter())
-        segment.timer.tick(done)
-      if done == boundary:
-        self.boundary(done, state)
-        boundary = next_boundary(run, setup.num_steps, done)
-        if self.meta.stopped_early is not None:
-          break
-      else:
-        if done % run.log_every == 0:
-          self.pending_logs.append((done, self.window))   # the next step starts a new window
-        if done == until:   # (a log step too: it is read and written here, with every step done)
-          self.read_window(done)
-      segment.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
-      if setup.hooks:
-        watch.step(f'after step {done} (hooks)')
-        for hook in setup.hooks:
-          hook(done, state)
-      if setup.stop.requested:
-        self.stop_now(done, state)
-    if setup.stop.requested:
-      raise setup.stop.stop_error(segment.last_saved, setup.workdir)
-    return state
-
-  def compile(self, state: TrainState, batch, done: int) -> None:
-    """Compiles the loop step ahead of time once: the same executable runs every step."""
-    self.setup.watch.compiling(f'compiling the train step (before step {done})')
-    self.compiled = self.setup.loop_step.lower(state, self.window, batch).compile()
-    self.update(compiled_memory_bytes=metrics_lib.memory_of(self.compiled))
-    if self.setup.stop.requested:
-      raise self.setup.stop.stop_error(self.segment.last_saved, self.setup.workdir)
+    """Steps start..``until`` of ``batches`` (``run_members``: this run, a population of one)."""
+    one = Population((self.setup.config,), self.setup.mesh, self.setup.loop_step, ())
+    placed = () if self.meta.stopped_early else batches.device_iterate(start, until, self.setup.mesh)
+    return run_members(one, {0: self}, state, self.window, start, until, placed, self.setup.hooks)
 
   def wait(self, keep: int) -> None:
     """Waits (no transfer) until at most ``keep`` steps are in flight -- one wait, for the newest step
@@ -246,13 +193,12 @@ class Loop:
       workdir_lib.say(f"step {done}: validation accuracy {val['accuracy']:.4f} > {threshold}: "
                       f'training ends here (early_stop_accuracy)')
 
-  def stop_now(self, done: int, state: TrainState) -> None:
+  def save_now(self, done: int, state: TrainState) -> None:
     """SIGINT/SIGTERM: the state of the last dispatched step is live (only earlier ones were donated);
-    checked and saved, then the run stops."""
+    checked and saved, then the run stops (``run_members``)."""
     if self.segment.last_saved != done:
       self.read_window(done)
       self.save_checkpoint(done, state)
-    raise self.setup.stop.stop_error(done, self.setup.workdir)
 
   def validate(self, done: int, state: TrainState) -> dict:
     setup = self.setup
@@ -316,6 +262,86 @@ class Loop:
       manager.save(step, state, meta)
       if not setup.prior.provisional:
         self.journal.commit()
+
+
+def run_members(pop: Population, loops: dict, state, window, start: int, until: int, placed,
+                hooks=(), stopped=None):
+  """Dispatches steps start..``until`` of ``pop`` (a population; a single run is one of one) on the
+  ``placed`` batches; the host waits for the device only at validation and checkpoint boundaries (and
+  after step ``until``). Member ``i``'s waits, logs, boundaries and stop are ``loops[i]``'s, on its
+  slice of the window (``Loop.window``) and state. A log boundary queues the window of its step, read
+  once that step is done while later steps run. ``stopped(i, error, state)``: member ``i`` stopped
+  early (``error`` None) or diverged (its ``RunError``; without ``stopped`` it raises); it is frozen
+  from then on (the step's ``active``). Returns the state."""
+  live = [i for i, loop in loops.items() if loop.meta.stopped_early is None]   # else: restored there
+  each = functools.partial(_each, loops, live, stopped)
+  first = next(iter(loops.values())).setup
+  run, stop, where = first.run, first.stop, os.path.commonpath([l.setup.workdir for l in loops.values()])
+  each(lambda i, loop: (loop.in_flight.clear(), loop.pending_logs.clear(),
+                        setattr(loop, 'steps_before', loop.meta.steps_trained - start)))
+  sliced = lambda i, loop: setattr(loop, 'window', pop.member(window, i))
+  boundary = next_boundary(run, first.num_steps, start) if live else start
+  for step, batch in zip(range(start, until) if live else (), placed):
+    done, lead, active = step + 1, loops[live[0]], pop.extra([i in live for i in range(len(pop.configs))])
+    if lead.compiled is None:   # ahead of time, once: the same executable runs every step
+      lead.setup.watch.compiling(f'compiling the train step (before step {done})')
+      compiled = pop.step.lower(state, window, batch, *active).compile()
+      each(lambda i, loop: (setattr(loop, 'compiled', compiled),
+                            loop.update(compiled_memory_bytes=metrics_lib.memory_of(compiled))))
+      if stop.requested:
+        raise stop.stop_error(lead.segment.last_saved, where)
+    # Armed before the dispatch too: a backend may run a step inline (e.g. CPU with a host callback).
+    each(lambda i, loop: setattr(loop, 'dispatching', done))
+    lead.setup.watch.step(lead.unfinished_steps, lead.first_unfinished)
+    if run.profile_steps > 0 and jax.process_index() == 0:
+      profile(lead.setup.workdir, step - start, run.profile_steps)
+    state, window = lead.compiled(state, window, batch, *active)
+    each(lambda i, loop: (setattr(loop, 'dispatched', done), loop.in_flight.append((done, window))))
+    if done == start + 1 or len(lead.in_flight) > MAX_IN_FLIGHT:
+      each(lambda i, loop: loop.wait(0 if done == start + 1 else RESUME_IN_FLIGHT))
+    if done == start + 1:  # the segment's first step warms up (allocation, autotuning): not timed
+      each(lambda i, loop: (setattr(loop.segment, 'span', (done, time.perf_counter())),
+                            loop.segment.timer.tick(done)))
+    if done == boundary:
+      each(lambda i, loop: (sliced(i, loop), loop.boundary(done, pop.member(state, i, loop.setup.mesh))))
+      for i in [i for i in live if loops[i].meta.stopped_early is not None]:
+        live.remove(i)
+        if stopped is not None:
+          stopped(i, None, state)
+      boundary = next_boundary(run, first.num_steps, done)
+    else:
+      if done % run.log_every == 0:   # the next step starts a new window
+        each(lambda i, loop: loop.pending_logs.append((done, pop.member(window, i))))
+      if done == until:   # (a log step too: it is read and written here, with every step done)
+        each(lambda i, loop: (sliced(i, loop), loop.read_window(done)))
+    if not live:
+      break
+    lead = loops[live[0]]
+    lead.segment.progress.update(done)   # after a boundary's read, so the bar shows the trainer's rate
+    if hooks:
+      lead.setup.watch.step(f'after step {done} (hooks)')
+      for hook in hooks:
+        hook(done, state)
+    if stop.requested:
+      each(lambda i, loop: (sliced(i, loop), loop.save_now(done, pop.member(state, i, loop.setup.mesh))))
+      raise stop.stop_error(done, where)
+  if stop.requested:
+    raise stop.stop_error(next(iter(loops.values())).segment.last_saved, where)
+  each(sliced)   # a later call goes on from each member's window (the benchmark's)
+  return state
+
+
+def _each(loops: dict, live: list, stopped, fn) -> None:
+  """``fn(i, loops[i])`` for each live member; one that diverges (``RunError`` EXIT_DIVERGED) is
+  ``stopped`` and no longer live (without ``stopped``: the error stops the run)."""
+  for i in list(live):
+    try:
+      fn(i, loops[i])
+    except workdir_lib.RunError as e:
+      if stopped is None or e.exit_code != workdir_lib.EXIT_DIVERGED:
+        raise
+      live.remove(i)
+      stopped(i, e, None)
 
 
 def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tuple[Loop, TrainState]:

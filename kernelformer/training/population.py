@@ -118,9 +118,13 @@ class Population:
     each = [b.batch(step) for b in self.batches]
     return each[0] if len(each) == 1 else {k: np.stack([b[k] for b in each]) for k in each[0]}
 
-  def member(self, tree, i: int):
-    """Member ``i``'s ``TrainState`` (or window) out of the population's (one member: no member axis)."""
-    return tree if len(self.configs) == 1 else jax.tree.map(lambda x: x[i], tree)
+  def member(self, tree, i: int, mesh=None):
+    """Member ``i``'s ``TrainState`` (or window) out of the population's (one member: no member axis);
+    ``mesh``: placed on it, replicated (the single run's)."""
+    if len(self.configs) == 1:
+      return tree
+    tree = jax.tree.map(lambda x: x[i], tree)
+    return tree if mesh is None else jax.device_put(tree, NamedSharding(mesh, P()))
 
   def extra(self, active=None) -> tuple:
     """The step's last argument (several members): which members it trains (default: all); the

@@ -2,14 +2,13 @@
 trained as one program, each in its own workdir exactly as its single run (``trainer``) leaves it.
 
 Each member has its single run's ``Setup``, ``RunMeta``, ``Segment``, ``Journal`` and ``Loop``, built by
-the trainer's functions with the population's step; one step loop (``_run``) dispatches that step and,
-at each boundary, hands each live member its slice of the state and window for its ``Loop.boundary``.
+the trainer's functions with the population's step; one step loop (``loop.run_members``) dispatches it
+and, at each boundary, hands each live member its slice of the state and window for its ``Loop``.
 A member that stops (early stop, divergence) is frozen: the step's ``active`` mask keeps its state.
 Resume, the diverged-member record: docs/runs.md ("Populations").
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -29,7 +28,7 @@ from kernelformer.training import trainer
 from kernelformer.training import validate
 from kernelformer.training import workdir as workdir_lib
 from kernelformer.training.finish import finish, test
-from kernelformer.training.loop import MAX_IN_FLIGHT, RESUME_IN_FLIGHT, Loop, next_boundary
+from kernelformer.training.loop import Loop, run_members
 from kernelformer.training.run_meta import RunResults, finished_results, read_prior
 from kernelformer.training.steps import build_steps
 
@@ -50,20 +49,8 @@ def train_population(config, workdirs: Sequence[str], *, hooks=(), devices=None)
   results. Diverged members: ``PopulationDiverged`` once the others are done. ``hooks``: called with
   (step, the population's state) after every step."""
   logging.getLogger('absl').setLevel(logging.WARNING)
-  runs = validate.validate_population(config, workdirs, devices)
-  workdirs = [os.path.abspath(w) for w in workdirs]
-  watchdog = signals_lib.Watchdog()
-  with contextlib.ExitStack() as stack:
-    locks = []
-    for w in workdirs:
-      os.makedirs(w, exist_ok=True)
-      locks.append(workdir_lib.WorkdirLock(w))
-      if jax.process_index() == 0:
-        locks[-1].acquire()
-        stack.callback(locks[-1].release)
-        record_lib.settle_record(w)   # a record write cut short: finished or undone
-    watchdog.on_fire = lambda: [lock.release() for lock in locks]
-    stack.callback(watchdog.close)
+  runs = validate.validate_population(config, population.members(config), workdirs, devices)
+  with trainer.held(workdirs) as (watchdog, workdirs):
     return _train(config, runs, workdirs, hooks, devices, watchdog)
 
 
@@ -78,16 +65,18 @@ def _train(config, runs, workdirs, hooks, devices, watchdog) -> list:
   todo = [i for i, r in enumerate(results) if r is None and i not in diverged]
   for i, line in diverged.items():
     workdir_lib.say(f'{workdirs[i]}: {line}')
-  task, info = trainer.prepare_data(runs[0], jax.process_index() == 0) if todo else (None, None)
+  if not todo:
+    return _end(results, diverged, workdirs)
+  task, info = trainer.prepare_data(runs[0], jax.process_index() == 0)
   pop, fresh, window = population.build(config, info, task.source(runs[0].data, 'train'),
-                                        devices=devices) if todo else (None, None, None)
+                                        devices=devices)
   stop, mesh, setups, loops, states = signals_lib.StopSignals(), sharding.make_mesh(devices), {}, {}, {}
   try:
     for i in todo:
       parts, _ = build_steps(runs[i], info, devices, fresh=False)
       setup, states[i] = trainer.build(
           configs[i], runs[i], workdirs[i], priors[i], devices=devices, watchdog=watchdog,
-          program=(task, info, {**parts, 'loop_step': pop.step}, _member(pop, fresh, i, mesh)))
+          program=(task, info, {**parts, 'loop_step': pop.step}, pop.member(fresh, i, mesh)))
       setups[i] = dataclasses.replace(setup, stop=stop)
     live = [i for i in todo if not _stopped_early(setups[i])]
     upto = min((setups[i].checkpoints.latest_step() or 0 for i in live), default=None)
@@ -101,92 +90,40 @@ def _train(config, runs, workdirs, hooks, devices, watchdog) -> list:
       raise workdir_lib.RunError('the members resume at different steps (' + ', '.join(
           f'{workdirs[i]}: {int(states[i].step)}' for i in live) + '): a damaged checkpoint was set '
           'aside; train the members one by one (kernelformer train --workdir MEMBER)')
+    def stopped(i, error, state):   # early: tested and finished now; diverged: its line, its record
+      loop = loops.pop(i)
+      if error is None:
+        results[i] = _finish(loop, pop.member(state, i, mesh))
+        return
+      diverged[i] = str(error)
+      workdir_lib.say(f'{loop.setup.workdir}: {error}')
+      if loop.setup.is_lead:
+        record_lib.atomic_write_json(os.path.join(loop.setup.workdir, DIVERGED), {'error': str(error)})
+      trainer.close(loop.setup, loop.segment, loop.journal, False)
     with stop:
-      state = pop.stack([states[i] if i in states else _member(pop, fresh, i, mesh)
-                         for i in range(len(configs))]) if todo else None
+      state = pop.stack([states[i] if i in states else pop.member(fresh, i, mesh)
+                         for i in range(len(configs))])
       if live:
-        state = _run(pop, mesh, loops, state, window, int(states[live[0]].step), live, hooks,
-                     results, diverged)
+        start, until = int(states[live[0]].step), runs[live[0]].num_train_steps
+        state = run_members(pop, {i: loops[i] for i in live}, state, window, start, until,
+                            input_pipeline.placed_ahead(pop.batch, start, until, pop.mesh), hooks,
+                            stopped)
       for i in list(loops):
-        results[i] = _finish(loops.pop(i), _member(pop, state, i, mesh))
+        results[i] = _finish(loops.pop(i), pop.member(state, i, mesh))
   finally:
     for loop in loops.values():
       trainer.close(loop.setup, loop.segment, loop.journal, False)
     for setup in setups.values():
       setup.checkpoints.close()
       setup.best.close()
+  return _end(results, diverged, workdirs)
+
+
+def _end(results: list, diverged: dict, workdirs: list) -> list:
   if diverged:
-    raise PopulationDiverged(f"{len(diverged)} of {len(configs)} members diverged ("
+    raise PopulationDiverged(f"{len(diverged)} of {len(results)} members diverged ("
                              f"{', '.join(workdirs[i] for i in diverged)}); the others finished", results)
   return results
-
-
-def _run(pop, mesh, loops: dict, state, window, start: int, live: list, hooks, results: list,
-         diverged: dict):
-  """The population's steps from ``start``: each live member's boundaries, logs, waits and stop are its
-  ``Loop``'s, on its slice; a member that stops early is tested and finished at once, a diverged one
-  says its line (``_each``); both are then frozen (``active``)."""
-  lead = loops[live[0]]
-  run, num_steps, stop = lead.setup.run, lead.setup.num_steps, lead.setup.stop
-  each = lambda fn: _each(loops, live, diverged, fn)
-  placed = input_pipeline.placed_ahead(pop.batch, start, num_steps, pop.mesh)
-  boundary, compiled = next_boundary(run, num_steps, start), None
-  for step, batch in zip(range(start, num_steps), placed):
-    done, active = step + 1, pop.extra([i in live for i in range(len(pop.configs))])
-    if compiled is None:
-      lead.setup.watch.compiling(f'compiling the train step (before step {done})')
-      compiled = pop.step.lower(state, window, batch, *active).compile()
-      each(lambda i, loop: loop.update(compiled_memory_bytes=metrics_lib.memory_of(compiled)))
-    each(lambda i, loop: setattr(loop, 'dispatching', done))
-    lead.setup.watch.step(lead.unfinished_steps, lead.first_unfinished)
-    state, window = compiled(state, window, batch, *active)
-    each(lambda i, loop: (setattr(loop, 'dispatched', done), loop.in_flight.append((done, window))))
-    if done == start + 1 or len(lead.in_flight) > MAX_IN_FLIGHT:
-      each(lambda i, loop: loop.wait(0 if done == start + 1 else RESUME_IN_FLIGHT))
-    if done == start + 1:   # the segment's first step warms up: not timed
-      each(lambda i, loop: (setattr(loop.segment, 'span', (done, time.perf_counter())),
-                            loop.segment.timer.tick(done)))
-    sliced = lambda i, loop: setattr(loop, 'window', pop.member(window, i))
-    if done == boundary:
-      each(lambda i, loop: (sliced(i, loop), loop.boundary(done, _member(pop, state, i, mesh))))
-      for i in [i for i in live if loops[i].meta.stopped_early is not None]:
-        live.remove(i)
-        results[i] = _finish(loops.pop(i), _member(pop, state, i, mesh))
-      boundary = next_boundary(run, num_steps, done)
-    elif done % run.log_every == 0:
-      each(lambda i, loop: loop.pending_logs.append((done, pop.member(window, i))))
-    if not live:
-      break
-    lead = loops[live[0]]
-    lead.segment.progress.update(done)
-    if hooks:
-      lead.setup.watch.step(f'after step {done} (hooks)')
-      for hook in hooks:
-        hook(done, state)
-    if stop.requested:   # each live member's checkpoint at ``done``, then the stop (``Loop.stop_now``)
-      each(lambda i, loop: loop.segment.last_saved == done or (
-          sliced(i, loop), loop.read_window(done), loop.save_checkpoint(done, _member(pop, state, i, mesh))))
-      raise stop.stop_error(done, os.path.commonpath([loops[i].setup.workdir for i in live]))
-  return state
-
-
-def _each(loops: dict, live: list, diverged: dict, fn) -> None:
-  """``fn(i, loop)`` for each live member; a member that diverges (``RunError`` EXIT_DIVERGED) says its
-  line, prefixed by its workdir, leaves its record (``DIVERGED``) and is frozen."""
-  for i in list(live):
-    try:
-      fn(i, loops[i])
-    except workdir_lib.RunError as e:
-      if e.exit_code != workdir_lib.EXIT_DIVERGED:
-        raise
-      loop = loops.pop(i)
-      live.remove(i)
-      diverged[i] = str(e)
-      workdir_lib.say(f'{loop.setup.workdir}: {e}')
-      if loop.setup.is_lead:
-        record_lib.atomic_write_json(os.path.join(loop.setup.workdir, DIVERGED),
-                                     {'error': str(e)})
-      trainer.close(loop.setup, loop.segment, loop.journal, False)
 
 
 def _finish(loop: Loop, state) -> RunResults:
@@ -194,12 +131,6 @@ def _finish(loop: Loop, state) -> RunResults:
   tested = test(loop.setup, loop.meta, state, loop.segment)
   trainer.close(loop.setup, loop.segment, loop.journal, True)
   return finish(loop.setup, loop.meta, loop.segment, loop.journal, state, tested)
-
-
-def _member(pop, tree, i: int, mesh):
-  """Member ``i``'s state (or window) on the single run's ``mesh`` (replicated)."""
-  return tree if len(pop.configs) == 1 else jax.device_put(pop.member(tree, i),
-                                                           sharding.replicated(mesh))
 
 
 def _stopped_early(setup) -> bool:

@@ -9,6 +9,7 @@ read top to bottom (parts: ``steps``, ``run_meta``, ``loop``, ``finish``; output
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -48,20 +49,29 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   """
   logging.getLogger('absl').setLevel(logging.WARNING)
   run = validate.validate_run(config, workdir, devices)  # user mistakes: one line, before anything is created
-  workdir = os.path.abspath(workdir)
-  is_lead = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
-  lock = workdir_lib.WorkdirLock(workdir)
-  if is_lead:
-    lock.acquire()
-    record_lib.settle_record(workdir)   # a record write cut short: finished or undone
-  watchdog = signals_lib.Watchdog()
-  watchdog.on_fire = lock.release
-  try:
+  with held([workdir]) as (watchdog, [workdir]):
     return _train_and_evaluate(config, run, workdir, hooks, devices, watchdog)
+
+
+@contextlib.contextmanager
+def held(workdirs: list):
+  """(the watchdog, the absolute ``workdirs``): each made, locked (the lead process) with its record
+  settled (a write cut short: finished or undone); the watchdog releases the locks when it fires."""
+  workdirs = [os.path.abspath(w) for w in workdirs]
+  watchdog, locks = signals_lib.Watchdog(), []
+  watchdog.on_fire = lambda: [lock.release() for lock in locks]
+  try:
+    for w in workdirs:
+      os.makedirs(w, exist_ok=True)
+      locks.append(workdir_lib.WorkdirLock(w))
+      if jax.process_index() == 0:
+        locks[-1].acquire()
+        record_lib.settle_record(w)
+    yield watchdog, workdirs
   finally:
     watchdog.close()
-    lock.release()
+    for lock in locks:
+      lock.release()
 
 
 def _train_and_evaluate(config, run, workdir, hooks, devices, watchdog) -> dict:

@@ -318,9 +318,6 @@ def validate_config(config: Any, devices: Optional[list] = None) -> run_config.R
 
   ``devices``: the devices the run will use (default: all), for the batch divisibility checks.
   """
-  if _present(config, 'population') and config.population:
-    raise ConfigError('config.population lists members: kernelformer train (or population_run.'
-                      'train_population) trains them, each in its own workdir')
   task = _check_str(config, 'data.task')
   if task not in lra_tasks.names():
     _fail('data.task', task, 'one of ' + ', '.join(repr(n) for n in lra_tasks.names()))
@@ -329,6 +326,9 @@ def validate_config(config: Any, devices: Optional[list] = None) -> run_config.R
   for field, check in [*required.items(), *((f, c) for f, c in optional.items() if _present(config, f))]:
     check(config, field)
   run = run_config.of(config)
+  if run.population:
+    raise ConfigError('config.population lists members: kernelformer train (or population_run.'
+                      'train_population) trains them, each in its own workdir')
   m, o = run.model, run.optim
   if m.qkv_dim % m.num_heads:
     raise ConfigError(f'config.model.qkv_dim={m.qkv_dim} is invalid: must be divisible by '
@@ -494,14 +494,12 @@ def check_data(config: Any) -> None:
       raise lra_tasks.DataError(f'{task.name}: the {split} split is empty; check {root}')
 
 
-def validate_population(config: Any, workdirs: list, devices: Optional[list] = None) -> list:
-  """``validate_run`` of each member of ``config.population`` in its workdir; the members' one-line
-  ``population.PopulationError``."""
-  from kernelformer.training import population  # pylint: disable=g-import-not-at-top
-  members = population.members(config)
+def validate_population(config: Any, members: list, workdirs: list,
+                        devices: Optional[list] = None) -> list:
+  """``validate_run`` of each member (``population.members(config)``) in its workdir."""
   if len(workdirs) != len(members) or len({os.path.abspath(w) for w in workdirs}) != len(members):
-    raise population.PopulationError(f'{len(members)} members need {len(members)} distinct workdirs, '
-                                     f'got {list(workdirs)}')
+    raise ConfigError(f'{len(members)} population members need {len(members)} distinct workdirs, '
+                      f'got {list(workdirs)}')
   if config.keep_checkpoints < 2:   # members' checkpoints are written one after another
     _fail('keep_checkpoints', config.keep_checkpoints, '>= 2 in a population (a kill between members\' '
           'checkpoints resumes at the one before)')

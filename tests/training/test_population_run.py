@@ -29,6 +29,7 @@ from kernelformer.training import population_run
 from kernelformer.training import signals as signals_lib
 from kernelformer.training import steps as steps_lib
 from kernelformer.training import trainer
+from kernelformer.training import validate
 from kernelformer.training import workdir as workdir_lib
 from lra_tasks import fixtures
 from tests.training import test_population
@@ -37,8 +38,9 @@ STEPS, EVERY = 12, 4
 ONE = jax.devices()[:1]
 CLOCKS = {'steps_per_sec', 'train_seconds', 'wall_time_s', 'started', 'finished', 'wall_seconds',
           'code_version', 'code_versions'}
-# What a resume changes in a checkpoint's meta: the steps dispatched and timed in this process.
-RESUMED = {'steps_trained', 'timed_steps'}
+# What a resume changes in a checkpoint's meta (a single run's too): the steps dispatched and timed in
+# this process, and the events the first save after a resume holds until the record is written.
+RESUMED = {'steps_trained', 'timed_steps', 'uncommitted'}
 # Seed and one optimizer field varying (a member's own data order, keys and schedule).
 MEMBERS = [{'seed': 0}, {'seed': 1, 'optim.learning_rate': 3e-3}, {'seed': 2}]
 
@@ -250,7 +252,7 @@ def test_bad_members_are_one_line(tmp_path):
   with pytest.raises(population.PopulationError, match="'model.num_layers' cannot differ"):
     population_run.train_population(c, [str(tmp_path / 'a'), str(tmp_path / 'b')])
   c = _config('listops', tmp_path / 'data', [{'seed': 0}, {'seed': 1}])
-  with pytest.raises(population.PopulationError, match='distinct workdirs'):
+  with pytest.raises(validate.ConfigError, match='distinct workdirs'):
     population_run.train_population(c, [str(tmp_path / 'a'), str(tmp_path / 'a')])
   with pytest.raises(Exception, match='config.population lists members'):
     trainer.train_and_evaluate(c, str(tmp_path / 'single'))
