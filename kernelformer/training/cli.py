@@ -91,6 +91,7 @@ def run(get_config: Callable, workdir: str) -> dict:
     print(data_location.describe(config.data.data_dir), flush=True)
   from kernelformer.training import peers, population, population_run, signals  # pylint: disable=g-import-not-at-top
   if config.get('population'):   # members in --workdir/<member name>, one result line each
+    population.members(config)   # each member's overrides checked (one line)
     names = [population.member_name(m) for m in config.population]
     workdirs = [os.path.join(workdir, n) for n in names]
     try:

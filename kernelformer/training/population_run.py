@@ -71,35 +71,25 @@ def _train(config, runs, workdirs, hooks, devices, watchdog) -> list:
   pop, fresh, window = population.build(config, info, task.source(runs[0].data, 'train'),
                                         devices=devices)
   stop, mesh, setups, loops, states = signals_lib.StopSignals(), sharding.make_mesh(devices), {}, {}, {}
+
+  def stopped(i, error, state):   # early: tested and finished now; diverged: its line, its record
+    loop = loops.pop(i)
+    if error is None:
+      results[i] = _finish(loop, pop.member(state, i, mesh))
+      return
+    diverged[i] = str(error)
+    workdir_lib.say(f'{loop.setup.workdir}: {error}')
+    if loop.setup.is_lead:
+      record_lib.atomic_write_json(os.path.join(loop.setup.workdir, DIVERGED), {'error': str(error)})
+    trainer.close(loop.setup, loop.segment, loop.journal, False)
   try:
-    for i in todo:
-      parts, _ = build_steps(runs[i], info, devices, fresh=False)
-      setup, states[i] = trainer.build(
-          configs[i], runs[i], workdirs[i], priors[i], devices=devices, watchdog=watchdog,
-          program=(task, info, {**parts, 'loop_step': pop.step}, pop.member(fresh, i, mesh)))
+    for i in todo:   # the single run's Setup, with the population's step and its slice of the state
+      parts = {**build_steps(runs[i], info, devices, fresh=False)[0], 'loop_step': pop.step}
+      setup, states[i] = trainer.build(configs[i], runs[i], workdirs[i], priors[i], devices=devices,
+                                       watchdog=watchdog, program=(task, info, parts,
+                                                                   pop.member(fresh, i, mesh)))
       setups[i] = dataclasses.replace(setup, stop=stop)
-    live = [i for i in todo if not _stopped_early(setups[i])]
-    upto = min((setups[i].checkpoints.latest_step() or 0 for i in live), default=None)
-    for i in todo:
-      setup, states[i], *rest = trainer.restore(setups.pop(i), states[i], t0=t0, started=started,
-                                                upto=upto if i in live else None)
-      loops[i] = Loop(setup, *rest)
-      if i != todo[0]:   # one progress bar
-        loops[i].segment.progress = metrics_lib.Progress(0, 0, enabled=False)
-    if len({int(states[i].step) for i in live}) > 1:
-      raise workdir_lib.RunError('the members resume at different steps (' + ', '.join(
-          f'{workdirs[i]}: {int(states[i].step)}' for i in live) + '): a damaged checkpoint was set '
-          'aside; train the members one by one (kernelformer train --workdir MEMBER)')
-    def stopped(i, error, state):   # early: tested and finished now; diverged: its line, its record
-      loop = loops.pop(i)
-      if error is None:
-        results[i] = _finish(loop, pop.member(state, i, mesh))
-        return
-      diverged[i] = str(error)
-      workdir_lib.say(f'{loop.setup.workdir}: {error}')
-      if loop.setup.is_lead:
-        record_lib.atomic_write_json(os.path.join(loop.setup.workdir, DIVERGED), {'error': str(error)})
-      trainer.close(loop.setup, loop.segment, loop.journal, False)
+    live = _restore(setups, loops, states, t0, started)
     with stop:
       state = pop.stack([states[i] if i in states else pop.member(fresh, i, mesh)
                          for i in range(len(configs))])
@@ -117,6 +107,25 @@ def _train(config, runs, workdirs, hooks, devices, watchdog) -> list:
       setup.checkpoints.close()
       setup.best.close()
   return _end(results, diverged, workdirs)
+
+
+def _restore(setups: dict, loops: dict, states: dict, t0: float, started: str) -> list:
+  """Each member's ``Loop`` and state (``trainer.restore``) in place of its ``Setup``: the live ones at
+  the newest step they all have, one stopped early where it stopped. Returns the live members."""
+  todo = list(setups)
+  live = [i for i in todo if not _stopped_early(setups[i])]
+  upto = min((setups[i].checkpoints.latest_step() or 0 for i in live), default=None)
+  for i in todo:
+    setup, states[i], *rest = trainer.restore(setups.pop(i), states[i], t0=t0, started=started,
+                                              upto=upto if i in live else None)
+    loops[i] = Loop(setup, *rest)
+    if i != (live or todo)[0]:   # one progress bar
+      loops[i].segment.progress = metrics_lib.Progress(0, 0, enabled=False)
+  if len({int(states[i].step) for i in live}) > 1:
+    raise workdir_lib.RunError('the members resume at different steps (' + ', '.join(
+        f'{loops[i].setup.workdir}: {int(states[i].step)}' for i in live) + '): their checkpoints/ '
+        'hold no step in common; resume each alone (kernelformer train) with its overrides')
+  return live
 
 
 def _end(results: list, diverged: dict, workdirs: list) -> list:
