@@ -90,27 +90,26 @@ def run(get_config: Callable, workdir: str) -> dict:
     from kernelformer import data_location  # pylint: disable=g-import-not-at-top
     print(data_location.describe(config.data.data_dir), flush=True)
   from kernelformer.training import peers, population, population_run, signals  # pylint: disable=g-import-not-at-top
-  if config.get('population'):   # members in --workdir/<member name>, one result line each
-    population.members(config)   # each member's overrides checked (one line)
-    names = [population.member_name(m) for m in config.population]
-    workdirs = [os.path.join(workdir, n) for n in names]
-    try:
-      results = population_run.train_population(config, workdirs)
-    except population_run.PopulationDiverged as e:
-      _print_results(e.results, workdirs, [f'{n}: ' for n in names])
-      raise
-  else:
-    results = [trainer.train_and_evaluate(config, workdir)]
-    workdirs, names = [workdir], ['']
+  members = population.members(config) if config.get('population') else None   # checked: one line
+  names = [population.member_name(m) for m in config.population] if members else ['']
+  workdirs = [os.path.join(workdir, n) for n in names]   # members: --workdir/<member name>
+  try:
+    results = (population_run.train_population(config, workdirs) if members else
+               [trainer.train_and_evaluate(config, workdir)])
+  except population_run.PopulationDiverged as e:
+    _print_results(e.results, workdirs, names)
+    raise
   peers.stop()  # finished: slower peers must not take this process's exit for a death
-  _print_results(results, workdirs, [f'{n}: ' if n else '' for n in names])
+  _print_results(results, workdirs, names)
   signals.finished()
-  return results if config.get('population') else results[0]
+  return results if members else results[0]
 
 
-def _print_results(results: list, workdirs: list, prefixes: list) -> None:
+def _print_results(results: list, workdirs: list, names: list) -> None:
+  """One line per run (a population's: per member, named)."""
   import jax  # pylint: disable=g-import-not-at-top
-  for results, workdir, prefix in zip(results, workdirs, prefixes):
+  for results, workdir, name in zip(results, workdirs, names):
+    prefix = f'{name}: ' if name else ''
     if jax.process_index() != 0 or results is None:
       continue
     if getattr(results, 'status', '') == 'finished':
