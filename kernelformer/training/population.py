@@ -8,6 +8,7 @@ the trainer's ``make_loop_step(make_steps(...))``, vmapped over a leading member
 and batch -- trains them all, on a 2-D mesh: ``members`` (each device group trains its own members)
 x ``data`` (each member's batch split, as the single run's). A field shared by every member stays the
 single run's Python constant, a varying one is traced; a population of one is the single run's program.
+``population_run.train_population`` trains one; the step's ``active`` argument freezes stopped members.
 """
 from __future__ import annotations
 
