@@ -152,11 +152,11 @@ def _stopped_early(setup) -> bool:
 
 
 def _diverged(workdir: str) -> Optional[str]:
-  """The line of a member that diverged in its population (``DIVERGED``), else None."""
-  try:
-    with open(os.path.join(workdir, DIVERGED), encoding='utf-8') as f:
-      return str(json.load(f)['error'])
-  except FileNotFoundError:
+  """The line of a member that diverged in its population (``DIVERGED``, read bounded), else None."""
+  path = os.path.join(workdir, DIVERGED)
+  if not os.path.lexists(path):
     return None
+  try:
+    return str(json.loads(workdir_lib.read_bounded(path))['error'])
   except (OSError, ValueError, KeyError, TypeError) as e:
-    raise workdir_lib.RunError(f'{workdir}/{DIVERGED} does not read ({e}); move it aside') from None
+    raise workdir_lib.RunError(f'{path} does not read ({e}); move it aside') from None
