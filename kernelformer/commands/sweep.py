@@ -2,7 +2,7 @@
 
 usage:
   kernelformer sweep --config FILE.py[:PRESET] --grid KEY=V1,V2,... [--grid ...] [--set KEY=V] --sweep_dir DIR
-  kernelformer sweep --sweep NAME --sweep_dir DIR [--dry_run] [--emit FILE] [--parallel N]
+  kernelformer sweep --sweep NAME --sweep_dir DIR [--dry_run] [--emit FILE] [--parallel N] [--pack [N]]
   kernelformer sweep ... --launcher slurm [--slurm_partition P --gpus_per_node G --nodes N --time MIN
       --slurm_args KEY=VALUE,...] [--dry_run]     # one SLURM job per unfinished point (submitit)
   kernelformer sweep ... --launcher slurm --status  # each point: finished/queued/running/stopped/failed
@@ -31,6 +31,7 @@ import sys
 from absl import app, flags
 
 from kernelformer.commands import _common
+from kernelformer.training import cli as training_cli
 
 _CONFIG = flags.DEFINE_multi_string('config', [], 'Task config FILE.py[:PRESET] (repeatable).')
 _GRID = flags.DEFINE_multi_string('grid', [], 'KEY=V1,V2,...: one sweep axis (repeatable; product).')
@@ -63,7 +64,17 @@ _TPU_SWEEP_DIR = flags.DEFINE_string('tpu_sweep_dir', '', '--launcher tpu-pod: t
                                      'the TPU hosts see it (a mount all hosts share); default --sweep_dir.')
 _TPU_CODE_DIR = flags.DEFINE_string('tpu_code_dir', '~/kernelformer', '--launcher tpu-pod: where the '
                                     'repository is on every host.')
+_PACK = flags.DEFINE_integer(
+    'pack', 0, 'Train the unfinished points that differ only in population fields (seed, '
+    'optim.learning_rate, ...: kernelformer.training.population.FIELDS) as populations of at most N '
+    'members, one job each, each member in its point\'s own directory. --pack alone: the most members '
+    'whose step XLA\'s compiled estimate (memory_analysis: arguments + outputs + temporaries) puts '
+    'within 90% of a device\'s memory (an accelerator\'s bytes_limit; on CPU the machine\'s available '
+    'RAM shared by its devices).')
+_POINTS = flags.DEFINE_list('points', [], 'Only these points (names as --dry_run prints them): what '
+                            'a packed job runs.')
 _SUBMIT = flags.DEFINE_bool('submit', False, '--launcher tpu-pod: run the printed gcloud commands.')
+training_cli.define_distributed_flags()   # a packed job on several hosts (a TPU pod slice)
 flags.mark_flags_as_required(['sweep_dir'])
 
 
@@ -85,7 +96,7 @@ def _cluster(sweep, sweep_dir) -> int:
         print(f'note: {why}; queued/running jobs cannot be seen, only the run directories')
       print('\n'.join(launchers.format_status(statuses)))
       return 0
-    counts = launchers.submit_slurm(sweep, sweep_dir, options, dry_run=_DRY_RUN.value,
+    counts = launchers.submit_slurm(sweep, sweep_dir, options, dry_run=_DRY_RUN.value, pack=_PACK.value,
                                     log=lambda s: print(s, flush=True))
     if not _DRY_RUN.value:
       print(f'{counts["submitted"]} submitted, {counts["active"]} already queued or running, '
@@ -97,14 +108,19 @@ def _cluster(sweep, sweep_dir) -> int:
   options = launchers.TpuPodOptions(tpu_name=_TPU_NAME.value, zone=_ZONE.value,
                                     project=_TPU_PROJECT.value, sweep_dir=_TPU_SWEEP_DIR.value,
                                     code_dir=_TPU_CODE_DIR.value)
-  commands = launchers.tpu_pod_commands(sweeps.plan(sweep, sweep_dir), sweep_dir, options)
+  commands = launchers.tpu_pod_commands(_plan(sweeps, sweep, sweep_dir), sweep_dir, options)
   import shlex  # pylint: disable=g-import-not-at-top
   for cmd in commands:
     print(shlex.join(cmd))
   if not _SUBMIT.value:
-    print(f'# {len(commands) - 1} points; add --submit to run these commands in order', flush=True)
+    print(f'# {len(commands) - 1} {"jobs" if _PACK.value else "points"}; add --submit to run these commands in order', flush=True)
     return 0
   return launchers.run_commands(commands)
+
+
+def _plan(sweeps, sweep, sweep_dir):
+  runs = sweeps.plan(sweep, sweep_dir)
+  return sweeps.packed(runs, _PACK.value, sweep, sweep_dir) if _PACK.value else runs
 
 
 PLUGIN_KEY = 'model.attention.plugin'
@@ -145,12 +161,21 @@ def _main(argv):
         raise sweeps.SweepError('give either --sweep NAME or --config/--grid, not both')
       sweep = sweeps.load_sweep(_SWEEP.value)
       if _SET.value:
-        sweep = dataclasses.replace(sweep, common=(*sweep.common, *sweeps.parse_sets(_SET.value)))
+        sweep = dataclasses.replace(sweep, common=(*sweep.common, *sweeps.parse_sets(_SET.value)),
+                                    argv=(*sweep.argv, *(a for t in _SET.value for a in ('--set', t))))
     else:
       _load_plugins(sweeps)
       sweep = sweeps.expand(sweeps.sweep_from_flags(_CONFIG.value, _GRID.value, _SET.value,
                                                     name=os.path.basename(_SWEEP_DIR.value.rstrip('/'))))
     sweep_dir = _SWEEP_DIR.value
+    if _PACK.value < -1:
+      raise sweeps.SweepError(f'--pack {_PACK.value}: give a population size N >= 1, or --pack alone')
+    if _POINTS.value:
+      unknown = set(_POINTS.value) - {sweeps.point_dirname(p) for p in sweep.points}
+      if unknown:
+        raise sweeps.SweepError(f'--points: sweep {sweep.name!r} has no point {sorted(unknown)[0]}')
+      sweep = dataclasses.replace(sweep, points=tuple(
+          p for p in sweep.points if sweeps.point_dirname(p) in _POINTS.value))
     if _LAUNCHER.value != 'local':
       code = _cluster(sweep, sweep_dir)
       if code:
@@ -159,13 +184,14 @@ def _main(argv):
     if _STATUS.value or _SUBMIT.value:
       raise sweeps.SweepError('--status and --submit need --launcher slurm or tpu-pod')
     if _DRY_RUN.value or _EMIT.value:
-      runs = sweeps.plan(sweep, sweep_dir)
+      runs = _plan(sweeps, sweep, sweep_dir)
       if _DRY_RUN.value:
         for r in runs:
           note = r.error or r.unreadable()
           print(f'{r.status():6s} {r.name}' + (f'  ({note})' if note else ''))
         counts = {s: sum(r.status() == s for r in runs) for s in ('done', 'resume', 'new', 'error')}
-        print(f'{len(runs)} runs: ' + ', '.join(f'{v} {k}' for k, v in counts.items()))
+        print(f'{len(runs)} {"jobs" if _PACK.value else "runs"}: ' +
+              ', '.join(f'{v} {k}' for k, v in counts.items()))
       if _EMIT.value:
         lines = sweeps.emit(runs)
         with open(_EMIT.value, 'w', encoding='utf-8') as f:
@@ -177,7 +203,8 @@ def _main(argv):
     # SIGTERM (a scheduler preempting the sweep) stops it like Ctrl-C: the running point checkpoints
     # (the trainer handles the signal while it trains), and no further point starts.
     signal.signal(signal.SIGTERM, sweeps.raise_on_sigterm)
-    counts = sweeps.run_sweep(sweep, sweep_dir, parallel=_PARALLEL.value,
+    training_cli.maybe_initialize_distributed()
+    counts = sweeps.run_sweep(sweep, sweep_dir, parallel=_PARALLEL.value, pack=_PACK.value,
                               log=lambda s: print(s, flush=True))
   except (sweeps.SweepError, registry.KernelPluginError) as e:
     print(f'error: {e}', file=sys.stderr)
@@ -204,4 +231,6 @@ def help_text() -> str:
 def run(args) -> int:
   if not _common.wants_help(args):
     args = _common.resolve_config_args(args)
+    args = [('--pack=-1' if a == '--pack' and (i + 1 == len(args) or args[i + 1].startswith('--'))
+             else a) for i, a in enumerate(args)]   # --pack alone: as many members as fit
   return _common.run_absl(sys.modules[__name__], 'kernelformer sweep', args, _main, help_text)

@@ -291,14 +291,15 @@ def slurm_status(runs: Sequence[sweeps.Run], sweep_dir: str,
 
 
 def _train_command(run: sweeps.Run) -> list[str]:
-  return run.command(launcher=(sys.executable, '-m', 'kernelformer', 'train'),
-                     config_path=sweeps.resolve_config_path(run.point.config)) + ['--config.progress=False']
+  return run.command(launcher=(sys.executable, '-m', 'kernelformer'),
+                     config_path=sweeps.resolve_config_path(run.point.config))
 
 
 def submit_slurm(sweep: sweeps.Sweep, sweep_dir: str, options: SlurmOptions, *, dry_run: bool = False,
-                 log: Callable[[str], None] = print,
+                 log: Callable[[str], None] = print, pack: int = 0,
                  executor_factory: Optional[Callable[[str], Any]] = None) -> dict[str, int]:
-  """Submits one job per point that is neither finished nor queued/running; returns counts."""
+  """Submits one job per point (``pack``: per population, ``sweeps.packed``) that is neither finished
+  nor queued/running; returns counts (``submitted``: jobs)."""
   options.validate()
   if not dry_run:
     why = slurm_available()
@@ -319,13 +320,17 @@ def submit_slurm(sweep: sweeps.Sweep, sweep_dir: str, options: SlurmOptions, *, 
     if s.state == 'error':
       log(f'  cannot start {s.run.name}: {s.detail}')
   params = options.executor_parameters()
+  state = {s.run.name: s for s in todo}
+  why = {n: s.state + (f': {s.detail}' if s.detail else '') for n, s in state.items()}
+  jobs_todo = [s.run for s in todo]
+  jobs_todo = sweeps.packed(jobs_todo, pack, sweep, sweep_dir) if pack else jobs_todo
   if dry_run:
     log('sbatch options: ' + ', '.join(f'{k}={v}' for k, v in params.items()))
-    for s in todo:
-      log(f'would submit ({s.state}{": " + s.detail if s.detail else ""}) {s.run.name}: '
-          f'{shlex.join(_train_command(s.run))}')
+    for r in jobs_todo:
+      log(f'would submit ({", ".join(why[m.name] for m in r.members)}) {r.name}: '
+          f'{shlex.join(_train_command(r))}')
     counts['submitted'] = 0
-    counts['would_submit'] = len(todo)
+    counts['would_submit'] = len(jobs_todo)
     return counts
   if not todo:
     return counts
@@ -340,16 +345,17 @@ def submit_slurm(sweep: sweeps.Sweep, sweep_dir: str, options: SlurmOptions, *, 
   executor.update_parameters(**params, name=f'kf-{sweep.name}'[:64],
                              slurm_setup=[f'export PYTHONPATH={shlex.quote(pythonpath)}'])
   jobs = read_jobs(sweep_dir)
-  for s in todo:
-    r = s.run
-    sweeps.write_point_file(r)
+  for r in jobs_todo:
+    for m in r.members:
+      sweeps.write_point_file(m)
     command = _train_command(r)
     job = executor.submit(TrainPoint(command, r.workdir, os.getcwd(), {'PYTHONPATH': pythonpath}))
-    jobs[r.name] = {'job_id': str(job.job_id), 'submitted': datetime.datetime.now().isoformat(
-        timespec='seconds'), 'previous_state': s.state, 'command': shlex.join(command)}
+    for m in r.members:   # a population's job is each member's (--status reads them per point)
+      jobs[m.name] = {'job_id': str(job.job_id), 'submitted': datetime.datetime.now().isoformat(
+          timespec='seconds'), 'previous_state': state[m.name].state, 'command': shlex.join(command)}
     _write_jobs(sweep_dir, jobs)
     counts['submitted'] += 1
-    log(f'submitted {r.name} as job {job.job_id}' + (f' ({s.state}: {s.detail})' if s.detail else ''))
+    log(f'submitted {r.name} as job {job.job_id} ({", ".join(why[m.name] for m in r.members)})')
   return counts
 
 
@@ -407,12 +413,7 @@ def tpu_pod_commands(runs: Sequence[sweeps.Run], sweep_dir: str, options: TpuPod
   for r in runs:
     if r.status() == 'done' or r.error:
       continue
-    spec = f'{r.point.config}:{r.point.preset}' if r.point.preset else r.point.config
-    train = ['python', '-m', 'kernelformer', 'train', '--config', spec,
-             '--workdir', f'{remote_dir.rstrip("/")}/{r.name}', '--distributed']
-    train += [f'--config.{k}={sweeps.format_value(v)}'
-              for k, v in [*r.common, *sweeps.ordered(r.point.overrides)]]
-    train.append('--config.progress=False')
+    train = r.command(launcher=('python', '-m', 'kernelformer'), sweep_dir=remote_dir) + ['--distributed']
     commands.append(options.ssh(f'cd {code} && . .venv/bin/activate && {shlex.join(train)}'))
   return commands
 

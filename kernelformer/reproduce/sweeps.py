@@ -116,6 +116,7 @@ class Sweep:
   # Keys besides the kind that name a report row when a point has no label (never the seed: seeds
   # of one row are averaged).
   label_keys: tuple[str, ...] = ()
+  argv: tuple[str, ...] = ()        # the `kernelformer sweep` flags that define it (packed jobs' commands)
 
 
 def grid(config: str, preset: str, axes: Mapping[str, Sequence[Any]], *, label: str = '') -> list[Point]:
@@ -149,6 +150,9 @@ def sweep_from_flags(configs: Sequence[str], grids: Sequence[str], sets: Sequenc
       raise SweepError(f'--grid {key} given twice')
     axes[key] = values
   common = parse_sets(sets)
+  argv = [*(a for spec in configs for a in ('--config', _relative_config(spec.partition(':')[0]) +
+                                               ''.join(spec.partition(':')[1:]))),
+          *(a for g in grids for a in ('--grid', g)), *(a for t in sets for a in ('--set', t))]
   clash = set(axes) & {k for k, _ in common}
   if clash:
     raise SweepError(f'{", ".join(sorted(clash))} given both as --grid and --set')
@@ -158,7 +162,7 @@ def sweep_from_flags(configs: Sequence[str], grids: Sequence[str], sets: Sequenc
     points += grid(_relative_config(path), preset, axes)
   # Report rows: the kind plus every other swept key but the seed (seeds of a row are averaged).
   return Sweep(name=name, points=tuple(points), common=common,
-               label_keys=tuple(k for k in axes if k not in (KIND_KEY, SEED_KEY)))
+               label_keys=tuple(k for k in axes if k not in (KIND_KEY, SEED_KEY)), argv=tuple(argv))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -221,7 +225,8 @@ def load_sweep(name: str, directory: str = SWEEPS_DIR, *, validate: bool = True)
   if not os.path.isfile(path):
     raise SweepError(f'no sweep {name!r} ({path} does not exist); named sweeps: '
                      f'{", ".join(named_sweeps(directory))}')
-  sweep = sweep_from_data(_import_file(path, f'_kernelformer_sweep_{name}').get_sweep())
+  sweep = dataclasses.replace(sweep_from_data(_import_file(path, f'_kernelformer_sweep_{name}')
+                                              .get_sweep()), argv=('--sweep', name))
   return expand(sweep) if validate else sweep
 
 
@@ -392,19 +397,66 @@ class Run:
     _, why = read_results(self.workdir)
     return why and f'{os.path.join(self.workdir, RESULTS_FILE)} {why}: not finished'
 
-  def command(self, python: str = 'python', script: str = 'scripts/train.py',
-              config_path: str = '', launcher: Sequence[str] = ()) -> list[str]:
-    """The equivalent ``scripts/train.py`` command line (for ``--emit`` and ``--parallel``).
+  @property
+  def members(self) -> tuple[Run, ...]:
+    return (self,)
 
-    ``launcher`` replaces ``python script`` (``--parallel`` uses ``python -m kernelformer train``,
-    which an installed package has where a ``scripts/`` folder may not exist).
+  def command(self, python: str = 'python', config_path: str = '', launcher: Sequence[str] = (),
+              sweep_dir: str = '') -> list[str]:
+    """The equivalent ``scripts/train.py`` command line (for ``--emit``, ``--parallel``, launchers).
+
+    ``launcher`` (e.g. ``python -m kernelformer``, which an installed package has where a ``scripts/``
+    folder may not exist) replaces ``python scripts/``, and the run's progress bar is off;
+    ``sweep_dir``: the sweep directory as the job sees it (default: this one).
     """
     path = config_path or self.point.config
     spec = f'{path}:{self.point.preset}' if self.point.preset else path
-    args = [*(launcher or (python, script)), '--config', spec, '--workdir', self.workdir]
+    workdir = f'{sweep_dir.rstrip("/")}/{self.name}' if sweep_dir else self.workdir
+    args = [*launcher, 'train'] if launcher else [python, 'scripts/train.py']
+    args += ['--config', spec, '--workdir', workdir]
     for k, v in [*self.common, *ordered(self.point.overrides)]:
       args.append(f'--config.{k}={format_value(v)}')
-    return args
+    return args + (['--config.progress=False'] if launcher else [])
+
+
+@dataclasses.dataclass
+class Pack(Run):
+  """Unfinished points of one config that differ only in ``population.FIELDS``, trained as one
+  population (``--pack``): one job, whose members' work directories are the points' own."""
+
+  runs: tuple[Run, ...] = ()
+  argv: tuple[str, ...] = ()        # Sweep.argv
+  sweep_dir: str = ''
+
+  @property
+  def name(self) -> str:
+    return ' + '.join(r.name for r in self.runs)
+
+  @property
+  def members(self) -> tuple[Run, ...]:
+    return self.runs
+
+  def status(self) -> str:
+    return 'resume' if any(r.status() == 'resume' for r in self.runs) else 'new'
+
+  def config(self):
+    """The first point's config with ``population``: each member's values of the varying fields."""
+    from kernelformer.training import population  # pylint: disable=g-import-not-at-top
+    configs = [point_config(r.point, r.common) for r in self.runs]
+    value = lambda c, f: (lambda parent, leaf: parent[leaf])(*_parent(c, f))
+    varying = [f for f in population.FIELDS if len({value(c, f) for c in configs}) > 1]
+    with configs[0].unlocked():
+      configs[0].population = [{f: value(c, f) for f in varying} for c in configs]
+    return configs[0]
+
+  def command(self, python: str = 'python', config_path: str = '', launcher: Sequence[str] = (),
+              sweep_dir: str = '') -> list[str]:
+    """``kernelformer sweep <the sweep's flags> --pack N --points A,B,...``: the sweep trains exactly
+    these points, those still unfinished, as one population."""
+    del config_path  # argv names configs relative to the repository or absolute
+    return [*([*launcher, 'sweep'] if launcher else [python, 'scripts/sweep.py']), *self.argv,
+            '--sweep_dir', sweep_dir or self.sweep_dir, '--pack', str(len(self.runs)),
+            '--points', ','.join(r.name for r in self.runs)]
 
 
 class SweepInterrupted(Exception):
@@ -467,6 +519,76 @@ def plan(sweep: Sweep, sweep_dir: str) -> list[Run]:
   return runs
 
 
+def packed(runs: Sequence[Run], size: int, sweep: Sweep, sweep_dir: str) -> list[Run]:
+  """``runs`` with the unfinished points that differ only in ``population.FIELDS`` (same config file,
+  preset and other overrides) as ``Pack``s of at most ``size`` members (-1: as many as ``fit``s a
+  device); finished points and points that cannot start stay as they are."""
+  from kernelformer.training import population  # pylint: disable=g-import-not-at-top
+  groups: dict[Any, list[Run]] = {}
+  out: list[Any] = []
+  for r in runs:
+    key = (r.point.config, r.point.preset, tuple((k, format_value(v)) for k, v in ordered(
+        r.point.overrides) if k not in population.FIELDS))
+    if r.error or r.status() == 'done':
+      out.append(r)
+    else:
+      if key not in groups:
+        out.append(groups.setdefault(key, []))
+      groups[key].append(r)
+  packed = []
+  for item in out:
+    if isinstance(item, Run):
+      packed.append(item)
+      continue
+    as_pack = lambda chunk, r=item[0]: Pack(r.point, r.workdir, r.task, r.kind, r.seed, r.common,
+                                            runs=tuple(chunk), argv=sweep.argv, sweep_dir=sweep_dir)
+    n = size if size > 0 or len(item) == 1 else fit(as_pack(item).config())
+    for chunk in (item[i:i + n] for i in range(0, len(item), n)):
+      packed.append(chunk[0] if len(chunk) == 1 else as_pack(chunk))
+  return packed
+
+
+def step_bytes(config) -> int:
+  """XLA's estimate of one device's memory for the population step of ``config`` (compiled ahead,
+  ``memory_analysis``: arguments + outputs + temporaries)."""
+  import lra_tasks  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import population  # pylint: disable=g-import-not-at-top
+  info = lra_tasks.get(config.data.task).info(config.data)
+  pop, state, window = population.build(config, info)
+  batch = train_step.random_batch(info, config.batch_size)
+  size = len(config.population)
+  batch = batch if size == 1 else {k: np.stack([v] * size) for k, v in batch.items()}
+  m = pop.step.lower(state, window, batch).compile().memory_analysis()
+  return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+
+
+def device_memory() -> int:
+  """Bytes a device holds: an accelerator's ``bytes_limit``; on CPU, the machine's available RAM
+  (``MemAvailable``) shared by its devices."""
+  import jax  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[0]
+  if device.platform != 'cpu':
+    return int(device.memory_stats()['bytes_limit'])
+  with open('/proc/meminfo', encoding='utf-8') as f:
+    kib = next(int(l.split()[1]) for l in f if l.startswith('MemAvailable:'))
+  return kib * 1024 // jax.device_count()
+
+
+def fit(config, fraction: float = 0.9) -> int:
+  """The most members of ``config.population`` (a prefix) whose step ``step_bytes`` puts within
+  ``fraction`` of ``device_memory()``, tried from all down (on several devices a population's members x
+  data split can make more members need less per device); at least 1 (a point's single run)."""
+  budget, members = fraction * device_memory(), list(config.population)
+  for n in range(len(members), 1, -1):
+    with config.unlocked():
+      config.population = members[:n]
+    if step_bytes(config) <= budget:
+      return n
+  return 1
+
+
 def _jsonable(x: Any) -> Any:
   return json.loads(json.dumps(x, default=str))
 
@@ -482,7 +604,7 @@ def write_sweep_file(sweep: Sweep, sweep_dir: str, runs: Sequence[Run]) -> str:
       old = json.load(f)
     entries = {e['workdir']: e for e in old.get('runs', [])}
     meta = {k: old.get(k) or v for k, v in meta.items()}
-  for r in runs:
+  for r in (m for run in runs for m in run.members):
     entries[r.name] = {'workdir': r.name, 'label': r.point.label or r.kind, 'kind': r.kind,
                        'task': r.task, 'seed': r.seed, **_jsonable(r.identity())}
   tmp = path + '.tmp'
@@ -510,13 +632,14 @@ def write_point_file(run: Run) -> None:
 
 def run_sweep(sweep: Sweep, sweep_dir: str, *,
               train_fn: Optional[Callable[[Any, str], Any]] = None, parallel: int = 0,
-              log: Callable[[str], None] = print) -> dict[str, int]:
+              pack: int = 0, log: Callable[[str], None] = print) -> dict[str, int]:
   """Runs every unfinished point; returns counts ``{'done': skipped, 'ran', 'failed'}``.
 
   ``parallel=0`` trains in this process, one point after another, with ``train_fn`` (default
   ``train_and_evaluate``); ``parallel=N`` runs up to N ``scripts/train.py`` subprocesses at a time,
-  each logging to ``<workdir>/train.log``. A KeyboardInterrupt stops the sweep (the running point has
-  saved a checkpoint; run the same command again to continue).
+  each logging to ``<workdir>/train.log``. ``pack`` (``packed``'s size): populations trained by
+  ``train_population`` instead of their points one by one. A KeyboardInterrupt stops the sweep (the
+  running point has saved a checkpoint; run the same command again to continue).
   """
   runs = plan(sweep, sweep_dir)
   write_sweep_file(sweep, sweep_dir, runs)
@@ -535,6 +658,7 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
   for data_dir in sorted({str(point_config(r.point, r.common).data.data_dir) for r in todo
                           if not r.error}):
     log(data_location.describe(data_dir))
+  todo = packed(todo, pack, sweep, sweep_dir) if pack else todo
   if parallel and parallel > 0:
     _run_parallel(todo, sweep_dir, parallel, counts, log)
     return counts
@@ -549,10 +673,15 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
       counts['failed'] += 1
       log(f'  failed: {r.error}')
       continue
-    write_point_file(r)
-    t0 = time.time()
+    for m in r.members:
+      write_point_file(m)
+    t0, error, results = time.time(), None, None
     try:
-      results = train_fn(point_config(r.point, r.common), r.workdir)
+      if isinstance(r, Pack):
+        from kernelformer.training import population_run  # pylint: disable=g-import-not-at-top
+        population_run.train_population(r.config(), [m.workdir for m in r.members])
+      else:
+        results = train_fn(point_config(r.point, r.common), r.workdir) or {}
     except KeyboardInterrupt:
       log(f'interrupted during {r.name}; run the same command again to continue')
       raise
@@ -563,13 +692,18 @@ def run_sweep(sweep: Sweep, sweep_dir: str, *,
         # preempted job must end), instead of recording a failure and starting the next point.
         log(f'interrupted during {r.name}; run the same command again to continue')
         raise SweepInterrupted(str(e), code or 143) from None
-      record_failure(sweep_dir, r, f'{type(e).__name__}: {e}', traceback.format_exc())
-      counts['failed'] += 1
-      log(f'  failed after {time.time() - t0:.0f}s: {type(e).__name__}: {e}')
-      continue
-    counts['ran'] += 1
-    acc = results.get('test_accuracy') if isinstance(results, dict) else None
-    log(f'  finished in {time.time() - t0:.0f}s' + (f', test accuracy {acc:.4f}' if acc is not None else ''))
+      error = (f'{type(e).__name__}: {e}', traceback.format_exc())
+    for m in r.members:   # a population's member is finished where its results.json is
+      results = read_results(m.workdir)[0] if isinstance(r, Pack) else results
+      if results is None:
+        record_failure(sweep_dir, m, *(error or ('did not finish; see its workdir', '')))
+        counts['failed'] += 1
+        log(f'  {m.name} failed after {time.time() - t0:.0f}s: {(error or ("did not finish",))[0]}')
+        continue
+      counts['ran'] += 1
+      acc = results.get('test_accuracy') if isinstance(results, dict) else None
+      log(f'  {m.name} finished in {time.time() - t0:.0f}s' +
+          (f', test accuracy {acc:.4f}' if acc is not None else ''))
   return counts
 
 
@@ -585,16 +719,17 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
           counts['failed'] += 1
           log(f'failed (cannot start) {r.name}: {r.error}')
           continue
-        write_point_file(r)
+        for m in r.members:
+          write_point_file(m)
         logf = open(os.path.join(r.workdir, 'train.log'), 'a', encoding='utf-8')
         # Same working directory as this process, so relative data_dir and work directories mean
         # the same in the child; the config file by absolute path.
-        cmd = r.command(launcher=(sys.executable, '-m', 'kernelformer', 'train'),
+        cmd = r.command(launcher=(sys.executable, '-m', 'kernelformer'),
                         config_path=resolve_config_path(r.point.config))
         # The child imports this very kernelformer, installed or not (REPO_ROOT holds the package).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (REPO_ROOT, os.environ.get('PYTHONPATH', '')) if p))
-        proc = subprocess.Popen(cmd + ['--config.progress=False'], stdout=logf,
+        proc = subprocess.Popen(cmd, stdout=logf,
                                 stderr=subprocess.STDOUT, cwd=os.getcwd(), env=env)
         active.append((r, proc, logf, time.time()))
         log(f'start {r.name} (pid {proc.pid})')
@@ -605,18 +740,20 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
           still.append((r, proc, logf, t0))
           continue
         logf.close()
-        if rc == 0 and read_results(r.workdir)[0] is not None:
-          counts['ran'] += 1
+        finished = [m for m in r.members if read_results(m.workdir)[0] is not None]
+        counts['ran'] += len(finished)
+        if rc == 0 and len(finished) == len(r.members):
           log(f'finished {r.name} in {time.time() - t0:.0f}s')
         elif rc in INTERRUPT_EXIT_CODES:
-          counts['interrupted'] = counts.get('interrupted', 0) + 1
+          counts['interrupted'] = counts.get('interrupted', 0) + len(r.members) - len(finished)
           log(f'interrupted {r.name} (exit code {rc}, checkpoint saved); it resumes on the next run')
-        else:
+        else:   # a packed job's sweep recorded its own members' failures
           with open(os.path.join(r.workdir, 'train.log'), encoding='utf-8', errors='replace') as f:
             tail = f.read()[-4000:]
           last = [l for l in tail.splitlines() if l.strip()]
-          record_failure(sweep_dir, r, f'exit code {rc}: {last[-1] if last else ""}', tail)
-          counts['failed'] += 1
+          for m in (r,) if not isinstance(r, Pack) else ():
+            record_failure(sweep_dir, m, f'exit code {rc}: {last[-1] if last else ""}', tail)
+          counts['failed'] += len(r.members) - len(finished)
           log(f'failed {r.name}: exit code {rc}')
       active = still
       if active:
