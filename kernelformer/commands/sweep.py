@@ -65,12 +65,10 @@ _TPU_SWEEP_DIR = flags.DEFINE_string('tpu_sweep_dir', '', '--launcher tpu-pod: t
 _TPU_CODE_DIR = flags.DEFINE_string('tpu_code_dir', '~/kernelformer', '--launcher tpu-pod: where the '
                                     'repository is on every host.')
 _PACK = flags.DEFINE_integer(
-    'pack', 0, 'Train the unfinished points that differ only in population fields (seed, '
-    'optim.learning_rate, ...: kernelformer.training.population.FIELDS) as populations of at most N '
-    'members, one job each, each member in its point\'s own directory. --pack alone: the most members '
-    'whose step XLA\'s compiled estimate (memory_analysis: arguments + outputs + temporaries) puts '
-    'within 90% of a device\'s memory (an accelerator\'s bytes_limit; on CPU the machine\'s available '
-    'RAM shared by its devices).')
+    'pack', 0, 'Unfinished points differing only in population fields (seed, optim.learning_rate, ...: '
+    'training.population.FIELDS) train as populations of up to N members, one job each. --pack alone: '
+    'the most members whose step XLA\'s compiled estimate (memory_analysis: arguments + outputs + '
+    'temporaries) puts within 90% of a device\'s memory (bytes_limit; CPU: available RAM / devices).')
 _POINTS = flags.DEFINE_list('points', [], 'Only these points (names as --dry_run prints them): what '
                             'a packed job runs.')
 _SUBMIT = flags.DEFINE_bool('submit', False, '--launcher tpu-pod: run the printed gcloud commands.')
@@ -113,7 +111,8 @@ def _cluster(sweep, sweep_dir) -> int:
   for cmd in commands:
     print(shlex.join(cmd))
   if not _SUBMIT.value:
-    print(f'# {len(commands) - 1} {"jobs" if _PACK.value else "points"}; add --submit to run these commands in order', flush=True)
+    print(f'# {len(commands) - 1} {"jobs" if _PACK.value else "points"}; add --submit to run these '
+          f'commands in order', flush=True)
     return 0
   return launchers.run_commands(commands)
 

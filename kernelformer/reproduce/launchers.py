@@ -232,12 +232,6 @@ def _write_jobs(sweep_dir: str, jobs: dict[str, dict]) -> None:
   os.replace(tmp, path)
 
 
-def _checkpoint_step(workdir: str) -> Optional[int]:
-  ckpt = os.path.join(workdir, 'checkpoints')
-  steps = [int(n) for n in os.listdir(ckpt) if n.isdigit()] if os.path.isdir(ckpt) else []
-  return max(steps) if steps else None
-
-
 def _last_line(path: str) -> str:
   try:
     with open(path, 'rb') as f:
@@ -279,10 +273,10 @@ def slurm_status(runs: Sequence[sweeps.Run], sweep_dir: str,
       out.append(PointStatus(r, 'error', job_id, r.error))
     elif job_id and job_id in states:
       out.append(PointStatus(r, states[job_id], job_id))
-    elif _checkpoint_step(r.workdir) is not None:
+    elif sweeps.checkpoint_step(r.workdir) is not None:
       out.append(PointStatus(r, 'stopped', job_id,
-                             f'checkpoint at step {_checkpoint_step(r.workdir)}; re-running the sweep '
-                             f'resumes it'))
+                             f'checkpoint at step {sweeps.checkpoint_step(r.workdir)}; re-running the '
+                             f'sweep resumes it'))
     elif job_id:
       out.append(PointStatus(r, 'failed', job_id, _last_line(os.path.join(r.workdir, TRAIN_LOG))))
     else:

@@ -387,10 +387,7 @@ class Run:
       return 'done'
     if self.error:
       return 'error'
-    ckpt = os.path.join(self.workdir, 'checkpoints')
-    if os.path.isdir(ckpt) and any(n.isdigit() for n in os.listdir(ckpt)):
-      return 'resume'
-    return 'new'
+    return 'new' if checkpoint_step(self.workdir) is None else 'resume'
 
   def unreadable(self) -> str:
     """The line naming this point's results.json where it cannot be read, else ''."""
@@ -424,39 +421,38 @@ class Pack(Run):
   """Unfinished points of one config that differ only in ``population.FIELDS``, trained as one
   population (``--pack``): one job, whose members' work directories are the points' own."""
 
-  runs: tuple[Run, ...] = ()
+  members: tuple[Run, ...] = ()     # (a Run is its own only member)
   argv: tuple[str, ...] = ()        # Sweep.argv
   sweep_dir: str = ''
 
   @property
   def name(self) -> str:
-    return ' + '.join(r.name for r in self.runs)
-
-  @property
-  def members(self) -> tuple[Run, ...]:
-    return self.runs
-
-  def status(self) -> str:
-    return 'resume' if any(r.status() == 'resume' for r in self.runs) else 'new'
+    return ' + '.join(r.name for r in self.members)
 
   def config(self):
     """The first point's config with ``population``: each member's values of the varying fields."""
     from kernelformer.training import population  # pylint: disable=g-import-not-at-top
-    configs = [point_config(r.point, r.common) for r in self.runs]
-    value = lambda c, f: (lambda parent, leaf: parent[leaf])(*_parent(c, f))
+    configs = [point_config(r.point, r.common) for r in self.members]
+    value = lambda c, f: _parent(c, f)[0][f.rsplit('.', 1)[-1]]
     varying = [f for f in population.FIELDS if len({value(c, f) for c in configs}) > 1]
     with configs[0].unlocked():
       configs[0].population = [{f: value(c, f) for f in varying} for c in configs]
     return configs[0]
 
-  def command(self, python: str = 'python', config_path: str = '', launcher: Sequence[str] = (),
-              sweep_dir: str = '') -> list[str]:
+  def command(self, python: str = 'python', launcher: Sequence[str] = (), sweep_dir: str = '',
+              **_) -> list[str]:
     """``kernelformer sweep <the sweep's flags> --pack N --points A,B,...``: the sweep trains exactly
-    these points, those still unfinished, as one population."""
-    del config_path  # argv names configs relative to the repository or absolute
+    these points, those still unfinished, as one population (``argv``: configs by absolute or
+    repository path)."""
     return [*([*launcher, 'sweep'] if launcher else [python, 'scripts/sweep.py']), *self.argv,
-            '--sweep_dir', sweep_dir or self.sweep_dir, '--pack', str(len(self.runs)),
-            '--points', ','.join(r.name for r in self.runs)]
+            '--sweep_dir', sweep_dir or self.sweep_dir, '--pack', str(len(self.members)),
+            '--points', ','.join(r.name for r in self.members)]
+
+
+def checkpoint_step(workdir: str) -> Optional[int]:
+  ckpt = os.path.join(workdir, 'checkpoints')
+  steps = [int(n) for n in os.listdir(ckpt) if n.isdigit()] if os.path.isdir(ckpt) else []
+  return max(steps) if steps else None
 
 
 class SweepInterrupted(Exception):
@@ -521,36 +517,25 @@ def plan(sweep: Sweep, sweep_dir: str) -> list[Run]:
 
 def packed(runs: Sequence[Run], size: int, sweep: Sweep, sweep_dir: str) -> list[Run]:
   """``runs`` with the unfinished points that differ only in ``population.FIELDS`` (same config file,
-  preset and other overrides) as ``Pack``s of at most ``size`` members (-1: as many as ``fit``s a
+  preset and other overrides) as ``Pack``s of at most ``size`` members (-1: as many as ``fit`` a
   device); finished points and points that cannot start stay as they are."""
   from kernelformer.training import population  # pylint: disable=g-import-not-at-top
   groups: dict[Any, list[Run]] = {}
-  out: list[Any] = []
   for r in runs:
-    key = (r.point.config, r.point.preset, tuple((k, format_value(v)) for k, v in ordered(
-        r.point.overrides) if k not in population.FIELDS))
-    if r.error or r.status() == 'done':
-      out.append(r)
-    else:
-      if key not in groups:
-        out.append(groups.setdefault(key, []))
-      groups[key].append(r)
-  packed = []
-  for item in out:
-    if isinstance(item, Run):
-      packed.append(item)
-      continue
-    as_pack = lambda chunk, r=item[0]: Pack(r.point, r.workdir, r.task, r.kind, r.seed, r.common,
-                                            runs=tuple(chunk), argv=sweep.argv, sweep_dir=sweep_dir)
-    n = size if size > 0 or len(item) == 1 else fit(as_pack(item).config())
-    for chunk in (item[i:i + n] for i in range(0, len(item), n)):
-      packed.append(chunk[0] if len(chunk) == 1 else as_pack(chunk))
-  return packed
+    shared = tuple((k, format_value(v)) for k, v in ordered(r.point.overrides) if k not in population.FIELDS)
+    alone = r.error or r.status() == 'done'
+    groups.setdefault(r.name if alone else (r.point.config, r.point.preset, shared), []).append(r)
+  out = []
+  for group in groups.values():
+    as_pack = lambda chunk, r=group[0]: Pack(r.point, r.workdir, r.task, r.kind, r.seed, r.common,
+                                             members=tuple(chunk), argv=sweep.argv, sweep_dir=sweep_dir)
+    n = size if size > 0 else fit(as_pack(group).config()) if len(group) > 1 else 1
+    out += [c[0] if len(c) == 1 else as_pack(c) for c in (group[i:i + n] for i in range(0, len(group), n))]
+  return out
 
 
 def step_bytes(config) -> int:
-  """XLA's estimate of one device's memory for the population step of ``config`` (compiled ahead,
-  ``memory_analysis``: arguments + outputs + temporaries)."""
+  """One device's bytes for ``config``'s population step by XLA's ``memory_analysis`` (compiled ahead)."""
   import lra_tasks  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
@@ -565,8 +550,7 @@ def step_bytes(config) -> int:
 
 
 def device_memory() -> int:
-  """Bytes a device holds: an accelerator's ``bytes_limit``; on CPU, the machine's available RAM
-  (``MemAvailable``) shared by its devices."""
+  """An accelerator's ``bytes_limit``; on CPU, the available RAM (``MemAvailable``) / devices."""
   import jax  # pylint: disable=g-import-not-at-top
   device = jax.devices()[0]
   if device.platform != 'cpu':
@@ -593,6 +577,15 @@ def _jsonable(x: Any) -> Any:
   return json.loads(json.dumps(x, default=str))
 
 
+def _lead_only(write):
+  """The sweep's files are written by process 0 of a multi-host (packed) job only, as the trainer's."""
+  def wrapper(*args):
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top  (no backend started)
+    return write(*args) if not distributed.global_state.process_id else None
+  return wrapper
+
+
+@_lead_only
 def write_sweep_file(sweep: Sweep, sweep_dir: str, runs: Sequence[Run]) -> str:
   """``sweep_dir/sweep.json``: every run ever planned here (merged with earlier invocations)."""
   os.makedirs(sweep_dir, exist_ok=True)
@@ -614,6 +607,7 @@ def write_sweep_file(sweep: Sweep, sweep_dir: str, runs: Sequence[Run]) -> str:
   return path
 
 
+@_lead_only
 def record_failure(sweep_dir: str, run: Run, error: str, details: str = '') -> None:
   entry = {'time': datetime.datetime.now().isoformat(timespec='seconds'), 'workdir': run.name,
            'task': run.task, 'kind': run.kind, 'seed': run.seed, 'error': error,
@@ -622,6 +616,7 @@ def record_failure(sweep_dir: str, run: Run, error: str, details: str = '') -> N
     f.write(json.dumps(entry) + '\n')
 
 
+@_lead_only
 def write_point_file(run: Run) -> None:
   os.makedirs(run.workdir, exist_ok=True)
   with open(os.path.join(run.workdir, POINT_FILE), 'w', encoding='utf-8') as f:
