@@ -154,14 +154,39 @@ def test_packed_sweep_reports_the_unpacked_numbers(tmp_path):
   with open(os.path.join(packed, 'listops-tiny', 'kind=linear-elu__seed=0', 'train.log')) as f:
     log = f.read()   # the population's job: a sweep of its three points
   assert '3 trained, 0 already finished, 0 failed' in log, log[-2000:]
-  a, b = _results(single), _results(packed)
-  assert sorted(a) == sorted(b) and len(a) == 6
-  for name in a:
-    for key in ('test_accuracy', 'best_step', 'best_val_accuracy', 'final_step'):
-      assert a[name][key] == b[name][key], (name, key)
-    np.testing.assert_allclose(b[name]['test_loss'], a[name]['test_loss'], rtol=LOSS_RTOL, err_msg=name)
+  _same_results(single, packed, 6)
   ra, rb = report.build(single), report.build(packed)
   assert {k: c.text() for k, c in ra.cells.items()} == {k: c.text() for k, c in rb.cells.items()}
   # Re-running the packed command trains nothing.
   r = _cli(*args, '--sweep_dir', packed, '--pack', '2')
   assert r.returncode == 0 and '0 trained, 6 already finished' in r.stdout, r.stdout + r.stderr
+
+
+def _same_results(a_dir, b_dir, n):
+  a, b = _results(a_dir), _results(b_dir)
+  assert sorted(a) == sorted(b) and len(a) == n and all(r is not None for r in b.values()), b
+  for name in a:
+    for key in ('test_accuracy', 'best_step', 'best_val_accuracy', 'final_step'):
+      assert a[name][key] == b[name][key], (name, key)
+    np.testing.assert_allclose(b[name]['test_loss'], a[name]['test_loss'], rtol=LOSS_RTOL, err_msg=name)
+
+
+@pytest.mark.slow
+def test_slurm_packed_sweep_is_one_job_with_the_local_results(tmp_path):
+  from tests.scripts.test_launchers import _require_slurm, _wait  # pylint: disable=g-import-not-at-top
+  _require_slurm()
+  args = ['--config', TINY, '--grid', 'seed=0,1', '--set', f'data.data_dir={tmp_path / "data"}',
+          '--set', 'num_train_steps=4', '--set', 'eval_every=2', '--set', 'progress=False']
+  slurm_dir, local_dir = str(tmp_path / 'slurm'), str(tmp_path / 'local')
+  r = _cli(*args, '--sweep_dir', slurm_dir, '--launcher', 'slurm', '--pack', '2')
+  assert r.returncode == 0 and '1 submitted' in r.stdout, r.stdout + r.stderr
+  jobs = launchers.read_jobs(slurm_dir)
+  assert sorted(jobs) == ['listops-tiny/seed=0', 'listops-tiny/seed=1']
+  assert len({j['job_id'] for j in jobs.values()}) == 1 and '--points' in jobs['listops-tiny/seed=0']['command']
+  _wait(lambda: not launchers.queue_states([j['job_id'] for j in jobs.values()]), 300, 'the packed job')
+  r = _cli(*args, '--sweep_dir', slurm_dir, '--launcher', 'slurm', '--status')
+  assert r.returncode == 0 and '2 points: 2 finished' in r.stdout, r.stdout + r.stderr
+  r = _cli(*args, '--sweep_dir', slurm_dir, '--launcher', 'slurm', '--pack', '2')
+  assert r.returncode == 0 and '0 submitted' in r.stdout, r.stdout + r.stderr
+  assert sweeps.run_sweep(_sweep([args[3]], sets=args[5::2]), local_dir, log=lambda s: None)['ran'] == 2
+  _same_results(local_dir, slurm_dir, 2)
