@@ -724,8 +724,7 @@ def _run_parallel(todo: Sequence[Run], sweep_dir: str, slots: int, counts: dict,
         # The child imports this very kernelformer, installed or not (REPO_ROOT holds the package).
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (REPO_ROOT, os.environ.get('PYTHONPATH', '')) if p))
-        proc = subprocess.Popen(cmd, stdout=logf,
-                                stderr=subprocess.STDOUT, cwd=os.getcwd(), env=env)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=os.getcwd(), env=env)
         active.append((r, proc, logf, time.time()))
         log(f'start {r.name} (pid {proc.pid})')
       still = []
