@@ -66,9 +66,10 @@ _TPU_CODE_DIR = flags.DEFINE_string('tpu_code_dir', '~/kernelformer', '--launche
                                     'repository is on every host.')
 _PACK = flags.DEFINE_integer(
     'pack', 0, 'Unfinished points differing only in population fields (seed, optim.learning_rate, ...: '
-    'training.population.FIELDS) train as populations of up to N members, one job each. --pack alone: '
-    'the most members whose step XLA\'s compiled estimate (memory_analysis: arguments + outputs + '
-    'temporaries) puts within 90% of a device\'s memory (bytes_limit; CPU: available RAM / devices).')
+    'training.population.FIELDS) train as populations of up to N members, one job each. --pack alone '
+    '(--launcher local): the most members whose step XLA\'s compiled estimate (memory_analysis: '
+    'arguments + outputs + temporaries) puts within 90% of a device\'s memory (bytes_limit; CPU: '
+    'available RAM / devices).')
 _POINTS = flags.DEFINE_list('points', [], 'Only these points (names as --dry_run prints them): what '
                             'a packed job runs.')
 _SUBMIT = flags.DEFINE_bool('submit', False, '--launcher tpu-pod: run the printed gcloud commands.')
@@ -167,8 +168,9 @@ def _main(argv):
       sweep = sweeps.expand(sweeps.sweep_from_flags(_CONFIG.value, _GRID.value, _SET.value,
                                                     name=os.path.basename(_SWEEP_DIR.value.rstrip('/'))))
     sweep_dir = _SWEEP_DIR.value
-    if _PACK.value < -1:
-      raise sweeps.SweepError(f'--pack {_PACK.value}: give a population size N >= 1, or --pack alone')
+    if _PACK.value < -1 or (_PACK.value == -1 and _LAUNCHER.value != 'local'):
+      raise sweeps.SweepError(f'--pack {_PACK.value}: give a population size N >= 1, or --pack alone '
+                              f'(it sizes populations for this machine\'s device: --launcher local only)')
     if _POINTS.value:
       unknown = set(_POINTS.value) - {sweeps.point_dirname(p) for p in sweep.points}
       if unknown:

@@ -114,11 +114,12 @@ def test_cli_shows_one_job_per_population(tmp_path):
   assert len(submits) == 3 and sum('kernelformer sweep' in s for s in submits) == 2, submits
   # The cap's remainder: a single run.
   assert 'kernelformer train' in submits[2] and 'kind=linear-elu__seed=2' in submits[2], submits
-  r = _cli(*args, '--pack', '--launcher', 'tpu-pod', '--tpu_name', 'pod', '--zone', 'z')
+  r = _cli(*args, '--pack', '3', '--launcher', 'tpu-pod', '--tpu_name', 'pod', '--zone', 'z')
   assert r.returncode == 0, r.stderr
   cmds = [l for l in r.stdout.splitlines() if l.startswith('gcloud') and 'pip install' not in l]
   assert len(cmds) == 2 and all('kernelformer sweep' in c and '--distributed' in c for c in cmds), cmds
   for bad, why in [(['--pack', '-2'], '--pack -2: give a population size'),
+                   (['--pack', '--launcher', 'slurm'], "this machine's device: --launcher local only"),
                    (['--points', 'listops-tiny/kind=nope'], "has no point listops-tiny/kind=nope")]:
     r = _cli(*args, *bad, '--dry_run')
     assert r.returncode == 2 and 'Traceback' not in r.stderr, r.stderr
