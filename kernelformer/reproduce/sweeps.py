@@ -545,7 +545,7 @@ def step_bytes(config) -> int:
   batch = train_step.random_batch(info, config.batch_size)
   size = len(config.population)
   batch = batch if size == 1 else {k: np.stack([v] * size) for k, v in batch.items()}
-  m = pop.step.lower(state, window, batch).compile().memory_analysis()
+  m = pop.step.lower(state, window, batch, *pop.extra()).compile().memory_analysis()
   return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
 
 
