@@ -7,16 +7,15 @@
 #                                                          #   KIND trained for SECONDS, then tested
 #   bash scripts/gpu_day.sh all OUT_DIR BUDGET_SCALE SECONDS KIND..   # both in one call (one machine start)
 #   bash scripts/gpu_day.sh reproduce OUT_DIR              # first on any lent GPU (<= 9 device-minutes):
-#                                                          #   Skyformer table 1 ListOps for performer-skyformer
-#                                                          #   and skyformer CONCURRENTLY on the one GPU, the full
-#                                                          #   50k-step schedule; Zoology figure 2's attention
-#                                                          #   point (64 / 4 pairs, d 64, 4 lrs) meanwhile;
-#                                                          #   OUT_DIR/results.{json,md}. KF_REPRODUCE_DRY=1: a
-#                                                          #   CPU dry run at tiny sizes (the test suite's);
-#                                                          #   KF_REPRODUCE_INSTABILITY=1 adds Skyformer table
-#                                                          #   3's ListOps column beside the ListOps pair
-#   bash scripts/gpu_day.sh reproduce-continue OUT_DIR     # the next call: the runs reproduce's time
-#                                                          #   limit stopped continue toward their
+#                                                          #   measures, plans (printed with its estimate)
+#                                                          #   and trains as populations Skyformer table 1's
+#                                                          #   ListOps column, Zoology figure 2's (64, 4)
+#                                                          #   panel, Skyformer table 3 seeds, in that
+#                                                          #   order (kernelformer/reproduce/gpu_plan.py);
+#                                                          #   OUT_DIR/results.{json,md}. KF_REPRODUCE_DRY=1:
+#                                                          #   a CPU dry run at tiny sizes (the test suite's)
+#   bash scripts/gpu_day.sh reproduce-continue OUT_DIR     # the next call: the runs reproduce did not
+#                                                          #   finish continue toward their
 #                                                          #   schedule; the table again, over every run
 #                                                          #   of both calls. On the warm machine as it
 #                                                          #   stands; on a fresh one from the last call's
@@ -72,7 +71,7 @@ test_where_stopped() {
     [ "$arg" = --run ] && continue
     wd=${arg#*=}
     step=$(ls "$wd/checkpoints" 2>/dev/null | grep -E '^[0-9]+$' | sort -n | tail -n 1)
-    if [ -z "$step" ]; then echo "$wd: no checkpoint"; tail -n 5 "$wd.log"; continue; fi
+    if [ -z "$step" ]; then echo "$wd: no checkpoint"; tail -n 5 "$wd.log" 2>/dev/null; continue; fi
     tested=$($py -c "import json, sys; print(json.load(open(sys.argv[1]))['final_step'])" \
              "$wd/results.json" 2>/dev/null || echo -1)
     [ "$tested" -ge "$step" ] && continue
@@ -99,31 +98,31 @@ load_runs() {
   mapfile -t cmds < "$runs/commands.txt"
   skipped=(); [ -s "$runs/skipped.txt" ] && mapfile -t skipped < "$runs/skipped.txt"
 }
-# pack_runs: OUT/continue-<run>.tar.gz, one for every truncated run: what reproduce-continue needs to
-# continue it on another machine (this one given back, or its lease over): the run's whole workdir
-# (checkpoints, best checkpoints, metrics, records; its lock and TensorBoard files left out) and
-# command, and the call's table and commands with every run's results.json. One file a run, since the
+# pack_runs: OUT/continue-<run>.tar.gz, one for every run of $runs not finished (a population member:
+# <job>_<member>): what reproduce-continue needs to continue it on another machine (this one given
+# back, or its lease over): the run's whole workdir, if it started (checkpoints, best checkpoints,
+# metrics, records; its lock and TensorBoard files left out) and command, and the call's table and
+# commands with every finished run's results.json. One file a run, since the
 # device returns files of at most 16 MiB: a ListOps run at the skyformer preset (206k parameters,
 # 2 + 2 checkpoints of parameters and Adam moments) is ~9 MB.
 pack_runs() {
-  local arg wd n r common=(table.args runs_dir.txt) truncated=()
+  local arg wd n r common=(table.args runs_dir.txt) left=() items
   rm -f "$out"/continue-*.tar.gz
   for n in commands.txt skipped.txt; do [ -f "$runs/$n" ] && common+=("$n"); done
   for arg in "${table[@]}"; do
     [ "$arg" = --run ] && continue
-    wd=${arg#*=}; n=$(basename "$wd")
-    [ "$(dirname "$wd")" = "$runs" ] || continue
-    if [ "$(run_status "$wd")" = truncated ]; then truncated+=("$n")
-    elif [ -f "$wd/results.json" ]; then common+=("$n/results.json"); fi
+    wd=${arg#*=}; r=${wd#"$runs"/}
+    [ "$r" != "$wd" ] && [ -f "$wd.cmd" ] || continue
+    if [ "$(run_status "$wd")" = finished ]; then common+=("$r/results.json"); else left+=("$r"); fi
   done
-  [ ${#truncated[@]} -gt 0 ] || return 0
+  [ ${#left[@]} -gt 0 ] || return 0
   printf '%s\n' "$runs" > "$runs/runs_dir.txt"
-  for r in "${truncated[@]}"; do
-    if tar -czf "$out/continue-$r.tar.gz" -C "$runs" --exclude=lock --exclude=tensorboard \
-         "${common[@]}" "$r.cmd" "$r"; then
-      echo "$mode: $r packed to $out/continue-$r.tar.gz ($(du -k "$out/continue-$r.tar.gz" | cut -f1) KiB)"
+  for r in "${left[@]}"; do
+    n=$out/continue-${r//[\/=,]/_}.tar.gz; items=("$r.cmd"); [ -d "$runs/$r" ] && items+=("$r")
+    if tar -czf "$n" -C "$runs" --exclude=lock --exclude=tensorboard "${common[@]}" "${items[@]}"; then
+      echo "$mode: $r packed to $n ($(du -k "$n" | cut -f1) KiB)"
     else
-      echo "$mode: packing $r failed"; rm -f "$out/continue-$r.tar.gz"
+      echo "$mode: packing $r failed"; rm -f "$n"
     fi
   done
   echo "$mode: on a fresh machine, KF_REPRODUCE_FROM=<a folder holding the continue-*.tar.gz> bash scripts/gpu_day.sh reproduce-continue OUT"
@@ -148,12 +147,12 @@ import glob, os, sys
 runs = sys.argv[1]
 old = open(os.path.join(runs, 'runs_dir.txt')).read().strip()
 if old != runs:   # packed under another directory: its paths, as whole path components
-  for path in [os.path.join(runs, 'table.args')] + glob.glob(os.path.join(runs, '*.cmd')):
+  for path in [os.path.join(runs, 'table.args')] + glob.glob(os.path.join(runs, '**', '*.cmd'), recursive=True):
     text = open(path).read().replace(old + '/', runs + '/')
     open(path, 'w').write(text)
 PYEOF
-  for c in "$runs"/*.cmd; do
-    [ -d "${c%.cmd}/checkpoints" ] || continue
+  for c in "$runs"/*.cmd "$runs"/*/*.cmd; do
+    [ -f "$c" ] || continue
     mapfile -t prep < <($py - "$c" <<'PYEOF'
 import sys
 args = open(sys.argv[1]).read().split('\n')
@@ -207,7 +206,6 @@ PYEOF
     cat "$out/instability-listops.md"
   fi
   for f in "$runs"/*.log; do cp "$f" "$out/" 2>/dev/null; done
-  for d in "$runs"/*/; do n=$(basename "$d"); [ -f "$d/results.json" ] && cp "$d/results.json" "$out/results-$n.json"; done
   pack_runs
 }
 
@@ -258,128 +256,56 @@ causal)
   ;;
 reproduce)
   # One call, one deadline (KF_REPRODUCE_DEADLINE seconds from here, default 540: the device's 600 s
-  # command limit less the margin). Time line: the ListOps data is generated (CPU, ~115 s) while the
-  # four Zoology runs share the GPU; they are stopped (SIGINT: the trainer checkpoints) when the data
-  # is ready, at the earliest KF_REPRODUCE_ZOOLOGY_MIN_SECONDS (90) and at the latest
-  # KF_REPRODUCE_ZOOLOGY_SECONDS (150) after the start; then the ListOps kinds train side by side until
-  # KF_REPRODUCE_RESERVE_SECONDS (60) before the deadline (or KF_REPRODUCE_LISTOPS_SECONDS, if
-  # shorter). A run its limit stops is tested at the step it reached (the best-validation checkpoint)
-  # and its row says "truncated", never a full-schedule number. The test re-runs go side by side.
-  # Measured on an H200 (docs/benchmarks/gpu-h200-2026-11-28-reproduce.md, KF_REPRODUCE_DEADLINE=550,
-  # 530 s): data 115 s; the four Zoology runs 300-380 steps/s each side by side, all four done (two by
-  # Zoology's stop) in 131 s; the ListOps pair 110-117 steps/s each side by side, so 359 s reached steps
-  # 31,494 / 32,832 of 50,000. The full ListOps schedule needs ~450 s of training: the next call, on
-  # the warm machine (the same /tmp), is reproduce-continue.
+  # command limit less the margin), planned by kernelformer/reproduce/gpu_plan.py (the jobs, their
+  # order and selection): while the ListOps data is generated (CPU, ~115 s on an H200) each job's
+  # population is measured for a few seconds; the plan, printed with its estimate, then runs one
+  # population after another, each until it ends or KF_REPRODUCE_RESERVE_SECONDS (60) before the
+  # deadline. A run its limit stops is tested at the step it reached (its row says "truncated", never
+  # a full-schedule number); what did not finish is packed for reproduce-continue.
   py=${KF_PYTHON:-python3}
   t0=$SECONDS
-  kinds=${KF_REPRODUCE_KINDS:-performer-skyformer skyformer}
-  sky_secs=${KF_REPRODUCE_LISTOPS_SECONDS:-100000}
-  zoo_secs=${KF_REPRODUCE_ZOOLOGY_SECONDS:-150}
-  zoo_min=${KF_REPRODUCE_ZOOLOGY_MIN_SECONDS:-90}
   deadline=${KF_REPRODUCE_DEADLINE:-540}
   reserve=${KF_REPRODUCE_RESERVE_SECONDS:-60}
-  # np.logspace(-4, -2, 4), descending (configs/sweeps/zoology_fig2_full.py)
-  zlrs=${KF_REPRODUCE_ZOOLOGY_LRS:-0.01 0.0021544346900318843 0.00046415888336127773 0.0001}
   runs=${KF_REPRODUCE_RUNS:-/tmp/gpu_reproduce}
-  zcfg=configs/mqar.py:zoology
-  lo_tiny=(); zo_tiny=(); in_tiny=()
   if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # tiny sizes: the same commands in seconds on a CPU
-    deadline=${KF_REPRODUCE_DEADLINE:-100000}   # runs end by themselves
-    zoo_min=${KF_REPRODUCE_ZOOLOGY_MIN_SECONDS:-$zoo_secs}
+    deadline=${KF_REPRODUCE_DEADLINE:-100000}
     cfg=${KF_GPU_CONFIG:-configs/listops.py:tiny}
-    lo_tiny=(--config.num_train_steps=4 --config.eval_every=2 --config.checkpoint_every=2)
-    # the skyformer preset on listops:tiny's data, a 16-dim model, 3 steps, 2 seeds
-    in_tiny=(--steps 3 --set data.max_length=32 --set data.min_gen_length=8 --set data.max_gen_length=32
-             --set data.max_depth=3 --set data.max_args=3 --set data.num_train=256 --set data.num_val=64
-             --set data.num_test=64 --set model.emb_dim=16 --set model.qkv_dim=16 --set model.mlp_dim=32
-             --set batch_size=4 --set model.attention.num_landmarks=8 --set model.attention.num_features=8)
-    zo_tiny=(--config.data.num_train=512 --config.data.num_val=64 --config.data.num_test=64
-             --config.batch_size=16 --config.num_train_steps=4 --config.eval_every=2
-             --config.checkpoint_every=2 --config.model.emb_dim=16 --config.model.qkv_dim=16)
   fi
   # Fail in seconds, not minutes, where the device's software cannot run the trainer.
   $py -c "import grain, ml_collections, tensorboardX, kernelformer.training.trainer, jax; print('jax', jax.__version__, jax.devices())" \
     || { echo "reproduce: the trainer does not import here"; exit 3; }
   rm -rf "$runs"; mkdir -p "$runs"
-  cmds=(); table=(); skipped=()
-  ok=()
-  for kind in $kinds; do
-    if $py -c "import sys; from kernelformer import registry; registry.get(sys.argv[1])" "$kind" 2>/dev/null; then
-      ok+=("$kind")
-    else
-      echo "reproduce: attention kind $kind is not registered in this checkout; skipped (set KF_REPRODUCE_KINDS)"
-      skipped+=("$kind: not registered in this checkout")
-    fi
-  done
+  cmds=()
   prep=(-m kernelformer prepare-data --config "$cfg" --data_dir "$data")
   ($py "${prep[@]}" > "$runs/prepare.log" 2>&1; echo "prepare rc $?" >> "$runs/prepare.log") &
   prep_pid=$!
   cmds+=("python3 ${prep[*]}")
-  # start_run WD MEM_FRACTION SECONDS ROW ARGS..: python ARGS in the background under `timeout -s INT
-  # SECONDS` (log WD.log; ARGS kept in WD.cmd for the re-run below), its pid added to pids, its
-  # command to cmds and "--run ROW=WD" to the table.
-  start_run() {
-    local wd=$1 frac=$2 secs=$3 row=$4; shift 4
-    printf '%s\n' "$@" > "$wd.cmd"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$frac timeout -k 60 -s INT "$secs" $py "$@" > "$wd.log" 2>&1 &
-    pids+=($!); cmds+=("timeout -k 60 -s INT $secs python3 $*")
-    table+=(--run "$row=$wd")
-  }
-  # Zoology figure 2 (64, 4), attention, d_model KF_REPRODUCE_ZOOLOGY_D (64; 128 is the panel's other
-  # column): the four learning rates side by side.
-  zd=${KF_REPRODUCE_ZOOLOGY_D:-64}
-  zdim=(); [ "$zd" != 64 ] && zdim=(--config.model.emb_dim="$zd" --config.model.qkv_dim="$zd")
-  pids=()
-  for lr in $zlrs; do
-    wd=$runs/zoology-d$zd-lr$lr
-    start_run "$wd" 0.2 "$zoo_secs" "zoology-fig2-L64-d$zd:softmax lr $lr" -m kernelformer train \
-      --config "$zcfg" --workdir "$wd" --config.optim.learning_rate="$lr" --config.progress=False \
-      "${zdim[@]}" "${zo_tiny[@]}"
-  done
-  # The data first; the Zoology runs go on until zoo_min, then stop (or end by themselves, or at zoo_secs).
+  plan=($py -m kernelformer.reproduce.gpu_plan --runs "$runs" --data "$data" --out "$out" --config "$cfg")
+  "${plan[@]}" measure --seconds $((deadline - reserve - (SECONDS - t0))) > "$runs/measure.log" 2>&1 \
+    || { tail -n 5 "$runs/measure.log"; echo "reproduce: measuring failed"; exit 3; }
+  grep -E '^(measure|reproduce):' "$runs/measure.log"
   wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
-  while [ $((SECONDS - t0)) -lt "$zoo_min" ] && [ -n "$(jobs -rp)" ]; do sleep 1; done
-  for p in "${pids[@]}"; do kill -INT "$p" 2>/dev/null; done
-  for p in "${pids[@]}"; do wait "$p"; done
-  echo "reproduce: Zoology runs done at $((SECONDS - t0)) s"
-  left=$((deadline - reserve - (SECONDS - t0)))
-  [ "$left" -lt "$sky_secs" ] && sky_secs=$left
-  [ "$sky_secs" -lt 30 ] && sky_secs=30
-  echo "reproduce: ListOps runs get $sky_secs s"
-  # Skyformer table 1, ListOps: the kinds side by side on the one GPU.
-  pids=()
-  if [ -n "${KF_REPRODUCE_INSTABILITY:-}" ]; then
-    # Opt-in: Skyformer table 3's ListOps column (kernelformer reproduce instability) beside the pair,
-    # writing OUT/instability-listops.{json,md} after every kind (a time limit keeps what finished).
-    ic=(-m kernelformer reproduce instability --task listops --seeds "${KF_REPRODUCE_INSTABILITY_SEEDS:-3}"
-        --set data.data_dir="$data" --out_dir "$out" "${in_tiny[@]}")
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.15 timeout -s INT "$sky_secs" $py "${ic[@]}" > "$runs/instability.log" 2>&1 &
-    pids+=($!); cmds+=("timeout -s INT $sky_secs python3 ${ic[*]}")
-  fi
-  for kind in "${ok[@]}"; do
-    wd=$runs/listops-$kind
-    sc=(-m kernelformer train --config "$cfg" --workdir "$wd" --config.data.data_dir="$data"
-        --config.model.attention.kind="$kind" --config.progress=False "${lo_tiny[@]}")
-    if [ -n "${KF_REPRODUCE_DRY:-}" ]; then   # 8 landmarks / features at the tiny length
-      case $kind in skyformer|nystromformer) sc+=(--config.model.attention.num_landmarks=8) ;;
-                    performer-skyformer|performer-zoology) ;;   # M fixed by the kind (its source's)
-                    *) sc+=(--config.model.attention.num_features=8) ;; esac
-    fi
-    start_run "$wd" 0.4 "$sky_secs" "skyformer-table1-listops:$kind" "${sc[@]}"
+  "${plan[@]}" plan --seconds $((deadline - reserve - (SECONDS - t0))) || exit 2
+  mapfile -t table < "$runs/table.args"
+  mapfile -t skipped < "$runs/skipped.txt"
+  mapfile -t jobs < "$runs/jobs.txt"
+  for job in "${jobs[@]}"; do
+    left=$((deadline - reserve - (SECONDS - t0)))
+    [ "$left" -ge 10 ] || { echo "reproduce: $job not started (the deadline)"; continue; }
+    mapfile -t args < "$runs/$job.cmd"
+    timeout -k 60 -s INT "$left" $py "${args[@]}" > "$runs/$job.log" 2>&1
+    echo "reproduce: $job rc $? at $((SECONDS - t0)) s"
+    cmds+=("timeout -k 60 -s INT $left python3 ${args[*]}")
   done
-  for p in "${pids[@]}"; do wait "$p"; done
-  echo "reproduce: ListOps runs done at $((SECONDS - t0)) s"
   test_where_stopped
   echo "reproduce: tests done at $((SECONDS - t0)) s"
-  # What a next call (reproduce-continue) needs: the table's rows, the commands so far, what was skipped.
-  printf '%s\n' "${table[@]}" > "$runs/table.args"
   printf '%s\n' "${cmds[@]}" > "$runs/commands.txt"
-  printf '%s\n' "${skipped[@]}" | grep -v '^$' > "$runs/skipped.txt"
   write_record
   ;;
 reproduce-continue)
-  # The next call: every run of the last reproduce call that its time limit stopped ("truncated")
-  # continues from its newest checkpoint toward its planned schedule -- its own command plus
+  # The next call: every run of the last reproduce call that did not finish (a population member
+  # alone, as its workdir is a single run's) continues from its newest checkpoint, or starts, toward
+  # its planned schedule -- its own command plus
   # --config.allow_config_change=True -- all side by side until KF_REPRODUCE_RESERVE_SECONDS (60) before
   # KF_REPRODUCE_DEADLINE (540); a run stopped again is tested where it stands; OUT/results.{json,md}
   # then cover every run of both calls, and OUT/continue-*.tar.gz hold what is still truncated.
@@ -404,14 +330,17 @@ reproduce-continue)
   load_runs
   cmds+=("${more_cmds[@]}")
   secs=$((deadline - reserve - (SECONDS - t0)))
-  pids=()
+  pids=(); todo=()
   for arg in "${table[@]}"; do
     [ "$arg" = --run ] && continue
     wd=${arg#*=}
-    [ "$(run_status "$wd")" = truncated ] || continue
+    [ -f "$wd.cmd" ] && [ "$(run_status "$wd")" != finished ] && todo+=("$wd")
+  done
+  frac=$(awk -v n=${#todo[@]} 'BEGIN { f = 0.9 / (n ? n : 1); print (f > 0.4 ? 0.4 : f) }')
+  for wd in "${todo[@]}"; do
     mapfile -t more < "$wd.cmd"
     more+=(--config.allow_config_change=True)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=${KF_REPRODUCE_MEM_FRACTION:-0.4} timeout -k 60 -s INT "$secs" $py "${more[@]}" >> "$wd.log" 2>&1 &
+    XLA_PYTHON_CLIENT_MEM_FRACTION=${KF_REPRODUCE_MEM_FRACTION:-$frac} timeout -k 60 -s INT "$secs" $py "${more[@]}" >> "$wd.log" 2>&1 &
     pids+=($!); cmds+=("timeout -k 60 -s INT $secs python3 ${more[*]}")
     echo "reproduce-continue: $wd continues (at most $secs s)"
   done

@@ -49,7 +49,7 @@ def published(group: str, kind: str) -> tuple[Optional[float], str]:
     return None, ''
   if group.startswith('zoology'):
     d = zoology_d_model(group)
-    if d not in ZOOLOGY_FIG2_ATTENTION:
+    if d not in ZOOLOGY_FIG2_ATTENTION or kind != 'softmax':
       return None, ''
     return ZOOLOGY_FIG2_ATTENTION[d], f'Zoology figure 2 (read off the plot), d_model {d}, best of 4 lrs'
   return None, ''
@@ -85,6 +85,7 @@ def row(group: str, label: str, workdir: str) -> dict:
       'planned_steps': planned, 'stopped_early': res.get('stopped_early'),
       'steps_per_sec': res.get('steps_per_sec'), 'wall_time_s': res.get('wall_time_s'),
       'learning_rate': (cfg.get('optim') or {}).get('learning_rate'),
+      'precision': (cfg.get('model') or {}).get('dtype'),
       'config_changes': res.get('config_changes'), 'results': res})
   pub, where = published(group, out['kind'])
   out['published'], out['published_where'] = pub, where
@@ -97,24 +98,26 @@ def _f(x, fmt='{:.4f}') -> str:
 
 def markdown(rows: list[dict], env: dict) -> str:
   lines = [f"Device: {env.get('device', '?')}; {env.get('versions', '')}", '',
-           '| group | run | kind | lr | published | ours (test accuracy) | steps (of planned) | '
-           'steps/s | wall s | status |', '|---|---|---|---|---|---|---|---|---|---|']
+           '| group | run | kind | lr | precision | published | ours (test accuracy) | '
+           'steps (of planned) | steps/s | wall s | status |', '|---|---|---|---|---|---|---|---|---|---|---|']
   for r in rows:
     steps = (f"{r['final_step']:,} of {r['planned_steps']:,}" if r.get('final_step') is not None
              else '—')
     if r.get('stopped_early'):
       steps += f" (stopped: val {r['stopped_early']['val_accuracy']:.4f} > {r['stopped_early']['threshold']})"
     lines.append(f"| {r['group']} | {r['label']} | {r.get('kind') or '—'} | "
-                 f"{_f(r.get('learning_rate'), '{:.3g}')} | {_f(r.get('published'), '{:.4f}')} | "
+                 f"{_f(r.get('learning_rate'), '{:.3g}')} | {r.get('precision') or '—'} | "
+                 f"{_f(r.get('published'), '{:.4f}')} | "
                  f"{_f(r.get('test_accuracy'))} | {steps} | {_f(r.get('steps_per_sec'), '{:.1f}')} | "
                  f"{_f(r.get('wall_time_s'), '{:.0f}')} | {r['status']} |")
   best = {}
   for r in rows:
+    key = (r['group'], r.get('kind'))
     if r.get('test_accuracy') is not None and r['group'].startswith('zoology'):
-      if r['group'] not in best or r['test_accuracy'] > best[r['group']]['test_accuracy']:
-        best[r['group']] = r
-  for g, r in best.items():
-    lines.append(f"\n{g}: best over the learning rates that ran = {r['test_accuracy']:.4f} "
+      if key not in best or r['test_accuracy'] > best[key]['test_accuracy']:
+        best[key] = r
+  for (g, kind), r in best.items():
+    lines.append(f"\n{g} {kind}: best over the learning rates that ran = {r['test_accuracy']:.4f} "
                  f"(lr {_f(r.get('learning_rate'), '{:.3g}')}); Zoology figure 2 ≈ "
                  f"{_f(r.get('published'), '{:.2f}')}.")
   skipped = env.get('skipped') or []
