@@ -115,7 +115,8 @@ def test_the_plan_is_the_longest_prefix_that_fits_then_the_time_left():
   assert p['seconds'] == pytest.approx(ea + eb + 70) and p['left'] == 0
   # Less than min_partial_s left: the next job is not started, the rest goes to (c), the instability
   # seeds; a later job that would fit is not taken out of order.
-  p = gpu_plan.plan(rates, ea + eb + 30, [*jobs[:2], _job('big', steps=10**6), _job('small', steps=1)])
+  p = gpu_plan.plan({**rates, 'big': rate, 'small': rate}, ea + eb + 30,
+                    [*jobs[:2], _job('big', steps=10**6), _job('small', steps=1)])
   assert [j.name for j, _, _ in p['jobs']] == ['a', 'b'] and p['left'] == pytest.approx(30)
   # A job not measured (measuring stopped once the jobs before it filled the time) ends the plan.
   p = gpu_plan.plan({'a': rate}, 10**6, jobs)
