@@ -282,7 +282,7 @@ reproduce)
   cmds+=("python3 ${prep[*]}")
   plan=($py -m kernelformer.reproduce.gpu_plan --runs "$runs" --data "$data" --out "$out" --config "$cfg")
   "${plan[@]}" measure --seconds $((deadline - reserve - (SECONDS - t0))) > "$runs/measure.log" 2>&1 \
-    || { tail -n 5 "$runs/measure.log"; echo "reproduce: measuring failed"; exit 3; }
+    || { grep '^reproduce:' "$runs/measure.log" || tail -n 5 "$runs/measure.log"; kill "$prep_pid"; exit 2; }
   grep -E '^(measure|reproduce):' "$runs/measure.log"
   wait "$prep_pid"; tail -n 2 "$runs/prepare.log"
   "${plan[@]}" plan --seconds $((deadline - reserve - (SECONDS - t0))) || exit 2

@@ -1,24 +1,20 @@
 """The plan of ``scripts/gpu_day.sh reproduce``: what one call trains, as populations, and its time.
 
-  python -m kernelformer.reproduce.gpu_plan --runs DIR --data DIR --out DIR --config SPEC measure --seconds S
-  python -m kernelformer.reproduce.gpu_plan --runs DIR --data DIR --out DIR --config SPEC plan --seconds S
+  python -m kernelformer.reproduce.gpu_plan --runs R --data D --out O --config C {measure,plan} --seconds S
 
-The jobs, in order, each one population (one program, ``training/population.py``):
-(a) Skyformer table 1, ListOps: each kind of KF_REPRODUCE_KINDS (default ``LISTOPS_KINDS``) at the
-    ``listops:skyformer`` preset (its 50k steps), seeds 0..KF_REPRODUCE_SEEDS-1 (3) as the members;
-(b) Zoology figure 2, (64, 4) panel: each KIND:D_MODEL of KF_REPRODUCE_ZOOLOGY (default the points not
-    yet reproduced) at the ``mqar:zoology`` preset (configs/sweeps/zoology_fig2_full.py's overrides),
-    its learning rates (KF_REPRODUCE_ZOOLOGY_LRS, Zoology's four) as the members;
-(c) Skyformer table 3's ListOps column in Skyformer's protocol (``kernelformer reproduce instability``,
-    ``--precision skyformer-amp``, length 2048): up to KF_REPRODUCE_INSTABILITY_SEEDS seeds (20), each
-    written when done, in whatever time (a) and (b) leave.
-``measure`` runs each job's program (``population.build``, compiled once per kind and size, random
-tokens) for a few seconds, in order, until the measured jobs alone fill the time: rates.json. ``plan``
-(the pure function ``plan``) keeps the longest prefix of (a), (b) whose estimates fit, starts the next
-with the time left (stopped there, tested where it stands and packed for ``reproduce-continue``) and
-gives (c) the rest; it writes DIR/jobs.txt (the jobs to run, in order), DIR/JOB.cmd (its command),
-DIR/JOB/MEMBER.cmd (each member's single run: ``reproduce-continue`` continues members alone),
-DIR/table.args, DIR/skipped.txt, and prints itself. KF_REPRODUCE_DRY=1: tiny sizes (the CPU dry run).
+The jobs, in order, each one population (``training/population.py``): (a) Skyformer table 1's ListOps
+column: each kind of KF_REPRODUCE_KINDS (``LISTOPS_KINDS``) at ``--config`` (``listops:skyformer``),
+seeds 0..KF_REPRODUCE_SEEDS-1 (3) the members; (b) Zoology figure 2's (64, 4) panel: each KIND:D_MODEL of
+KF_REPRODUCE_ZOOLOGY (``ZOOLOGY_POINTS``, the points not yet reproduced) at ``mqar:zoology`` with
+configs/sweeps/zoology_fig2_full.py's overrides, its learning rates (KF_REPRODUCE_ZOOLOGY_LRS, Zoology's
+4) the members; (c) Skyformer table 3's ListOps column in Skyformer's protocol (AMP, length 2048): up to
+KF_REPRODUCE_INSTABILITY_SEEDS (20) seeds, each written when done, in the time (a) and (b) leave.
+``measure``: each job's program (``population.build``, random tokens), compiled once, stepped for a few
+seconds, in order until the measured jobs fill the time (DIR/rates.json). ``plan`` (the pure ``plan``):
+the longest prefix of (a), (b) whose estimates fit, then the next job in the time left (stopped, tested
+where it stands, packed for ``reproduce-continue``), then (c); writes DIR/jobs.txt (in order), DIR/JOB.cmd,
+DIR/JOB/MEMBER.cmd (a member's single run, which ``reproduce-continue`` continues), DIR/table.args,
+DIR/skipped.txt and prints the plan. KF_REPRODUCE_DRY=1: tiny sizes (the CPU dry run).
 """
 from __future__ import annotations
 
@@ -40,27 +36,29 @@ DRY_LISTOPS = {'num_train_steps': 4, 'eval_every': 2, 'checkpoint_every': 2}
 DRY_ZOOLOGY = {'data.num_train': 512, 'data.num_val': 64, 'data.num_test': 64, 'batch_size': 16,
                'num_train_steps': 4, 'eval_every': 2, 'checkpoint_every': 2, 'model.emb_dim': 16,
                'model.qkv_dim': 16}
-DRY_INSTABILITY = ('--steps 3 --set data.max_length=32 --set data.min_gen_length=8 --set '
-                   'data.max_gen_length=32 --set data.max_depth=3 --set data.max_args=3 --set '
-                   'data.num_train=256 --set data.num_val=64 --set data.num_test=64 --set '
-                   'model.emb_dim=16 --set model.qkv_dim=16 --set model.mlp_dim=32 --set batch_size=4 '
-                   '--set model.attention.num_landmarks=8 --set model.attention.num_features=8')
+DRY_INSTABILITY = ['--steps', '3'] + [a for kv in (
+    'data.max_length=32 data.min_gen_length=8 data.max_gen_length=32 data.max_depth=3 data.max_args=3 '
+    'data.num_train=256 data.num_val=64 data.num_test=64 model.emb_dim=16 model.qkv_dim=16 '
+    'model.mlp_dim=32 batch_size=4 model.attention.num_landmarks=8 model.attention.num_features=8'
+).split() for a in ('--set', kv)]
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-  name: str               # its workdir under --runs; its members' are name/<member name>
-  group: str              # the table's group (gpu_table.published)
-  spec: str               # --config
-  overrides: tuple        # (field, value) of every member
-  members: tuple          # each member's overrides (population.FIELDS)
-  steps: int = 0          # num_train_steps
-  eval_batches: int = 0   # validation and test batches over the run
+  """A population: its workdir under --runs (a member's: name/<member name>), table group, --config,
+  (field, value) overrides of every member, each member's overrides, steps, evaluation batches."""
+  name: str
+  group: str
+  spec: str
+  overrides: tuple
+  members: tuple
+  steps: int = 0
+  eval_batches: int = 0
 
 
 def member_label(job: Job, overrides: dict) -> str:
-  kind = dict(job.overrides)['model.attention.kind']
-  return ' '.join([kind] + [f"{'lr' if k == 'optim.learning_rate' else k} {v}" for k, v in overrides.items()])
+  return ' '.join([dict(job.overrides)['model.attention.kind']] + [
+      f"{'lr' if k == 'optim.learning_rate' else k} {v}" for k, v in overrides.items()])
 
 
 def estimate(job: Job, rate: dict) -> float:
@@ -90,23 +88,27 @@ def plan(rates: dict, seconds: float, jobs, *, min_partial_s: float = MIN_PARTIA
   return {'jobs': chosen, 'seconds': used, 'left': max(0.0, seconds - used)}
 
 
-def _env_list(name: str, default: str) -> list:
-  return os.environ.get(name, default).split()
+def count(name: str, default: str) -> int:
+  value = os.environ.get(name, default)
+  if not value.isdigit() or int(value) < 1:
+    raise ValueError(f'{name}={value!r}: a count >= 1')
+  return int(value)
 
 
 def jobs(listops_spec: str, data_dir: str, log=print) -> tuple[list, list]:
   """(the jobs (a) and (b) in order, lines naming what is skipped: kinds this checkout lacks)."""
   from kernelformer import registry  # pylint: disable=g-import-not-at-top
   from kernelformer.configs.sweeps import zoology_fig2_full as zoo  # pylint: disable=g-import-not-at-top
-  dry = bool(os.environ.get('KF_REPRODUCE_DRY'))
-  seeds = tuple({'seed': s} for s in range(int(os.environ.get('KF_REPRODUCE_SEEDS', '3'))))
-  lrs = [float(x) for x in _env_list('KF_REPRODUCE_ZOOLOGY_LRS', ' '.join(
-      map(str, sorted(zoo.LEARNING_RATES, reverse=True))))]
+  env, dry = os.environ.get, bool(os.environ.get('KF_REPRODUCE_DRY'))
+  seeds = tuple({'seed': s} for s in range(count('KF_REPRODUCE_SEEDS', '3')))
+  lrs = [float(x) for x in env('KF_REPRODUCE_ZOOLOGY_LRS', '').split()] or sorted(zoo.LEARNING_RATES)[::-1]
   out, skipped = [], []
   wanted = [('skyformer-table1-listops', f'listops-{k}', listops_spec, k, {}, seeds)
-            for k in _env_list('KF_REPRODUCE_KINDS', ' '.join(LISTOPS_KINDS))]
-  for point in _env_list('KF_REPRODUCE_ZOOLOGY', ZOOLOGY_POINTS):
+            for k in env('KF_REPRODUCE_KINDS', ' '.join(LISTOPS_KINDS)).split()]
+  for point in env('KF_REPRODUCE_ZOOLOGY', ZOOLOGY_POINTS).split():
     kind, _, d = point.partition(':')
+    if not d.isdigit():
+      raise ValueError(f'KF_REPRODUCE_ZOOLOGY: {point!r} is not KIND:D_MODEL (e.g. taylor:128)')
     wanted.append((f'zoology-fig2-L64-d{d}', f'zoology-{kind}-d{d}', 'mqar:zoology', kind,
                    {'model.emb_dim': int(d), **zoo.model_overrides(kind, int(d))},
                    tuple({'optim.learning_rate': lr} for lr in lrs)))
@@ -123,7 +125,8 @@ def jobs(listops_spec: str, data_dir: str, log=print) -> tuple[list, list]:
       if dry:   # 8 landmarks / features at the tiny length (performer-skyformer's M is its source's)
         over.update(DRY_LISTOPS)
         if not kind.startswith('performer-'):
-          over[f"model.attention.num_{'landmarks' if kind in ('skyformer', 'nystromformer') else 'features'}"] = 8
+          m = 'landmarks' if kind in ('skyformer', 'nystromformer') else 'features'
+          over[f'model.attention.num_{m}'] = 8
     elif dry:
       over.update(DRY_ZOOLOGY)
     c = config(spec, over)
@@ -180,7 +183,7 @@ def measure(todo, seconds: float, budget: float, log=print) -> dict:
   return rates
 
 
-def write(p: dict, todo, skipped: list, runs: str, out: str, data_dir: str, log=print) -> None:
+def write(p: dict, todo, skipped: list, runs: str, out: str, data_dir: str, seeds: int, log=print):
   """The plan's files in ``runs`` (module docstring) and its printout."""
   from kernelformer.training import population  # pylint: disable=g-import-not-at-top
   names, table = [], []
@@ -204,12 +207,11 @@ def write(p: dict, todo, skipped: list, runs: str, out: str, data_dir: str, log=
   for job in todo[len(p['jobs']):]:
     skipped.append(f'{job.group} {job.name}: not in this call\'s plan (no time)')
     log(f'  {job.name}: not this call')
-  seeds = int(os.environ.get('KF_REPRODUCE_INSTABILITY_SEEDS', '20'))
-  if p['left'] >= MIN_PARTIAL_S or os.environ.get('KF_REPRODUCE_DRY'):
+  dry = os.environ.get('KF_REPRODUCE_DRY')
+  if p['left'] >= MIN_PARTIAL_S or dry:
     cmd = ['-m', 'kernelformer', 'reproduce', 'instability', '--task', 'listops', '--seeds', str(seeds),
            '--precision', 'skyformer-amp', '--set', 'data.max_length=2048', '--set',
-           f'data.data_dir={data_dir}', '--out_dir', out]
-    cmd += DRY_INSTABILITY.split() if os.environ.get('KF_REPRODUCE_DRY') else []
+           f'data.data_dir={data_dir}', '--out_dir', out] + (DRY_INSTABILITY if dry else [])
     with open(os.path.join(runs, INSTABILITY + '.cmd'), 'w') as f:
       f.write('\n'.join(cmd) + '\n')
     names.append(INSTABILITY)
@@ -222,9 +224,8 @@ def write(p: dict, todo, skipped: list, runs: str, out: str, data_dir: str, log=
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='python -m kernelformer.reproduce.gpu_plan', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--runs', required=True)
-  parser.add_argument('--data', required=True)
-  parser.add_argument('--out', required=True)
+  for name in ('--runs', '--data', '--out'):
+    parser.add_argument(name, required=True)
   parser.add_argument('--config', default='listops:skyformer', help='the ListOps config (a)')
   parser.add_argument('step', choices=('measure', 'plan'))
   parser.add_argument('--seconds', type=float, required=True, help='the time the jobs may take')
@@ -232,8 +233,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   try:
     todo, skipped = jobs(args.config, args.data, print if args.step == 'plan' else lambda _: None)
-  except (ValueError, KeyError, AttributeError) as e:
-    print(f'reproduce: {type(e).__name__}: {e}')
+    seeds = count('KF_REPRODUCE_INSTABILITY_SEEDS', '20')
+  except (ValueError, KeyError, AttributeError) as e:   # a bad KF_REPRODUCE_* value or --config
+    print(f'reproduce: {e}')
     return 2
   rates_path = os.path.join(args.runs, 'rates.json')
   if args.step == 'measure':
@@ -243,7 +245,7 @@ def main(argv=None) -> int:
     return 0
   with open(rates_path) as f:
     rates = json.load(f)
-  write(plan(rates, args.seconds, todo), todo, skipped, args.runs, args.out, args.data)
+  write(plan(rates, args.seconds, todo), todo, skipped, args.runs, args.out, args.data, seeds)
   return 0
 
 

@@ -123,6 +123,19 @@ def test_the_plan_is_the_longest_prefix_that_fits_then_the_time_left():
   assert [j.name for j, _, _ in p['jobs']] == ['a'] and p['left'] == pytest.approx(10**6 - ea)
 
 
+@pytest.mark.parametrize('name, value, message', [
+    ('KF_REPRODUCE_ZOOLOGY', 'softmax', "'softmax' is not KIND:D_MODEL"),
+    ('KF_REPRODUCE_SEEDS', 'three', "KF_REPRODUCE_SEEDS='three': a count >= 1"),
+    ('KF_REPRODUCE_INSTABILITY_SEEDS', '0', 'a count >= 1')])
+def test_a_bad_selection_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, name, value, message):
+  monkeypatch.setenv(name, value)
+  assert gpu_plan.main(['--runs', str(tmp_path), '--data', str(tmp_path), '--out', str(tmp_path),
+                        'plan', '--seconds', '100']) == 2
+  printed = capsys.readouterr().out.strip()
+  assert message in printed and '\n' not in printed, printed
+  assert not os.listdir(tmp_path)
+
+
 def test_a_run_stopped_by_its_limit_is_truncated_not_finished(tmp_path):
   wd = tmp_path / 'run'
   wd.mkdir()
