@@ -164,12 +164,12 @@ def measure(todo, seconds: float, budget: float, log=print) -> dict:
     t0 = time.perf_counter()
     pop, state, window = population.build(c, info, source, population=list(job.members))
     batches = [pop.batch(i) for i in range(4)]
-    state, window = pop.step(state, window, batches[0])
+    state, window = pop.step(state, window, batches[0], *pop.extra())
     jax.block_until_ready(state)
     t1 = time.perf_counter()
     n = 0
     while n < 3 or time.perf_counter() - t1 < seconds:
-      state, window = pop.step(state, window, batches[n % 4])
+      state, window = pop.step(state, window, batches[n % 4], *pop.extra())
       n += 1
     jax.block_until_ready(state)
     rate = len(job.members) * n / (time.perf_counter() - t1)
