@@ -17,36 +17,17 @@ record per map (``FEATURE_MAPS``, ``feature_map.FeatureMap``; ``catalog.get(name
   otherwise). sqrt|c_r| goes on both sides and sign(c_r) on the query side, so
   ``phi(q).phi(k) = sum_r c_r f_r(q) f_r(k)`` exactly: this is the 1/sqrt(M) normalization too.
 
-Stabilization (``stabilize=True``). Exp-based features overflow for inputs of large norm, so exponents
-are formed in log space (``phi(q_i)_r = s'_r exp(zq_ir)``, ``phi(k_j)_r = s_r exp(zk_jr)``) and shifted
-before ``exp``:
-
-* each feature column r of the keys by its max over the valid keys, ``beta_r = max_j zk_jr``, and the
-  same ``beta_r`` is *added* to the query exponents: ``zk_jr - beta_r`` and ``zq_ir + beta_r``. Every
-  product ``phi(q_i)_r phi(k_j)_r`` is unchanged (the factor ``e^(beta_r)`` moves from the key side to
-  the query side of the same term);
-* then each query row i by ``a_i = max_r (zq_ir + beta_r)``: ``phi(q_i)`` becomes ``e^(-a_i) phi(q_i)``.
-
-``e^(-a_i)`` multiplies numerator and normalizer of row i alike, so it cancels in normalized attention,
-``out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)``. A shift *per key* would not cancel
-(it reweights the keys); shifts per feature column and per query row do. All exponents are <= 0 (no
-overflow), and for positive features the largest term of every bidirectional normalizer is exactly one
-weight ``|c_r|``: with ``r*`` the argmax of ``zq_ir + beta_r`` and ``j*`` the key attaining
-``beta_{r*}``, ``phi(q_i)_{r*} = sqrt|c_{r*}|`` and ``phi(k_{j*})_{r*} = sqrt|c_{r*}|``. So the normalizer
-cannot underflow however large the norms (a single all-key max, used before, let a query whose
-features all sat ~90 below that max in log-magnitude get a normalizer of exactly 0 and an output of 0
-where the answer was, e.g. with one valid key, ``v_0`` exactly). This is the Pallas kernel's
-convention (``pallas/feature_attention.py``). Causal attention sees only keys j <= i, so a global
-``beta`` would let a later key set the shift of an earlier row (its visible terms underflow, and the
-past depends on the future in floating point): causal callers pass ``causal_chunk=C`` and get
-per-row running maxima (over keys 0..i, never a later key) plus ``key_shift`` for the core's
-rescaling (``_exp_shifted``; records with ``causal_shift``).
-
-Padded keys are excluded from ``beta`` (a huge padded key would otherwise underflow every real key) and
-get zero features. The shifts go through ``stop_gradient``: they cancel, so their exact gradient
-contribution is zero, and stopping it avoids NaN from ties in the max. With ``stabilize=False`` the
-features are the exact, unbiased ones (used to test the kernel estimates); stabilized features are the
-exact ones times ``e^(beta_r - a_i)`` (queries) and ``e^(-beta_r)`` (keys): the estimate is unchanged.
+Stabilization (``stabilize=True``; docs/kernels.md "Degenerate rows", docs/pallas.md "Stabilizer"): exp-based
+features are formed in log space (``phi(q_i)_r = s'_r exp(zq_ir)``, ``phi(k_j)_r = s_r exp(zk_jr)``) and
+shifted before ``exp``: key column r by ``beta_r = max_j zk_jr`` over the valid keys, with the same
+``beta_r`` *added* to the query exponents, then query row i by ``a_i = max_r (zq_ir + beta_r)``. Every
+product is the exact one times ``e^(-a_i)``, which cancels in ``num / den`` (a shift per key would not);
+all exponents are <= 0 and the largest term of every bidirectional normalizer is one weight ``|c_r|``, so
+it cannot underflow at any norm (the Pallas kernel's convention). Causal callers pass ``causal_chunk=C``
+and get per-row running maxima (over keys 0..i, never a later key) plus ``key_shift`` for the core
+(``_exp_shifted``; records with ``causal_shift``). Padded keys are left out of ``beta`` and get zero
+features; the shifts go through ``stop_gradient`` (they cancel; this avoids NaN from ties in the max).
+``stabilize=False`` gives the exact, unbiased features (to test the kernel estimates).
 """
 from __future__ import annotations
 
@@ -75,6 +56,12 @@ _SADERF_EPS = 1e-6
 def compute_dtype(x: Array):
   """float32 for bf16/fp16 inputs (exp in half precision loses everything), else the input dtype."""
   return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def _cast(q: Array, k: Array, mask: Optional[Array]):
+  """``(q.dtype, k.dtype), q, k, mask, dt``: q and k in the compute dtype ``dt``, the mask as ``key_mask``."""
+  dt = compute_dtype(q)
+  return (q.dtype, k.dtype), q.astype(dt), k.astype(dt), key_mask(mask, k), dt
 
 
 def key_mask(mask: Optional[Array], k: Array) -> Optional[Array]:
@@ -213,10 +200,7 @@ def trigrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   keys keep ``exp(|k_j|^2/2 - max_valid |k|^2/2)``. Both cancel in the normalization (module docstring).
   Unlike the exp-maps the features are signed, so the normalizer may be small or negative.
   """
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   pq, pk = project(q, proj), project(k, proj)
   eq, ek, *shift = _exp_shifted(0.5 * _sq_norm(q), 0.5 * _sq_norm(k), mask, stabilize, causal_chunk,
                                shift_init)
@@ -236,10 +220,7 @@ def rks(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   Bounded features: ``stabilize`` has nothing to do. Returns M' = 2M features.
   """
   del stabilize  # Bounded by sqrt|c_r|: no exponent to shift.
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   pq, pk = project(q, proj), project(k, proj)
   sq, sk = _side_scales(proj, 2, dt)
   phi_q = jnp.concatenate([jnp.cos(pq), jnp.sin(pq)], axis=-1) * sq
@@ -258,10 +239,7 @@ def posrf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   that max added to the query exponent ``omega_r.q_i - |q_i|^2/2``, then each query row minus its max
   over r: all of it cancels, and no normalizer underflows.
   """
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   zq = project(q, proj) - 0.5 * _sq_norm(q)
   zk = project(k, proj) - 0.5 * _sq_norm(k)
   eq, ek, *shift = _exp_shifted(zq, zk, mask, stabilize, causal_chunk, shift_init)
@@ -380,10 +358,7 @@ def hyperbolic(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = 
   M' = 2M positive features ``[exp(+W x ...), exp(-W x ...)]``. Stabilized as ``posrf`` (per-feature key
   maxima over both parts, then one shift per query row: both cancel).
   """
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   pq, pk = project(q, proj), project(k, proj)
   half_log2 = 0.5 * math.log(2.0)   # the 1/sqrt(2) on each side, kept in the exponent
   zq = jnp.concatenate([pq, -pq], axis=-1) - 0.5 * _sq_norm(q) - half_log2
@@ -411,9 +386,7 @@ def oprf_parameter(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   A = 0: OPRF reduces to PosRF) and no cancellation for small u. A is a data-dependent constant of an
   estimator that is unbiased for every A < 1/4; it is returned under ``stop_gradient``.
   """
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  _, q, k, mask, dt = _cast(q, k, mask)
   qmask = _query_mask(mask, q, k)
   d = q.shape[-1]
   mean_q = _masked_mean(q, qmask)
@@ -460,10 +433,7 @@ def oprf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None,
   q and the valid keys). Positive and bounded in omega (A < 0 damps large ``|omega|``). Returns M' = M.
   Stabilized: per-feature key maxima and per-query-row maxima of the full exponent, as in ``posrf``.
   """
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   a = oprf_parameter(q, k, mask)
   phi_q, phi_k, *shift = _gerf_features(q, k, proj, a, mask, stabilize, causal_chunk, shift_init)
   return _with_shift(phi_q.astype(out_q), phi_k.astype(out_k), shift)
@@ -480,9 +450,7 @@ def saderf_scaling(q: Array, k: Array, mask: Optional[Array] = None) -> Array:
   estimate stays unbiased for any Psi: it is returned under ``stop_gradient``, and a tiny relative
   guard keeps it finite for a coordinate that is zero throughout.
   """
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  _, q, k, mask, dt = _cast(q, k, mask)
   mq = _masked_mean(q * q, _query_mask(mask, q, k))
   mk = _masked_mean(k * k, mask)
   eps = _SADERF_EPS * 0.5 * jnp.mean(mq + mk, axis=-1, keepdims=True) + jnp.finfo(dt).tiny
@@ -499,10 +467,7 @@ def saderf(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = None
   inputs). ``(Psi q).(Psi^-1 k) = q.k``, so the target is unchanged. Returns M' = M positive features;
   stabilized exactly like ``oprf`` (applied to the transformed inputs).
   """
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   psi = saderf_scaling(q, k, mask)[..., None, :]
   qt, kt = q * psi, k / psi
   a = oprf_parameter(qt, kt, mask)
@@ -568,10 +533,7 @@ def grelu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Option
   the normalizer is at least ``eps^2 sum_r c_r`` per valid key.
   """
   del stabilize
-  out_q, out_k = q.dtype, k.dtype
-  dt = compute_dtype(q)
-  q, k = q.astype(dt), k.astype(dt)
-  mask = key_mask(mask, k)
+  (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)
   if proj is None:
     return ((jax.nn.relu(q) + GRELU_EPSILON).astype(out_q),
             zero_masked(jax.nn.relu(k) + GRELU_EPSILON, mask).astype(out_k))
