@@ -6,15 +6,12 @@ Pure functions on feature maps that have already been computed. Shapes follow th
 * Bidirectional: ``out_i = sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)`` in O(L M Dv) time and
   O(L (M + Dv) + M Dv) memory: the L x S matrix is never formed.
 * Causal: chunked form. Inside a chunk of C positions a masked C x C product; across chunks an
-  exclusive prefix sum of the per-chunk ``phi(K)^T V`` states. A position-by-position ``lax.scan`` is
-  20-30x slower on accelerators (``../shared/reference/attention-facts.md``), so it is not used.
-  ``linear_attention`` takes stored features and materializes every chunk's state (any feature map);
-  ``causal_exp_feature_attention`` (exp-maps with a ``LogSpaceForm``: posrf, hyperbolic) runs one
-  ``lax.scan`` over chunks that forms the chunk's features, updates the running key max and carries
-  only the ``[M, Dv]`` state and the normalizer's ``[M]`` (docs/architecture.md says why).
-  ``feature_attention`` / ``causal_feature_attention`` do the same for row-wise maps without a
-  stabilizer (Taylor, Hedgehog, T2R, DPFP, ReBased, elementwise maps, elu, relu, rks, grelu):
-  features formed one chunk at a time, recomputed in the backward.
+  exclusive prefix sum of the per-chunk ``phi(K)^T V`` states (a position-by-position ``lax.scan`` is
+  20-30x slower on accelerators, ``../shared/reference/attention-facts.md``). ``linear_attention`` takes
+  stored features (any map); the lean paths form features a chunk at a time and recompute them in the
+  backward: ``exp_feature_attention`` / ``causal_exp_feature_attention`` for exp-maps with a
+  ``LogSpaceForm`` (posrf, hyperbolic), ``feature_attention`` / ``causal_feature_attention`` for
+  row-wise maps (docs/architecture.md says which runs when, and why).
 * Padded keys are removed from both numerator and normalizer by zeroing their feature rows.
 * Accumulation is float32 whatever the input dtype (bf16 inputs are upcast on CPU, where a bf16 dot with
   a float32 result is not supported, and use ``preferred_element_type`` elsewhere).
@@ -120,7 +117,7 @@ def causal_linear_attention(phi_q: Array, phi_k: Array, v: Array, state, *, chun
   the block. ``state = (kv [B, H, M, Dv], ksum [B, H, M], beta [B, H, M])``, all float32: the sums
   ``sum_j phi(k_j) v_j^T`` and ``sum_j phi(k_j)`` over the earlier keys, formed relative to the running
   key max ``beta`` (their features are ``e^{-beta}`` times the unshifted ones; zero sums and
-  ``beta = -inf`` for an empty prefix, ``empty_causal_state``; maps without a key shift ignore beta).
+  ``beta = -inf`` for an empty prefix; maps without a key shift ignore beta).
   ``key_shift [B, T, H, M]``: the block's per-row running maxima from ``components`` with
   ``causal_chunk``, ``shift_init=beta`` (so ``key_shift >= beta``); None for maps without a shift. The
   carried sums enter as a key block before the block's first row, exactly as the chunks of one forward
@@ -132,13 +129,6 @@ def causal_linear_attention(phi_q: Array, phi_k: Array, v: Array, state, *, chun
   num, den, new_state = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
   out = normalize(num, den, eps)
   return out.astype(v.dtype), new_state
-
-
-def empty_causal_state(batch: int, heads: int, features: int, value_dim: int):
-  """The state of ``causal_linear_attention`` before any key: zero sums, running max ``-inf``."""
-  return (jnp.zeros((batch, heads, features, value_dim), jnp.float32),
-          jnp.zeros((batch, heads, features), jnp.float32),
-          jnp.full((batch, heads, features), -jnp.inf, jnp.float32))
 
 
 def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
@@ -338,7 +328,6 @@ def _bidirectional_backward(query_features, key_features, q, k, v, g, den, kv, k
   joined, float32) and ``dw`` (one per leaf of ``diff``, summed over chunks).
   """
   zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
-  add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
   def query_step(carry, xs):
     dkv, dksum, dw = carry
@@ -347,7 +336,7 @@ def _bidirectional_backward(query_features, key_features, q, k, v, g, den, kv, k
     dphi, dkv_c, dksum_c = _query_chunk_cotangents(phi, kv, ksum, gc, denc, eps)
     dkv, dksum = dkv + dkv_c, dksum + dksum_c
     dq, ddiff = vjp(dphi.astype(phi.dtype))
-    return (dkv, dksum, add(dw, ddiff)), dq
+    return (dkv, dksum, _add(dw, ddiff)), dq
 
   (dkv, dksum, dw), dq = jax.lax.scan(
       query_step, (jnp.zeros_like(kv), jnp.zeros_like(ksum), zeros_diff),
@@ -360,7 +349,7 @@ def _bidirectional_backward(query_features, key_features, q, k, v, g, den, kv, k
     dv = jnp.einsum('...cf,...fd->...cd', phi, dkv)
     dphi = jnp.einsum('...cd,...fd->...cf', vc.astype(jnp.float32), dkv) + dksum[..., None, :]
     dk, ddiff = vjp(dphi.astype(phi.dtype))
-    return add(dw, ddiff), (dk, dv)
+    return _add(dw, ddiff), (dk, dv)
 
   dw, (dk, dv) = jax.lax.scan(
       key_step, dw, (_split_chunks(k, ck, -2), _split_chunks(v, ck, -2), _split_chunks(mask, ck, -1)),
@@ -434,7 +423,33 @@ def _prepare(q, k, v, mask, proj, lead_rows_equal: bool):
 
 
 def _pad_rows(x: Array, pad: int, lead: tuple) -> Array:
+  if not pad:
+    return x
   return jnp.pad(x, [(0, 0)] * len(lead) + [(0, pad)] + [(0, 0)] * (x.ndim - len(lead) - 1))
+
+
+def _pad_to_chunks(chunk_size: int, lead: tuple, q, k, v, mask):
+  """Bidirectional lean paths: chunks ``cq, ck`` (at most the rows), q and k, v, mask padded to them."""
+  cq, ck = max(1, min(chunk_size, q.shape[-2])), max(1, min(chunk_size, k.shape[-2]))
+  pad_k = -k.shape[-2] % ck
+  return (cq, ck, _pad_rows(q, -q.shape[-2] % cq, lead),
+          *(_pad_rows(x, pad_k, lead) for x in (k, v, mask)))
+
+
+def _query_pass(query_features, q: Array, kv: Array, ksum: Array, cq: int, eps: float):
+  """The query pass of a bidirectional lean path: ``(out, den)`` chunk by chunk, rows joined."""
+  def query_step(_, qc):
+    phi = query_features(qc)
+    num = jnp.einsum('...cf,...fd->...cd', phi, kv)
+    den = jnp.einsum('...cf,...f->...c', phi, ksum)
+    return None, (normalize(num, den, eps), den)
+
+  qcs = _split_chunks(q, cq, -2)
+  _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
+  return _join_chunks(out, -2), _join_chunks(den, -1)
+
+
+_add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
 
 def _rebuilder(treedef, is_float):
@@ -491,33 +506,18 @@ def exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *, mask: Arr
   ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask`` broadcastable to ``[..., S]``; ``proj`` a
   ``Projection`` without a head axis (vmap over heads outside). Same value as
   ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Spectraformer eq. 7 with the
-  stabilizer of ``components._exp_shifted``), computed differently:
-
-  * Forward, one pass over key chunks of ``chunk_size`` rows: the state ``kv = phi(K)^T V [F, Dv]`` and
-    ``ksum = phi(K)^T 1 [F]`` are accumulated with an online column shift (as flash attention's running
-    max): when a chunk raises ``beta_r = max_j z_jr`` the state's column r is rescaled by
-    ``exp(beta_old - beta_new)``, so the final state equals the one formed with the global maxima. Then
-    one pass over query chunks: ``num = phi(q) kv``, ``den = phi(q).ksum``.
-  * Saved for the backward (``jax.custom_vjp``): q, k, v, W, beta, the state ``kv, ksum`` and the
-    normalizer ``den`` -- O(L d + M Dv) -- instead of phi(Q), phi(K) and the exp intermediates,
-    O(L M). The backward recomputes the features chunk by chunk and differentiates through them with
-    ``jax.vjp``: query chunks give ``dphi(q) = (g/D) kv^T - (g.out/D) ksum^T`` and accumulate
-    ``dkv, dksum``; key chunks give ``dv = phi(k) dkv`` and ``dphi(k) = v dkv^T + dksum``. The shifts
-    beta and a_i get no gradient (``stop_gradient`` in the original as well: they cancel), and
-    ``safe_normalizer``'s clamp passes no gradient to D where it acts, as ``jnp.where`` does.
-
-  Gradients flow to every floating leaf of ``proj`` (learned samplers' W, quadrature weights);
-  integer leaves (FastFood's permutation) get none.
+  stabilizer of ``components._exp_shifted``). Forward: one pass over key chunks accumulates
+  ``kv = phi(K)^T V`` and ``ksum`` with an online column shift (flash attention's running max: a column
+  is rescaled by ``exp(beta_old - beta_new)`` when a chunk raises it), then one pass over query chunks.
+  Backward (``jax.custom_vjp``): saves q, k, v, W, beta, ``kv, ksum`` and ``den`` -- O(L d + M Dv), not
+  O(L M) -- and recomputes the features chunk by chunk (``_bidirectional_backward``). The shifts get no
+  gradient (they cancel), nor does D where ``safe_normalizer``'s clamp acts. Gradients flow to every
+  floating leaf of ``proj`` (learned samplers' W, quadrature weights), none to integer leaves.
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, False)
-  length, keys = q.shape[-2], k.shape[-2]
-  cq, ck = max(1, min(chunk_size, length)), max(1, min(chunk_size, keys))
-  pad_q, pad_k = -length % cq, -keys % ck
-  if pad_q:
-    q = _pad_rows(q, pad_q, lead)
-  if pad_k:
-    k, v, mask = _pad_rows(k, pad_k, lead), _pad_rows(v, pad_k, lead), _pad_rows(mask, pad_k, lead)
+  length = q.shape[-2]
+  cq, ck, q, k, v, mask = _pad_to_chunks(chunk_size, lead, q, k, v, mask)
   out = _exp_attention_fn(form, treedef, is_float, float(eps), cq, ck)(q, k, v, diff, nondiff, mask)
   return out[..., :length, :].astype(out_dtype)
 
@@ -527,17 +527,8 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
   """``exp_feature_attention`` for one (form, W structure, eps, chunks)."""
   rebuild = _rebuilder(treedef, is_float)
 
-  def key_logits(kc, mc, p):
-    return jnp.where(mc[..., None], form.logits(kc, p), -jnp.inf)
-
-  def query_features(qc, p, beta):
-    zq = form.logits(qc, p) + beta
-    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
-    a = jnp.where(jnp.isfinite(a), a, 0.0)
-    return jnp.exp(zq - a) * form.scales(p, zq.dtype)[0]
-
   def key_features(kc, mc, p, beta):
-    ek = jnp.exp(key_logits(kc, mc, p) - beta) * form.scales(p, kc.dtype)[1]
+    ek = jnp.exp(_exp_key_logits(form, kc, mc, p) - beta) * form.scales(p, kc.dtype)[1]
     return jnp.where(mc[..., None], ek, 0.0)
 
   def forward(q, k, v, diff, nondiff, mask, save):
@@ -553,7 +544,7 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
     def key_step(carry, xs):
       beta, kv, ksum = carry
       kc, vc, mc = xs
-      z = key_logits(kc, mc, p)
+      z = _exp_key_logits(form, kc, mc, p)
       new = jnp.maximum(beta, jnp.max(z, axis=-2, keepdims=True))
       safe_new = jnp.where(jnp.isfinite(new), new, 0.0)
       # Rescale the state to the new column shift (exp(-inf) = 0 for columns not seen yet).
@@ -565,21 +556,13 @@ def _exp_attention_fn(form, treedef, is_float, eps, cq, ck):
 
     (beta, kv, ksum), _ = jax.lax.scan(key_step, init, (kcs, vcs, mcs), unroll=kcs.shape[0] == 1)
     beta = jax.lax.stop_gradient(jnp.where(jnp.isfinite(beta), beta, 0.0))
-
-    def query_step(_, qc):
-      phi = query_features(qc, p, beta)
-      num = jnp.einsum('...cf,...fd->...cd', phi, kv)
-      den = jnp.einsum('...cf,...f->...c', phi, ksum)
-      return None, (normalize(num, den, eps), den)
-
-    qcs = _split_chunks(q, cq, -2)
-    _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
-    return _join_chunks(out, -2), (beta, kv, ksum, _join_chunks(den, -1))
+    out, den = _query_pass(lambda qc: _exp_query_features(form, qc, p, beta), q, kv, ksum, cq, eps)
+    return out, (beta, kv, ksum, den)
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, beta, kv, ksum, den = res
     return _bidirectional_backward(
-        lambda qq, dd: query_features(qq, rebuild(dd, nondiff), beta),
+        lambda qq, dd: _exp_query_features(form, qq, rebuild(dd, nondiff), beta),
         lambda kk, mc, dd: key_features(kk, mc, rebuild(dd, nondiff), beta),
         q, k, v, g.astype(jnp.float32), den, kv, ksum, diff, mask, cq, ck, eps)
 
@@ -637,28 +620,16 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   over heads outside). Same value as ``linear_attention(*component(q, k, proj, mask=mask,
   causal_chunk=C), v, mask=mask, causal=True, chunk_size=C, key_shift=...)`` (Spectraformer eq. 7,
   Katharopoulos et al.'s causal prefix sums, the per-row running stabilizer of
-  ``components._exp_shifted``), computed chunk by chunk so that nothing of size ``[L, M]`` is formed:
-
-  * the scan carries ``gamma [1, F]``, the running key max up to the end of the previous chunk
-    (``-inf`` before any valid key), and the prefix sums ``S = sum_{j < chunk} phi(k_j) v_j^T [F, Dv]``,
-    ``z = sum_{j < chunk} phi(k_j) [F]`` relative to it;
-  * chunk n: each row's running max ``beta_i = max(gamma, max_{j <= i in n} zk_j)`` (0 where no valid
-    key yet) and ``a_i = max_r (zq_ir + beta_ir)``, the row's largest term (it cancels in ``num / den``).
-    If ``beta`` rises by at most ``span`` inside the chunk (every feature and leading index), the chunk
-    is formed on one shift, the first row's ``beta`` (one masked product, ``_chunk_sums``); otherwise
-    per row (``_shifted_blocks``): ``_exp_chunk``. A term is lost only below ``e^{span - 87}`` times
-    its row's largest; ``span=0`` takes the per-row form everywhere. Under ``vmap`` (over heads) a
-    chunk takes one form for the whole batch (``_cond_every``).
-  * Backward (``jax.custom_vjp``): the forward saves per chunk the incoming ``S [F, Dv]``, ``z`` and
-    ``gamma`` (O(L/C F Dv): the size of ``[L, F]`` at C = Dv), the output and the normalizer; a
-    reverse scan recomputes the chunk's shifts and features and carries ``dS, dz``: by hand in the
-    one-shift form (``_chunk_sums_grads``, as ``_causal_feature_attention_fn``), through ``jax.vjp``
-    of the chunk's sums in the per-row form.
-
-  The shifts get no gradient (``stop_gradient`` in the stored path as well: they cancel), and
-  ``safe_normalizer``'s clamp passes none to D where it acts. The chunk size does not change any shift,
-  only how the sums are grouped (the value is the same to float32 rounding). Gradients flow to every
-  floating leaf of ``proj``.
+  ``components._exp_shifted``), with nothing of size ``[L, M]`` formed. The scan carries ``gamma``, the
+  running key max up to the previous chunk, and the sums ``S [F, Dv]``, ``z [F]`` relative to it; a
+  chunk whose running max rises by at most ``span`` is formed on one shift (``_chunk_sums``), others
+  per row (``_shifted_blocks``): ``_exp_chunk``, one form for the whole batch under ``vmap``
+  (``_cond_every``); ``span=0`` takes the per-row form everywhere (docs/kernels.md "Degenerate rows").
+  Backward (``jax.custom_vjp``): the forward saves per chunk the incoming ``S``, ``z``, ``gamma``, the
+  output and the normalizer; a reverse scan recomputes the chunk's features and carries ``dS, dz``, by
+  hand in the one-shift form (``_chunk_sums_grads``), through ``jax.vjp`` in the per-row form. The
+  shifts get no gradient, nor does D where the clamp acts; the chunk size only groups the sums (same
+  value to float32 rounding). Gradients flow to every floating leaf of ``proj``.
   """
   if not 0.0 <= span <= MAX_SPAN:
     raise ValueError(f'span must be in [0, {MAX_SPAN:g}] (a rise of the running key max in nats); '
@@ -667,10 +638,8 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)
   length = q.shape[-2]
   c = max(1, min(chunk_size, length))
-  pad = -length % c
-  if pad:
-    # Padded positions are masked keys (no shift, zero features) and queries cut off below.
-    q, k, v, mask = (_pad_rows(x, pad, lead) for x in (q, k, v, mask))
+  # Padded positions are masked keys (no shift, zero features) and queries cut off below.
+  q, k, v, mask = (_pad_rows(x, -length % c, lead) for x in (q, k, v, mask))
   out = _causal_exp_attention_fn(form, treedef, is_float, float(eps), c, float(span))(q, k, v, diff,
                                                                                nondiff, mask)
   return out[..., :length, :].astype(out_dtype)
@@ -812,7 +781,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
         d_ksum * back[..., 0, :], eps)
     dq, dwq = vjp_q(d_phi_q.astype(phi_q.dtype))
     dk, dwk = vjp_k(d_phi_k.astype(phi_k.dtype))
-    return dq, dk, dv, d_prev * t(into), d_z * into[..., 0, :], tuple(a + b for a, b in zip(dwq, dwk))
+    return dq, dk, dv, d_prev * t(into), d_z * into[..., 0, :], _add(dwq, dwk)
 
   def forward(q, k, v, diff, nondiff, mask, save):
     p = rebuild(diff, nondiff)
@@ -838,7 +807,6 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, out, den, state, ksum, gamma = res
-    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
     def step(carry, xs):
       d_state, d_ksum, dw = carry
@@ -848,7 +816,7 @@ def _causal_exp_attention_fn(form, treedef, is_float, eps, c, span):
       dq, dk, dv, d_prev, d_z, dwc = _cond_every(
           quick, quick_grads, exact_grads, (qc, kc, vc, sc, zc, diff, mc, nondiff, shift, ref, last,
                                             near, gm, oc, denc, gc, d_state, d_ksum))
-      return (d_prev, d_z, add(dw, dwc)), (dq, dk, dv)
+      return (d_prev, d_z, _add(dw, dwc)), (dq, dk, dv)
 
     split = lambda x: _split_chunks(x, c, -2)
     xs = (split(q), split(k), split(v), _split_chunks(mask, c, -1), split(g.astype(jnp.float32)),
@@ -901,36 +869,24 @@ def feature_attention(component, q: Array, k: Array, v: Array, proj, *, mask: Ar
                       eps: float = DEFAULT_EPS, chunk_size: int | None = None) -> Array:
   """Bidirectional ``D^-1 phi(Q) (phi(K)^T V)`` for a row-wise map, never storing ``phi(Q)``, ``phi(K)``.
 
-  ``component`` is a feature-map record's ``fn`` whose features of a row depend on that row
-  alone (records with ``row_wise``: the maps of ``features/maps.py``, elu, relu, rks, grelu);
-  ``q [..., L, d]``, ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask`` broadcastable to ``[..., S]``;
-  ``proj`` its parameters without a head axis (vmap over heads outside), or None. Same value as
+  ``component`` is a feature-map record's ``fn`` whose features of a row depend on that row alone
+  (records with ``row_wise``); ``q [..., L, d]``, ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask``
+  broadcastable to ``[..., S]``; ``proj`` its parameters without a head axis, or None. Same value as
   ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Katharopoulos et al. 2020
-  eq. 4 / Spectraformer eq. 7), computed in two passes: key chunks of ``chunk_size`` rows accumulate
-  ``kv = phi(K)^T V [M', Dv]`` and ``ksum = phi(K)^T 1 [M']``, then query chunks give
-  ``num = phi(Q_c) kv`` and ``den = phi(Q_c) . ksum``. Peak memory O(chunk M' + M' Dv), not O(L M').
-  ``chunk_size`` None: ``feature_chunk_rows(M')`` (64 rows for Taylor's 4,161 features, 1024 for 256).
-
-  Backward (``jax.custom_vjp``): saves q, k, v, the parameters, ``kv``, ``ksum`` and ``den``; query
-  chunks recompute their features and give ``dphi(q) = (g/D) kv^T - (g.out/D) ksum^T`` and the sums
-  ``dkv = phi(Q)^T (g/D)``, ``dksum = phi(Q)^T (-g.out/D)``; key chunks recompute theirs and give
-  ``dv = phi(k) dkv`` and ``dphi(k) = v dkv^T + dksum``; ``jax.vjp`` through each chunk's features
-  turns ``dphi`` into gradients for q, k and every floating leaf of ``proj``. ``safe_normalizer``'s
-  clamp passes no gradient to D where it acts, as ``jnp.where`` does in the stored path.
+  eq. 4 / Spectraformer eq. 7), in two passes: key chunks accumulate ``kv = phi(K)^T V [M', Dv]`` and
+  ``ksum [M']``, then query chunks. Peak memory O(chunk M' + M' Dv), not O(L M'); ``chunk_size`` None:
+  ``feature_chunk_rows(M')``. Backward (``jax.custom_vjp``): saves q, k, v, the parameters, ``kv``,
+  ``ksum`` and ``den`` and recomputes the features chunk by chunk (``_bidirectional_backward``);
+  gradients flow to q, k and every floating leaf of ``proj``, none to D where the clamp acts.
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, False)
-  length, keys = q.shape[-2], k.shape[-2]
+  length = q.shape[-2]
   if chunk_size is None:
     rebuild = _rebuilder(treedef, is_float)
     phi = jax.eval_shape(lambda x: component(x, x, rebuild(diff, nondiff), mask=None)[0], q[..., :1, :])
     chunk_size = feature_chunk_rows(phi.shape[-1])
-  cq, ck = max(1, min(chunk_size, length)), max(1, min(chunk_size, keys))
-  pad_q, pad_k = -length % cq, -keys % ck
-  if pad_q:
-    q = _pad_rows(q, pad_q, lead)
-  if pad_k:
-    k, v, mask = _pad_rows(k, pad_k, lead), _pad_rows(v, pad_k, lead), _pad_rows(mask, pad_k, lead)
+  cq, ck, q, k, v, mask = _pad_to_chunks(chunk_size, lead, q, k, v, mask)
   out = _feature_attention_fn(component, treedef, is_float, float(eps), cq, ck)(q, k, v, diff, nondiff,
                                                                               mask)
   return out[..., :length, :].astype(out_dtype)
@@ -959,16 +915,8 @@ def _feature_attention_fn(component, treedef, is_float, eps, cq, ck):
     (kv, ksum), _ = jax.lax.scan(key_step, init, (kcs, _split_chunks(v, ck, -2),
                                                   _split_chunks(mask, ck, -1)),
                                  unroll=kcs.shape[0] == 1)
-
-    def query_step(_, qc):
-      phi = query_features(qc, diff)
-      num = jnp.einsum('...cf,...fd->...cd', phi, kv)
-      den = jnp.einsum('...cf,...f->...c', phi, ksum)
-      return None, (normalize(num, den, eps), den)
-
-    qcs = _split_chunks(q, cq, -2)
-    _, (out, den) = jax.lax.scan(query_step, None, qcs, unroll=qcs.shape[0] == 1)
-    return _join_chunks(out, -2), (kv, ksum, _join_chunks(den, -1))
+    out, den = _query_pass(lambda qc: query_features(qc, diff), q, kv, ksum, cq, eps)
+    return out, (kv, ksum, den)
 
   def bwd(res, g):
     q, k, v, diff, nondiff, mask, kv, ksum, den = res
@@ -987,19 +935,12 @@ def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
   ``component``, ``proj`` as ``feature_attention``; ``q, k [..., L, d]``, ``v [..., L, Dv]``, ``mask``
   broadcastable to ``[..., L]``. Same value as ``linear_attention(*component(q, k, proj, mask=mask), v,
   mask=mask, causal=True, chunk_size=C)`` -- Katharopoulos et al. 2020's causal prefix sums (eqs. 8-9)
-  in chunked form: chunk n gives ``num = phi(Q_n) S + tril(phi(Q_n) phi(K_n)^T) V_n``, ``den`` alike
-  with ``z``, then ``S += phi(K_n)^T V_n``, ``z += phi(K_n)^T 1``. The scan carries only ``S [M', Dv]``
-  and ``z [M']`` and forms one chunk's features at a time: nothing of size ``[L, M']`` exists.
-
-  Backward (``jax.custom_vjp``) with two-level checkpointing: the N = L/C chunks are grouped into
-  segments of G = ceil(sqrt(N)); the forward saves ``S, z`` at each segment's start only (N/G of
-  them), the output and the normalizer. The backward runs the segments in reverse: a forward scan over
-  the segment's keys rebuilds its G prefix states (key features recomputed), then a reverse scan over
-  its chunks recomputes the features, differentiates through them with ``jax.vjp`` and carries
-  ``dS, dz``. Memory O((N/G + G) M' Dv + C M') instead of the stored path's O(L M' + N M' Dv); the
-  sequence is padded with masked rows to a whole number of segments (at most G - 1 chunks).
-  ``safe_normalizer``'s clamp passes no gradient to D where it acts. Gradients flow to every floating
-  leaf of ``proj``.
+  chunked (``_chunk_sums``); the scan carries only ``S [M', Dv]`` and ``z [M']``. Backward
+  (``jax.custom_vjp``) with two-level checkpointing: the N = L/C chunks form segments of G =
+  ceil(sqrt(N)); the forward saves ``S, z`` at each segment's start, the output and the normalizer; the
+  backward rebuilds a segment's prefix states, then runs its chunks in reverse (``jax.vjp`` through the
+  recomputed features). Memory O((N/G + G) M' Dv + C M'); the sequence is padded with masked rows to
+  whole segments. Gradients flow to every floating leaf of ``proj``, none to D where the clamp acts.
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)
@@ -1008,10 +949,8 @@ def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
   n = -(-length // c)
   g = math.isqrt(n - 1) + 1                     # ceil(sqrt(n)) chunks per segment
   n_seg = -(-n // g)
-  pad = n_seg * g * c - length
-  if pad:
-    # Padded rows: masked keys (zero features) and queries cut off below.
-    q, k, v, mask = (_pad_rows(x, pad, lead) for x in (q, k, v, mask))
+  # Padded rows: masked keys (zero features) and queries cut off below.
+  q, k, v, mask = (_pad_rows(x, n_seg * g * c - length, lead) for x in (q, k, v, mask))
   out = _causal_feature_attention_fn(component, treedef, is_float, float(eps), c, g)(q, k, v, diff,
                                                                                    nondiff, mask)
   return out[..., :length, :].astype(out_dtype)
@@ -1065,7 +1004,6 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     q, k, v, diff, nondiff, mask, out, den, s0, z0 = res
     query_features, key_features = _row_feature_fns(component, rebuild, nondiff)
     zeros_diff = tuple(jnp.zeros_like(x) for x in diff)
-    add = lambda a, b: tuple(x + y for x, y in zip(a, b))
 
     def rebuild_prefix(carry, xs):
       state, ksum = carry
@@ -1083,7 +1021,7 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
                                                                d_state, d_ksum, eps)
       dq, dwq = vjp_q(d_phi_q.astype(phi_q.dtype))
       dk, dwk = vjp_k(d_phi_k.astype(phi_k.dtype))
-      return (d_state, d_ksum, add(dw, add(dwq, dwk))), (dq, dk, dv)
+      return (d_state, d_ksum, _add(dw, _add(dwq, dwk))), (dq, dk, dv)
 
     def segment(carry, xs):
       qs, ks, vs, ms, gs, outs, dens, s0c, z0c = xs
