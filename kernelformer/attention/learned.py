@@ -19,7 +19,6 @@ and a ``*-RKS`` model the Gaussian kernel, and learning moves away from a known-
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import flax.linen as nn
@@ -29,17 +28,9 @@ import numpy as np
 
 from kernelformer.features import hadamard
 from kernelformer.features.projection import FastFoodBlocks, Projection
+from kernelformer.features.weights import standard_normal  # float32 N(0, 1), drawn flat
 
 Array = jax.Array
-
-
-def standard_normal(key: Array, shape) -> Array:
-  """float32 N(0, 1) samples of ``shape``, drawn flat and reshaped.
-
-  Same law as ``jax.random.normal(key, shape)``, but XLA on CPU compiles the threefry bits of a
-  rank >= 3 shape several times slower (seconds per call, measured with jax 0.10) than of a flat one.
-  """
-  return jax.random.normal(key, (math.prod(shape),), jnp.float32).reshape(shape)
 
 
 # ----------------------------------------------------------------------------------------------

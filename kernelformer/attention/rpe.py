@@ -10,17 +10,11 @@ is a linear convolution, done here by FFT in O(n log n) per channel, zero-padded
 convolution of the FFT does not wrap around (``toeplitz_matmul``). Causal attention sets ``c_{j-i} = 0``
 for ``j > i`` (footnote 3).
 
-Precision: float32 FFT round-off (~1e-7 times log n) is relative to the largest term of each channel, so
-a query all of whose visible weights ``c_{j-i}`` are tiny next to the largest ``c`` of its head (say
-below 1e-4 of it: a bias peaked at a far offset that the query cannot see) loses accuracy. Biases peaked
-near offset 0, which every query sees, are unaffected. A common offset of b is removed exactly
+Precision (FFT round-off is relative to each channel's largest term) and cost (M * (Dv + 1) channels
+per head): docs/kernels.md "RPE by FFT". ``rpe_linear_attention`` pays only those FFTs: real
+transforms, features in chunks, and a custom VJP that recomputes a chunk's spectra (its docstring;
+``kernelformer/bench/rpe_cost.py`` measures it). A common offset of b is removed exactly
 (``_position_weights``), so large biases cannot overflow exp.
-
-Cost: the FFT runs over M * (Dv + 1) channels per head, which dominates everything at large M
-(``shared/reference/attention-facts.md`` §7: M = 256, d = 64 is 16K channels); Luo et al. use M = 16..64.
-``rpe_linear_attention`` pays only those FFTs: real transforms, features in chunks (bounded memory),
-and a custom VJP that recomputes a chunk's spectra instead of storing them (its docstring;
-``kernelformer/bench/rpe_cost.py`` measures it against a bare rfft/irfft pair of the same size).
 
 Layout: ``position_bias [H, 2L - 1]``, index ``j - i + L - 1`` (the registry's convention).
 

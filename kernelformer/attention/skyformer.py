@@ -14,34 +14,19 @@ With a uniform sub-sampling S of d rows of X (the landmarks ``X_S``) the approxi
 so ``C_tilde V`` costs O(n d p + d^3) and the n x n matrix is never formed. Like eq. 3, the output is not
 normalized by row sums (the paper approximates ``C V`` itself).
 
-Implementation choices (the first four fix known defects of the public code,
-``shared/reference/attention-facts.md``):
+Implementation choices (docs/kernels.md "Skyformer" gives the reasons and measurements; the first four
+fix known defects of the public code, ``shared/reference/attention-facts.md``):
 
 * **Input scale** ``p^(-1/4)`` from the actual head dimension (not a constant 32^(-1/4)).
-* **Landmarks** are drawn uniformly *without* replacement, and only among valid rows: a query row or key
-  row of a padded position never becomes a landmark, so padding cannot change any output. When fewer
-  than d rows are valid, the surplus landmarks are switched off exactly (see ``nystrom_factors``); when
-  ``d >= 2n`` every row is used and nothing is random.
-* **Inverse.** §4.4: the pseudo-inverse of ``M = S^T C_bar S`` is replaced by ``(M + gamma I)^-1``
-  computed as ``D^-1/2 Y^-1 D^-1/2`` with ``Y = D^-1/2 (M + gamma I) D^-1/2`` and
-  ``D = diag((M + gamma I) 1)``.
-  Lemma 3 puts the spectrum of Y in (0, 1). ``Y^-1`` comes from the Newton-Schulz iteration
-  ``Z <- Z (2I - Y Z)`` (the second-order member of the Schulz/Razavi family, matrix products only). The
-  start is ``Z_0 = alpha I`` with ``alpha = 1 / min(1, ||Y||_inf)`` computed **per matrix** (not a max
-  over the batch): ``||Y||_inf`` bounds Y's largest eigenvalue and Lemma 3 bounds it by 1, so
-  ``I - alpha Y`` has spectrum in [0, 1) and the error contracts as ``e_k = e_0^(2^k)``. For an SPD Y the
-  identity start beats the classical ``Z_0 = alpha Y^T`` (its error ``1 - alpha lambda`` instead of
-  ``1 - alpha lambda^2``).
-* **Iterations.** The eigenvalue that limits convergence obeys ``lambda_min(Y) >= gamma / max_i D_ii >=
-  gamma / (d + gamma)`` (Y >= gamma D^-1, and kernel entries are <= 1). ``num_iterations=None`` (default)
-  takes the smallest k with ``(1 - gamma / (d + gamma))^(2^k) <= e^-16``, i.e. (in exact arithmetic) a
-  residual below float32 resolution for *every* input: ``k = ceil(log2(16 (d + gamma) / gamma))`` (15 for d = 128,
-  gamma = 0.1). The public code's 6 third-order steps leave ``max|I - Y Z| ~ 0.5``: no inverse at all.
-* **gamma** = 0.1: the paper names no value; 0.1 is the one in the authors' released code. It bounds
-  the condition number of Y by ``(d + gamma) / gamma`` (float32-safe) and costs little accuracy: with
-  d = 128, n = 512 and rank-2 to rank-8 inputs, the spectral error ``||C_tilde - C|| / ||C||`` of the
-  exactly inverted Nyström grew by about 1 percentage point against gamma = 1e-3 (0.7% -> 1.5%,
-  4.0% -> 5.2%, 13.3% -> 14.5%), while gamma = 1e-4 already broke float32 Newton-Schulz (residual > 1).
+* **Landmarks** uniformly *without* replacement, only among valid rows (padding cannot change any
+  output); surplus landmarks are switched off exactly (``nystrom_factors``); ``d >= 2n`` uses every row.
+* **Inverse** (§4.4): ``(M + gamma I)^-1`` as ``D^-1/2 Y^-1 D^-1/2`` with ``Y = D^-1/2 (M + gamma I)
+  D^-1/2``, ``D = diag((M + gamma I) 1)`` (Lemma 3: spectrum of Y in (0, 1)); ``Y^-1`` by Newton-Schulz
+  ``Z <- Z (2I - Y Z)`` from ``Z_0 = I / min(1, ||Y||_inf)``, the scale **per matrix**.
+* **Iterations**: ``num_iterations=None`` takes ``k = ceil(log2(16 (d + gamma) / gamma))`` (15 for
+  d = 128, gamma = 0.1): ``lambda_min(Y) >= gamma / (d + gamma)``, so the residual is below e^-16 for
+  every input (the public code's 6 third-order steps leave ``max|I - Y Z| ~ 0.5``).
+* **gamma** = 0.1, the authors' released code's (the paper names none); 1e-4 breaks float32 Newton-Schulz.
 
 Causal masking is not defined for Skyformer (each landmark summarizes the whole sequence): ``causal=True``
 raises. All arithmetic is float32.

@@ -53,7 +53,7 @@ def _flat_draw(draw: Callable[..., Array], key: Array, shape: tuple[int, ...], *
   return draw(key, (math.prod(shape),), **kwargs).reshape(shape)
 
 
-def _normal(key: Array, shape: tuple[int, ...], dtype=jnp.float32) -> Array:
+def standard_normal(key: Array, shape: tuple[int, ...], dtype=jnp.float32) -> Array:
   return _flat_draw(jax.random.normal, key, shape, dtype=dtype)
 
 
@@ -64,7 +64,7 @@ def chi(key: Array, df: int, shape: tuple[int, ...], dtype=jnp.float32) -> Array
   ``jax.random.gamma`` would need only O(1) per sample, but its rejection-sampling loop costs seconds
   of compilation on CPU for every new shape.
   """
-  return jnp.linalg.norm(_normal(key, (*shape, df), dtype), axis=-1)
+  return jnp.linalg.norm(standard_normal(key, (*shape, df), dtype), axis=-1)
 
 
 def serial_on_cpu(fn: Callable[[Array], object]) -> Callable[[Array], object]:
@@ -117,7 +117,7 @@ def haar_orthogonal(key: Array, num: int, dim: int, dtype=jnp.float32) -> Array:
   reference's bug). Multiplying column j of Q by sign(R_jj) makes the
   factorization the unique one with a positive diagonal, and that Q is Haar (Mezzadri 2007).
   """
-  g = _normal(key, (num, dim, dim), dtype)
+  g = standard_normal(key, (num, dim, dim), dtype)
   q, r = _qr(g)
   signs = jnp.where(jnp.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0).astype(dtype)
   return q * signs[..., None, :]
@@ -131,7 +131,7 @@ def haar_orthogonal(key: Array, num: int, dim: int, dtype=jnp.float32) -> Array:
 def iid_gaussian(key: Array, num_features: int, dim: int) -> Projection:
   """'Base' (Rahimi & Recht 2007; Spectraformer eq. 10): rows omega_r ~ N(0, I_d) independently."""
   _check_sizes(num_features, dim)
-  return Projection(matrix=_normal(key, (num_features, dim)))
+  return Projection(matrix=standard_normal(key, (num_features, dim)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def moment_matched(key: Array, num_features: int, dim: int) -> Projection:
   _check_sizes(num_features, dim)
   if num_features <= dim:
     return orthogonal(key, num_features, dim)
-  g = _normal(key, (num_features, dim))
+  g = standard_normal(key, (num_features, dim))
   gc = g - jnp.mean(g, axis=0, keepdims=True)
   u, _, vt = _thin_svd(gc)
   return Projection(matrix=math.sqrt(num_features) * (u @ vt))
@@ -443,7 +443,7 @@ def fastfood(key: Array, num_features: int, dim: int) -> Projection:
   blocks = -(-num_features // n)
   k_b, k_g, k_perm, k_s = jax.random.split(key, 4)
   b = _flat_draw(jax.random.rademacher, k_b, (blocks, n), dtype=jnp.float32)
-  g = _normal(k_g, (blocks, n))
+  g = standard_normal(k_g, (blocks, n))
   # A uniform permutation per block as the argsort of i.i.d. 32-bit keys (ties, probability < n^2 / 2^33,
   # only make it slightly non-uniform); one batched sort instead of a vmapped jax.random.permutation.
   perm = jnp.argsort(_flat_draw(jax.random.bits, k_perm, (blocks, n), dtype=jnp.uint32), axis=-1)

@@ -35,7 +35,7 @@ def test_haar_orthogonal_is_the_factor_with_positive_diagonal(qr, monkeypatch):
   if qr != 'jax':
     monkeypatch.setattr(weights, '_qr', _numpy_qr_with_signs(qr))
   key, num, d = jax.random.key(4), 32, 6
-  g = np.asarray(weights._normal(key, (num, d, d)), np.float64)  # pylint: disable=protected-access
+  g = np.asarray(weights.standard_normal(key, (num, d, d)), np.float64)
   q = np.asarray(weights.haar_orthogonal(key, num, d), np.float64)
   np.testing.assert_allclose(np.einsum('nji,njk->nik', q, q), np.broadcast_to(np.eye(d), q.shape),
                              atol=1e-5)
