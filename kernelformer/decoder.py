@@ -1,53 +1,23 @@
 """Decoder-only (causal) language model over any causal attention kind, with incremental generation.
 
-``Decoder`` is the causal counterpart of ``encoder.Classifier``: token embeddings (+ positions), pre-LN
-blocks whose attention is the registry mechanism named by ``attention['kind']`` called with
-``causal=True``, a final LayerNorm and next-token logits ``[B, L, vocab]`` (output projection tied to
-the embedding, or its own Dense). Token id ``pad_id`` (0; None for tasks without padding, such as Zoology's
-MQAR, whose filler is 0) is padding: the key padding mask is ``inputs != pad_id``; the loss weights are
-``targets != 0`` (``next_token_loss``; the trainer uses the same rule).
+docs/causal.md "The decoder" is the reference (options, decoding state and memory per kind, why the
+step equals the forward). ``Decoder`` is the causal counterpart of ``encoder.Classifier``: token
+embeddings (+ positions), pre-LN blocks whose attention is the registry mechanism named by
+``attention['kind']`` called with ``causal=True``, a final LayerNorm and next-token logits
+``[B, L, vocab]`` (tied to the embedding, or its own Dense). Token ``pad_id`` (0; None for tasks without
+padding, such as Zoology's MQAR) is padding: the key mask is ``inputs != pad_id``; the loss weights are
+``targets != 0`` (``next_token_loss``). Zoology's model (Arora et al. 2023): ``short_conv=K`` makes blocks
+0, 2, ... ``BaseConv`` layers, as Zoology's ``Hybrid([BaseConv, mixer])``; ``state_mixer='identity'``.
 
-Zoology's model (Arora et al. 2023; ``docs/recall.md``): ``short_conv=K`` makes blocks 0, 2, ...
-``BaseConv`` layers (a causal depthwise convolution of K taps, gated by a linear map, plus the input) and
-blocks 1, 3, ... attention, as Zoology's ``Hybrid([BaseConv, mixer])`` picks one mixer per layer;
-``state_mixer='identity'`` replaces the MLP by Zoology's ``torch.nn.Identity`` state mixer. With
-``inputs_query_positions`` in the batch dict, logits are computed only at those positions. The decode
-step carries the convolution's last K - 1 inputs in the cache, so incremental decoding equals the
-full forward with the convolution too.
-
-Incremental generation (``decode=True``, one token per call -- or, for linear kinds without RPE, a
-block of tokens -- state in the ``cache`` collection; start from ``init_cache``):
-
-* random-feature / deterministic feature kinds (linear attention): a recurrent state per head,
-  ``S = sum_j phi(k_j) v_j^T`` ``[M', Dv]`` and ``z = sum_j phi(k_j)`` ``[M']``, and
-  ``out_t = phi(q_t) S / phi(q_t) z`` (Katharopoulos et al. 2020 §3.4, the RNN form of eq. 9;
-  Spectraformer eq. 7). Memory is constant in the number of generated tokens.
-* the same kinds with a relative-position bias (``nprf-rpe``, ``rpe=True``): Luo et al.'s eq. 10 weights
-  every key by ``c_{j-t} = exp(b_{j-t})``, a general Toeplitz matrix with no finite recurrence, so the
-  step keeps ``phi(k_j)`` and ``v_j`` for all past j (O(t) memory, like a KV cache) and computes
-  ``phi(q_t) sum_j c_{j-t} phi(k_j) v_j^T / phi(q_t) sum_j c_{j-t} phi(k_j)``.
-* ``softmax`` and ``gaussian`` (quadratic): a KV cache.
-
-Equality with the full causal forward (``tests/test_decoder.py`` checks every causal kind, with the key
-projection scaled x1, x10 and x30): the step draws W with the mechanism's own ``_projection`` under the
-same module path (``mechanism``), so it gets the same ``make_rng('features')`` key and the same
-learned-sampler parameters. Both use the same running stabiliser: every row's key and query features
-are shifted by the running max of the key exponents over the keys up to that row
-(``features/components.py`` ``causal_chunk``), and the chunked forward moves each product of a query
-block and an earlier key block onto the key block's last shift (``attention/linear.py`` ``key_shift``);
-the step carries that running max in the cache (``key_shift [B, H, M']``) next to the state, continues
-it over the new tokens (``components`` ``shift_init``) and rescales the state when it grows
-(``linear.causal_linear_attention``). Every shift cancels in the normalized output, and no key after a
-row enters its shift, so a step of one token, a block of T tokens (``decode=True`` with ``inputs
-[B, T]``, no RPE: stateful evaluation, ``training/lm_eval.py``) and the full forward at any chunk size
-agree at every key norm. Under RPE (feature cache, one token per call) the cached key features are
-rescaled when the running max grows; for l2-normalized keys (``nprf-rpe``) the shift is W's bound
-the record's ``unit_key_shift``, the full forward's too.
-
-Kinds refused with one line (``causal_problem``): those whose module raises for ``causal=True``
-(Nystromformer, Linformer, Skyformer: landmarks/projections mix all positions) and OPRF / SADERF, whose
-data-dependent parameters (A of Spectraformer eq. 35, Psi of eq. 36) are means over the whole sequence,
-so position i would see later tokens through them and no recurrent step can reproduce them.
+Incremental generation (``decode=True``, ``cache`` collection, ``init_cache``): feature kinds carry
+``S = sum_j phi(k_j) v_j^T`` and ``z = sum_j phi(k_j)`` (Katharopoulos et al. 2020 §3.4, the RNN form of
+eq. 9; Spectraformer eq. 7) plus the running key max ``key_shift`` of the forward's stabiliser
+(``components`` ``causal_chunk`` / ``shift_init``, ``linear.causal_linear_attention``), so a step of one
+token, a block of T tokens (no RPE: stateful evaluation, ``training/lm_eval.py``) and the full forward
+agree at every key norm (``tests/test_decoder.py``); with RPE (Luo et al. eq. 10, no finite recurrence)
+the cached ``phi(k_j)``, ``v_j`` of all past j; ``softmax`` and ``gaussian`` a KV cache. Kinds without a
+causal form are refused with one line (``causal_problem``): Nystromformer, Linformer, Skyformer, and
+OPRF / SADERF (whose A, Psi of Spectraformer eqs. 35-36 are means over the whole sequence).
 """
 from __future__ import annotations
 

@@ -1,50 +1,22 @@
-"""The trainer's loop against a bare loop of the same compiled step.
+"""The trainer's loop against a bare loop of the same compiled step (docs/benchmarks.md, "Training loop
+and input pipeline", says what is measured and why; this is how).
 
-Both sides run ``train_and_evaluate``'s own executable (``steps.make_loop_step``: the train step
-plus the on-device window of sums and the non-finite check), on the same model and batches:
+Both sides run ``train_and_evaluate``'s own executable (``steps.make_loop_step``) on the same model and
+batches. **trainer**: ``loop.Loop.run`` (set up by ``benchmark_loop``) -- batches placed
+``input_pipeline.PREFETCH`` ahead (on CPU by the step's own dispatch, ``input_pipeline.stages_on_host``,
+counted here), at most ``loop.MAX_IN_FLIGHT`` steps in flight, watchdog, progress bar, a logging
+boundary every ``log_every`` steps. The round's host batches are read before it starts;
+``--with_pipeline`` adds a side reading through ``input_pipeline.TrainBatches`` as a run does, and
+times the pipeline alone (one thread: examples/s). **bare**: ``for batch in placed: state, window =
+step(state, window, batch)`` over batches placed beforehand, then one ``block_until_ready``.
 
-* **trainer**: ``loop.Loop.run`` (set up by ``loop.benchmark_loop``) for ``steps`` steps --
-  host batches placed on the devices ``input_pipeline.PREFETCH`` ahead by a thread (on CPU: by the
-  step's own dispatch, ``input_pipeline.stages_on_host``; that copy is counted here, the bare loop's
-  is not), at most
-  ``loop.MAX_IN_FLIGHT`` steps in flight (then a wait until ``loop.RESUME_IN_FLIGHT`` are), the
-  watchdog armed per step, the progress bar, and a logging boundary every ``log_every`` steps (one
-  read of the window) plus one read at the end. The round's host batches are read before it starts,
-  so the figure is the loop's own cost; ``--with_pipeline`` adds a third side, the same loop reading its
-  batches through the input pipeline (``input_pipeline.TrainBatches``) as a run does -- that one also
-  measures the pipeline: its figure is *trainer with pipeline / bare*, the median over rounds of its
-  steps/s over the bare loop's in the same round; and each round also times the pipeline alone
-  (``TrainBatches.batch`` for the round's steps, one thread: examples/s);
-* **bare**: ``for batch in placed: state, window = step(state, window, batch)`` over batches placed on
-  the devices beforehand, then one ``block_until_ready``.
-
-Rounds alternate trainer and bare (one round of each per setting, settings in turn; the order of the two
-sides flips every round: T B, B T, T B, ...), so the load of a shared machine hits both alike. A round
-runs ``steps`` steps on each side -- the same compiled executable, checked after every round from the
-state's step counter (``RoundMismatch`` otherwise) -- and times the last ``steps - 1`` on each side,
-from the end of the first to the end of the last: the trainer waits for the first step of a segment
-(``Loop.run`` call) by design -- its warm-up, untimed in results.json too --, a once-per-run cost
-that a round of 60 short steps would count 60 times too often; the bare loop runs its first step and
-waits for it the same way. Its ratio is the trainer's steps/s over the
-bare loop's *in that round* (two adjacent spans of time, so a load that drifts over the run cancels);
-the figure is the median over rounds of these ratios, beside each side's median steps/s. Validation
-and checkpoints are not part of either side (``eval_every`` and ``checkpoint_every`` are set past the
-end). The data are random tokens of the task's vocabulary and length in an ``ArraySource`` (no data
-files needed; read as a real task's arrays are), so the Text-sized setting runs anywhere; the ``mqar``
-setting reads its task's own generated source (Zoology's MQAR, generated a batch at a time).
-
-The MQAR setting (``mqar``) is configs/mqar.py:zoology -- Zoology's figure-2 panel at length 64, 4
-pairs, vocabulary 8192, d_model 64, batch 512 -- where the data are generated per step.
-
-The Text-sized setting (``text``) is the LRA Text model of configs/text.py:lra (4 layers x 256 dims, 4
-heads, mlp 1024, CLS, reviews of 1000 bytes, batch 32) with the attention of configs/text.py:
-kernel_learning (GMM-RKS, M = 128, the Text column of "On Learning the Transformer Kernel" table 5):
-its training step asks 6.5 GiB of XLA temp memory on a CPU, where the lra preset's softmax (attention
-dropout forms the [B, H, L, L] weights) asks 12.6 GiB (``compiled.memory_analysis()``). ``kind`` and
-``batch`` override it; a batch other than the preset's is named in the table's config column.
-Step-to-step memory: a step dispatched ahead holds its arguments only; XLA:CPU allocates a step's temp
-buffers when it starts running, so the bare loop's unbounded queue costs no more memory than the
-trainer's bounded one (the ``text`` benchmark peaks at 7.5 GiB resident, one step's worth).
+Rounds alternate the sides (order flipped every round); each side times its last ``steps - 1`` steps
+(the first step of a ``Loop.run`` call waits by design), the executable is checked after every round
+(``RoundMismatch``), and the figure is the median over rounds of each round's trainer / bare ratio.
+Validation and checkpoints are set past the end. Data: random tokens of the task's vocabulary and
+length in an ``ArraySource`` (``text``: configs/text.py:lra's model with configs/text.py:
+kernel_learning's GMM-RKS attention), or the task's own generated source (``mqar``:
+configs/mqar.py:zoology). ``kind`` and ``batch`` override a setting.
 """
 from __future__ import annotations
 
