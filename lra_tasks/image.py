@@ -2,21 +2,13 @@
 
 Long Range Arena (Tay et al. 2021, section 3.5 "Image classification on sequences of pixels") converts
 each 32x32 RGB image to grayscale and feeds its 1024 pixels in raster order as tokens, with no 2-D
-inductive bias. The grayscale conversion is LRA's ``tf.image.rgb_to_grayscale`` reproduced in numpy
-(``lra_grayscale``): scale to [0, 1] in float32, weight ``0.2989 R + 0.5870 G + 0.1140 B``, scale by
-``255.5`` and truncate to uint8 (``tf.image.convert_image_dtype``). It is not PIL's ``convert('L')``,
-which rounds ``(299 R + 587 G + 114 B) / 1000``: pure green is 149 here and 150 there.
-
-Tokens per ``data.pixel_padding`` (``pixel_offset``; Pathfinder reads the same field):
-
-* ``'none'`` (the default): ``pixel + 1`` (1..256), so 0 stays padding and nothing is masked; the
-  vocabulary has 257 ids, as for the byte tasks.
-* ``'lra'``: the raw pixel 0..255, vocabulary 256, as LRA feeds them (image/input_pipeline.py 72
-  @ ad0ff01: ``tf.cast(tf.image.rgb_to_grayscale(...), tf.int32)``; image/train.py gets vocab_size 256
-  from the pipeline). The model's padding mask is ``inputs != 0`` (kernelformer/encoder.py), LRA's
-  ``inputs > 0`` (models/transformer/transformer.py 148 @ b4f9fed), so every black pixel is masked:
-  attention neither reads nor writes it and mean pooling skips it. Skyformer's pipeline does the same
-  (src/preprocess/create_cifar10.py 21, src/models/dataset_LRA.py 32 @ cfe8c8c).
+inductive bias. Grayscale is LRA's ``tf.image.rgb_to_grayscale`` reproduced in numpy (``lra_grayscale``:
+``trunc((0.2989 R + 0.5870 G + 0.1140 B) / 255 * 255.5)`` in float32, not PIL's rounding). Tokens per
+``data.pixel_padding`` (``pixel_offset``; Pathfinder reads the same field): ``'none'`` (default) ``pixel
++ 1``, vocabulary 257, nothing masked; ``'lra'`` the raw pixel, vocabulary 256 (image/input_pipeline.py
+72 @ ad0ff01), so the mask ``inputs != 0`` -- LRA's ``inputs > 0`` (models/transformer/transformer.py
+148 @ b4f9fed), Skyformer's (src/models/dataset_LRA.py 32 @ cfe8c8c) -- masks every black pixel
+(docs/data.md, "Where we differ from LRA").
 
 Every image has exactly 1024 tokens (``TaskInfo.max_length``); ``data.max_length`` must be 1024 or 0
 (= automatic).

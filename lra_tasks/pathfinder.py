@@ -13,30 +13,15 @@ background: attention sees only the lit pixels, as in LRA's and Skyformer's runs
     easy -> curv_baseline    intermediate -> curv_contour_length_9    hard -> curv_contour_length_14
 
 Files, as in LRA's release (``lra_release.gz``: ``pathfinder{32,64,128,256}/``), copied to
-``{data_dir}/pathfinder{resolution}/{curv_dir}/``:
-
-* ``imgs/<k>/sample_<n>.png``: 8-bit grayscale PNGs, ``resolution x resolution``;
-* ``metadata/<k>.npy``: despite the suffix, a *text* file (LRA's builder reads it with
-  ``tf.io.read_file(...).decode('utf-8').split('\\n')[:-1]`` and ``line.split(' ')``), one line per image:
-  ``imgs/<k> sample_<n>.png <n> <label> <continuity> <contour_length> ...``; field 1 and 2 are the
-  image's directory (relative to the difficulty directory) and file name, field 4 is the label (0/1).
-
-Reading follows LRA's builder: every line of every metadata file (files in numeric order of ``<k>``);
-empty (0-byte) images are dropped as LRA's ``tf.strings.length(image) > 0`` filter does, and so are
-images PIL cannot decode; the count is logged. A metadata line naming a missing image, a malformed line
-or an image of the wrong size is a ``DataError``. The valid examples are split 80/10/10 (LRA's
-``[:80%]``, ``[80%:90%]``, ``[90%:]``) after a permutation seeded by ``data.split_seed`` (LRA's order
-came from TFDS sharding of a Beam pipeline and cannot be reproduced).
-
-No TFDS, no Beam and no constants to edit: the path comes from the config. Decoding costs about 0.11 ms
-per 32x32 PNG and 0.6 ms per 128x128 PNG (measured with PIL), so ~20 s for Pathfinder's 200k images and
-~2 min for Path-X; the arrays are cached per process.
-
-Disk cache (``lra_tasks.cache``, built by ``scripts/prepare_data.py``): the valid images decoded once,
-in metadata order, into one memory-mapped uint8 ``[N, resolution**2]`` array plus int32 labels,
-keyed by the size and modification time of every metadata file and every image they name. The
-80/10/10 split is applied to it exactly as to the decoded images, so a changed ``split_seed`` needs
-no rebuild; ``source()`` then reads one row at a time (``pixel + 1`` as int32), the same examples.
+``{data_dir}/pathfinder{resolution}/{curv_dir}/``: ``imgs/<k>/sample_<n>.png`` and ``metadata/<k>.npy``
+(a *text* file despite the suffix; formats, decoding cost and the disk cache: docs/data.md). Reading
+follows LRA's builder: every line of every metadata file (files in numeric order of ``<k>``); empty
+(0-byte) images are dropped as LRA's ``tf.strings.length(image) > 0`` filter does, and so are images PIL
+cannot decode (the count is logged); a missing image, a malformed line or a wrong size is a
+``DataError``. The valid examples are split 80/10/10 (LRA's ``[:80%]``, ``[80%:90%]``, ``[90%:]``) after
+a permutation seeded by ``data.split_seed`` (LRA's order came from TFDS sharding of a Beam pipeline).
+The disk cache (``lra_tasks.cache``, ``scripts/prepare_data.py``) holds the valid images in metadata
+order; the split is applied to it as to the decoded images, so ``source()`` reads the same examples.
 """
 from __future__ import annotations
 

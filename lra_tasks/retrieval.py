@@ -8,26 +8,12 @@ between the documents except through the pooled vectors (the dual encoder, ``Tas
 in LRA and the kernel papers) and right-padded. Examples are ``{'inputs1', 'inputs2', 'targets'}``.
 
 Files: LRA's release (``lra_release/tsv_data/new_aan_pairs.{train,eval,test}.tsv``) copied to
-``{data_dir}/retrieval/``. Our splits: train = train, val = eval, test = test. The format, as LRA's
+``{data_dir}/retrieval/``; train = train, val = eval, test = test. The format is read as LRA's
 ``matching/input_pipeline.py`` reads it (``make_csv_dataset``, tab-delimited, no header,
-``use_quote_delim=False``, label parsed as float32):
-
-* one example per line, five tab-separated fields: ``label  id1  id2  text1  text2``;
-* the label is ``0``/``1`` or ``0.0``/``1.0`` (float-ish; both accepted, anything else is an error);
-* the texts are written as Python bytes literals (``b'...'``, escapes for newlines, tabs and non-ASCII
-  bytes), so no field contains a tab or a newline. LRA tokenizes that literal text as it stands,
-  prefix and backslashes included, and so do we: the bytes of the field are the tokens.
-
-Reader: Python's ``csv`` with ``delimiter='\\t'`` and ``quoting=csv.QUOTE_NONE`` (quote characters are
-data, as with ``use_quote_delim=False``), ``field_size_limit`` raised for long documents, and the file
-decoded with ``surrogateescape`` so that any byte sequence round-trips exactly to the same tokens.
-Blank lines are skipped; a row with another field count or label is a ``DataError`` naming
-``{path}:{line}``.
-
-Cache (``lra_tasks.cache``, built by ``scripts/prepare_data.py``): the byte tokens of each file at
-``data.max_length`` as uint16 (tokens are 0..256), keyed by the file's size and modification time
-and ``max_length``. When a cache for the current file and length exists, ``source()`` maps it and
-converts one row at a time; otherwise the file is parsed as above. The examples are identical.
+``use_quote_delim=False``): ``label  id1  id2  text1  text2``, the texts Python bytes literals that are
+tokenized as they stand (docs/data.md gives the reader's details); a row with another field count or
+label is a ``DataError`` naming ``{path}:{line}``. With a cache (``lra_tasks.cache``: uint16 tokens at
+``data.max_length``) ``source()`` maps it instead of parsing; the examples are identical.
 """
 from __future__ import annotations
 
