@@ -12,28 +12,15 @@ A Z_j))) / 4``, 6 iterations by default as in the paper. The start scale is comp
 (the public code takes one max over the whole batch and all heads, which slows the convergence of every
 other matrix).
 
-Landmarks (Xiong et al. 2021, §3.3, "segment-means"): with n tokens and m landmarks,
-``q_tilde_j = (1 / l) sum_{i = (j-1) l + 1}^{j l} q_i`` with ``l = n / m``, and ``k_tilde_j`` likewise. Here n
-is each example's **real** length (its number of valid tokens, from the mask), not the padded length:
-
-* the valid tokens of an example, in order, are cut into segments of ``l = ceil(n / m)`` consecutive valid
-  tokens (the last one may be shorter), ``ceil(n / l) <= m`` segments; the landmark is each segment's
-  mean. Padded positions belong to no segment, so no landmark is spent on padding, and the landmarks
-  of n real tokens are the same whether the batch is padded to L or to 4L (``segment_means``);
-* an example with fewer than m segments (short, or ``n`` not a multiple of ``l``) leaves the remaining
-  landmarks invalid; an invalid landmark is removed exactly: its column of F is zero (masked softmax),
-  its row of A is replaced by the identity row (so A is block diagonal and A^+ keeps the valid block
-  intact);
-* padded keys are masked out of B. So padded positions, and how many there are, change no output of a
-  valid query (``tests/attention/test_padding_invariance.py``).
-
-Without a mask n = L, segments of ``ceil(L / m)`` positions (``segment_layout``), as the authors' code
-for L divisible by m.
-
-When ``L <= m`` every token is its own landmark and the result is exact softmax attention up to the
-pseudo-inverse iteration (``F = A = B``, ``A A^+ A = A``). Causal masking is not defined (landmarks mix
-all positions): ``causal=True`` raises. The depthwise-convolution skip on V of the authors' code is not
-part of this mechanism.
+Landmarks (Xiong et al. 2021, §3.3, "segment-means", ``q_tilde_j`` the mean of segment j of ``l = n / m``
+tokens) over each example's **real** length n (its valid tokens, from the mask; docs/kernels.md
+"Nyströmformer"): the valid tokens are cut into segments of ``ceil(n / m)`` (``segment_means``), so no
+landmark is spent on padding and the same real tokens padded to L or 4L give the same outputs
+(``tests/attention/test_padding_invariance.py``). Unused landmarks are removed exactly (zero column of
+F, identity row of A); padded keys are masked out of B. Without a mask n = L (``segment_layout``).
+``L <= m`` gives exact softmax up to the pseudo-inverse iteration. Causal masking is not defined
+(landmarks mix all positions): ``causal=True`` raises. The authors' depthwise-convolution skip on V is
+not included.
 """
 from __future__ import annotations
 

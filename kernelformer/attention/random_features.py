@@ -14,25 +14,12 @@ learned kernels of "On Learning the Transformer Kernel" (§2.1):
   4. ``D^-1 phi(Q) (phi(K)^T V)`` by ``attention/linear.py`` (kernel-learning paper eq. 1 rewritten
      below eq. 3; Spectraformer eq. 7), or with a relative-position bias by ``attention/rpe.py``.
 
-Randomness and redraws. ``base = make_rng('features')`` -- the trainer passes the same
-``rngs={'features': key}`` (from the config seed) at every step, and ``make_rng`` folds in this
-module's path, so different layers draw independently. ``key = fold_in(base, index)`` with the draw
-index of ``attention/draws.py``: ``step // redraw_every`` in training (the kernel-learning paper
-resamples every 100 iterations, §2.2), the last training step's in evaluation. ``key`` is split into
-one key per head unless ``share_heads``.
-
-Names (``SPECS``, collected by ``kernelformer.registry``; lowercase, ``registry.get`` is case-insensitive):
-
-* ``<component>-<sampler>`` for components trigrf, posrf, oprf, saderf, rks, hyperbolic and samplers
-  iid, orf, sorf, qmc, mm, sgq, fastfood (random, fixed FastFood), with Spectraformer's names as
-  aliases ('base' for iid; favor+/performer, favor++, favor# for the *-orf models of the literature).
-* learnable FastFood ``<component>-fastfoodl`` (Spectraformer Table 2), where the kernel-learning
-  paper's names are canonical: ``fastfood-rks`` (= rks-fastfoodl) and ``fastfood-prf`` (= posrf-fastfoodl);
-* ``gmm-rks``, ``gmm-prf``, ``generative-rks``, ``generative-prf`` (kernel-learning paper Table 2);
-* the deterministic maps ``linear-elu`` (aliases linear, elu) and ``relu`` (alias linear-relu);
-* the Performers of the LRA repository: ``performer-relu-det`` (Text, Retrieval, Image, Pathfinder:
-  ``make_fast_generalized_attention``'s defaults) and ``performer-lra-listops`` (ListOps: softmax FAVOR+
-  with 2 orthogonal features redrawn every step, LRA's own stabilizer; ``components.posrf_lra``).
+Randomness and redraws (docs/architecture.md): ``fold_in(make_rng('features'), index)`` with the draw
+index of ``attention/draws.py`` (``step // redraw_every`` in training, as the kernel-learning paper
+resamples every 100 iterations, §2.2; the last training step's in evaluation), split per head unless
+``share_heads``. Names (``SPECS``, collected by ``kernelformer.registry``): ``<component>-<sampler>``,
+the learned samplers' names, the deterministic maps and the LRA repository's Performers -- the tables
+of docs/kernels.md list them with their aliases and sources.
 """
 from __future__ import annotations
 

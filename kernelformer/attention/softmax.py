@@ -6,22 +6,14 @@ expressed as ``key_value_seq_lengths``, which assumes right padding, as every ``
 produces), elsewhere XLA. ``implementation=None`` is decided here, not passed on: jax's own ``None``
 means XLA in jax 0.10 (its source: "defaults to XLA for now").
 
-Where it falls back (and needs memory quadratic in L):
-
-* **attention dropout in training** (``attention_dropout > 0`` and not deterministic; the LRA configs
-  set 0.1): the ``[B, H, L, S]`` float32 weights are formed explicitly (``softmax_weights``), since
-  neither cuDNN's flash kernel behind ``jax.nn.dot_product_attention`` nor XLA's takes dropout. On a
-  GPU this is what ran out of memory in the LRA-Text-shaped step (L = 4096, batch 32: 74 GiB asked,
-  docs/benchmarks/gpu-h100-2026-11-26.md); set ``attention_dropout=0`` for flash. Evaluation
-  (deterministic) always takes ``jax.nn.dot_product_attention``;
-* **a position bias** (``position_bias``): XLA (materialised logits) unless ``implementation='cudnn'``;
-* **float32 inputs on a GPU**, and every CPU: XLA (materialised logits; cuDNN flash takes half only).
+It falls back, with memory quadratic in L (docs/kernels.md, "Which softmax cases get cuDNN flash
+attention"), for attention dropout in training (the ``[B, H, L, S]`` float32 weights formed explicitly,
+``softmax_weights``: no fused kernel takes dropout; set ``attention_dropout=0`` for flash), for a
+position bias (XLA unless ``implementation='cudnn'``) and for float32 inputs or any CPU (XLA).
 
 Relative-position bias (Luo et al. 2021, eq. 6): with ``position_bias`` ``b [H, 2L - 1]`` the logits are
-``q.k / sqrt(d) + b_{j-i}``, the exact quadratic form that ``nprf-rpe`` approximates by FFT. The bias goes
-to ``jax.nn.dot_product_attention`` as a dense ``[1, H, L, L]`` array; the automatic choice then takes the
-XLA path (the cuDNN path with a bias is used only when asked for by ``implementation='cudnn'``, since it
-has not been checked on a GPU here).
+``q.k / sqrt(d) + b_{j-i}``, the exact quadratic form that ``nprf-rpe`` approximates by FFT; the bias
+goes to ``jax.nn.dot_product_attention`` as a dense ``[1, H, L, L]`` array.
 """
 from __future__ import annotations
 

@@ -283,25 +283,14 @@ def posrf_lra(q: Array, k: Array, proj: Projection, *, mask: Optional[Array] = N
   """LRA's FAVOR+ features: ``(exp(omega_r.x - |x|^2/2 - m) + 1e-6) / sqrt(M)``, as LRA computes them.
 
   google-research/long-range-arena ``lra_benchmarks/models/performer/performer_attention.py``
-  (unchanged since a2e5057; HEAD cd31e5c), ``nonnegative_softmax_kernel_feature_creator`` (lines 50-108),
-  which ``make_fast_softmax_attention`` (lines 200-259) uses with ``nonnegative_features=True`` and
-  ``numerical_stabilizer=1e-6``: ``data_dash = omega_r . x'``, ``diag = |x'|^2 / 2`` with
-  ``x' = d^-1/4 x`` (the attention module's input scale here), ``ratio = 1 / sqrt(M)`` (the Monte Carlo
-  row weights here), and
-
-  * queries: ``ratio * (exp(data_dash - diag - max_r data_dash) + eps)`` -- the max over the M features
-    of the same query (line 99-101);
-  * keys: ``ratio * (exp(data_dash - diag - max_{j,r} data_dash) + eps)`` -- one max over every key and
-    feature of the sequence (lines 103-106).
-
-  The maxima are of ``omega_r . x'`` alone (without ``-diag``) and, as in LRA, are not under
-  ``stop_gradient``. Because ``eps`` is added after the shift it does not cancel in the normalization:
-  the features are FAVOR+ (``posrf``) up to those shifts plus a floor of ``eps / sqrt(M)``. Differences
-  from LRA, both deliberate: padded keys (``mask`` False) are left out of the key maximum and get zero
-  features (LRA's ``FastAttentionviaLowRankDecomposition`` ignores the padding mask, so its padded
-  positions are attended to), and ``stabilize=False`` drops both maxima (the exact features plus eps).
-  The normalizer's guard is the linear-attention core's (``feature_eps``), not LRA's ``R + 2e-6`` where
-  ``|R| <= 1e-6`` (line 695): rows with so small a normalizer differ. The key maximum depends on every key, so the map has no causal form (its record's ``non_causal``).
+  (unchanged since a2e5057; HEAD cd31e5c), ``nonnegative_softmax_kernel_feature_creator`` (lines 50-108)
+  as ``make_fast_softmax_attention`` (lines 200-259) uses it: ``data_dash = omega_r . x'`` (``x' = d^-1/4
+  x``, the attention module's scale), ``diag = |x'|^2 / 2``; queries shifted by ``max_r data_dash``
+  (lines 99-101), keys by one max over every key and feature (lines 103-106), not under
+  ``stop_gradient``; the ``eps`` added after the shift does not cancel. Deliberate differences
+  (docs/kernels.md, "LRA's ListOps Performer"): padded keys are left out of the key max and get zero
+  features; ``stabilize=False`` drops both maxima; the normalizer guard is the core's, not LRA's
+  ``R + 2e-6`` (line 695). The key max depends on every key: no causal form (``non_causal``).
   """
   dt = compute_dtype(q)
   return _max_shifted_favor(q.astype(dt), k.astype(dt), proj, mask, stabilize, (-2, -1),
@@ -318,28 +307,16 @@ def performer_skyformer(q: Array, k: Array, proj: Projection, *, mask: Optional[
   """Skyformer's Performer features, as pkuzengqi/Skyformer computes them (exp(q.k/d) by FAVOR+).
 
   pkuzengqi/Skyformer @ 1a677cb (files unchanged since cfe8c8c): ``PerformerAttention``
-  (src/models/attention_performer.py lines 9-25) builds ``FastAttention(dim_heads=d,
-  nb_features=rp_dim, kernel_fn=torch.exp)`` (rp_dim = 128 in every task of src/config.py) and calls it
-  on ``Q / d^(1/4)``, ``K / d^(1/4) * mask``, ``V * mask``; ``FastAttention`` (src/models/performer.py
-  lines 174-227) draws its ORF matrix once in ``__init__`` (``gaussian_orthogonal_random_matrix``,
-  scaling 0: Gaussian row norms; registered as a buffer, never redrawn by this model) and maps q and k
-  with ``softmax_kernel`` (lines 50-75), whose ``normalize_data=True`` scales by d^-1/4 *again*:
-
-  * ``x' = x / sqrt(d)`` (two d^-1/4 factors), ``data_dash = omega_r . x'``, ``diag = |x'|^2 / 2``,
-    ``ratio = M^-1/2``;
-  * queries: ``ratio * (exp(data_dash - diag - max_r data_dash) + 1e-4)``, the max over the features of
-    the same row (lines 67-70);
-  * keys: ``ratio * (exp(data_dash - diag - max data_dash) + 1e-4)`` with ONE max over the whole tensor
-    ``[B, H, S, M]`` -- every example, head, key and feature (``torch.max(data_dash)``, line 73).
-
-  So ``phi(q).phi(k)`` estimates ``exp(q.k / d)`` (softmax at temperature d, not sqrt(d)) up to the
-  shifts and the floor of ``1e-4 / sqrt(M)``; the key max couples the examples of a batch. This function
-  applies the ``1/sqrt(d)`` itself (the attention module applies no scale: ``target_kernel`` 'none').
-  Called with ``[B, H, S, d]`` inputs (the record's ``whole_tensor``), the key max spans all heads as
-  in Skyformer. The maxima are not under ``stop_gradient`` (as in Skyformer). Deliberate differences:
-  padded keys (``mask`` False) get zero features and are left out of the key max (Skyformer zeroes
-  their K, so each still adds ``ratio * (exp(-max) + 1e-4)`` per feature to every normalizer, and its
-  ``data_dash = 0`` enters the max); ``stabilize=False`` drops both maxima.
+  (src/models/attention_performer.py lines 9-25) calls ``FastAttention`` (src/models/performer.py lines
+  174-227; one ORF draw kept as a buffer, rp_dim = 128) on ``Q / d^(1/4)``, ``K / d^(1/4) * mask``, whose
+  ``softmax_kernel`` (lines 50-75, ``normalize_data=True``) scales by d^-1/4 *again*: ``x' = x / sqrt(d)``,
+  queries ``M^-1/2 (exp(data_dash - diag - max_r data_dash) + 1e-4)`` (lines 67-70), keys the same with
+  ONE max over the whole ``[B, H, S, M]`` tensor (``torch.max(data_dash)``, line 73). So it estimates
+  ``exp(q.k / d)`` up to the shifts and the floor; this function applies the ``1/sqrt(d)`` itself
+  (``target_kernel`` 'none') and, called with ``[B, H, S, d]`` (``whole_tensor``), takes the key max
+  over all heads. Maxima not under ``stop_gradient``. Deliberate differences (docs/kernels.md, "Two
+  public codes' Performers"): padded keys get zero features and are left out of the key max;
+  ``stabilize=False`` drops both maxima.
   """
   dt = compute_dtype(q)
   s = q.shape[-1] ** -0.5
@@ -516,21 +493,13 @@ def grelu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Option
   """Generalized ReLU features ``relu(W x) + eps``, eps = 1e-3: the Performer's generalized attention.
 
   The official Performer code (google-research ``performer/fast_attention/jax/fast_attention.py``,
-  ``make_fast_generalized_attention`` with its defaults ``kernel_fn=relu``, ``kernel_epsilon=0.001``;
-  ``generalized_kernel_feature_creator``) computes ``phi(x) = relu(x W^T) + 0.001`` on the raw x: with
-  ``normalize_data=False`` (its default there) x is **not** scaled by d^-1/4, and no 1/sqrt(M) factor is
-  applied. W comes from any sampler (``features_type='ortho'``: ORF with chi-distributed row norms;
-  ``'iid'``: Gaussian); ``proj=None`` is its ``features_type='deterministic'``: ``relu(x) + 0.001``
-  (M' = d), which is what the LRA repository's Performer configs for Text, Retrieval, Image and
-  Pathfinder run (they keep every default).
-
-  Here each row also carries ``sqrt|c_r|`` (``row_weights``; sign on the query side), as every
-  component: ``phi(q).phi(k) = sum_r c_r (relu(w_r.q) + eps)(relu(w_r.k) + eps)``. For Monte Carlo
-  weights c_r = 1/M, so the features are the official ones times 1/sqrt(M), a constant that cancels in
-  normalized attention (eps included). The map defines its own kernel (for w ~ N(0, I), M -> inf:
-  the degree-1 arc-cosine kernel of Cho & Saul 2009 plus eps terms), so its ``target_kernel`` is 'none'.
-  Bounded by a linear function of |x|: ``stabilize`` has nothing to do. Positive for positive c_r, so
-  the normalizer is at least ``eps^2 sum_r c_r`` per valid key.
+  ``make_fast_generalized_attention`` defaults ``kernel_fn=relu``, ``kernel_epsilon=0.001``,
+  ``normalize_data=False``): ``relu(x W^T) + 0.001`` on the raw x, no 1/sqrt(M); ``proj=None`` is its
+  ``features_type='deterministic'`` (M' = d), what LRA's Performer configs run. Each row here also
+  carries ``sqrt|c_r|`` (sign on the query side), so ``phi(q).phi(k) = sum_r c_r (relu(w_r.q) +
+  eps)(relu(w_r.k) + eps)``: for Monte Carlo weights the official features times 1/sqrt(M), which
+  cancels. Its own kernel (docs/kernels.md, "Performer generalized ReLU features"); bounded by a linear
+  function of |x|, so ``stabilize`` has nothing to do.
   """
   del stabilize
   (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)

@@ -34,12 +34,9 @@ leaves open is chosen here, each choice for a stated reason:
 * **The update** is the trainer's loss, dropout keys and optimizer (``steps.make_steps``,
   ``optim.make_optimizer`` from the preset).
 
-Skyformer's protocol, as options (docs/reproduce.md gives the commands): ``--precision skyformer-amp``
-(``PRECISIONS``), ListOps padded to 2048 (``--set data.max_length=2048``: src/main.py 214,
-src/preprocess/create_listops.py 16), Kernelized Attention's attention dropout (the preset's, on C:
-attention/gaussian.py), and the controls ``--vary init`` / ``--vary batches``. Cost: one ListOps seed
-of the four models is ~15 min on two quiet x86-64 cores; a seed's ratios are the same bit for bit on
-a rerun.
+Skyformer's protocol as options (``--precision skyformer-amp``, ``PRECISIONS``; ListOps padded to 2048:
+src/main.py 214, src/preprocess/create_listops.py 16; the controls ``--vary init`` / ``--vary batches``),
+commands and cost: docs/reproduce.md.
 """
 from __future__ import annotations
 
