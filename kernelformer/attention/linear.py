@@ -87,12 +87,9 @@ def linear_attention(phi_q: Array, phi_k: Array, v: Array, *, mask: Array | None
   """Normalized linear attention; returns ``[B, L, H, Dv]`` in ``v.dtype``.
 
   ``key_shift [B, L, H, M]`` (causal only): the features were formed with a per-row running key max
-  (``components._exp_shifted(causal_chunk=...)``): key j carries ``exp(-beta_j)``, query i
-  ``exp(+beta_i)``, with ``beta_i`` the max over the valid keys 0..i. Each product of a query block and
-  a key block before it is then formed on one shift that every row involved may see -- ``beta`` at the
-  key block's last row, ``gamma <= beta_i`` -- keys scaled by ``exp(beta_j - gamma) <= 1``, queries by
-  ``exp(gamma - beta_i) <= 1`` (``_shifted_blocks``): every product is the unshifted one, and no key
-  after a query enters that query's shift, whatever the chunk size.
+  (``components._exp_shifted(causal_chunk=...)``); each product of a query block and an earlier key
+  block is then formed on a shift every row involved may see (``_causal_num_den``), so no key after a
+  query enters that query's shift, whatever the chunk size.
   """
   phi_k = mask_keys(phi_k, mask)
   if key_shift is not None and not causal:
@@ -112,19 +109,14 @@ def causal_linear_attention(phi_q: Array, phi_k: Array, v: Array, state, *, chun
                             key_shift: Array | None = None, eps: float = DEFAULT_EPS):
   """Causal linear attention of a block that continues a sequence: ``(out, new_state)``.
 
-  The recurrent form of eq. 9 of Katharopoulos et al. (2020, §3.4) computed a block at a time: the
-  block's queries see every key of the block up to themselves and, through ``state``, every key before
-  the block. ``state = (kv [B, H, M, Dv], ksum [B, H, M], beta [B, H, M])``, all float32: the sums
-  ``sum_j phi(k_j) v_j^T`` and ``sum_j phi(k_j)`` over the earlier keys, formed relative to the running
-  key max ``beta`` (their features are ``e^{-beta}`` times the unshifted ones; zero sums and
-  ``beta = -inf`` for an empty prefix; maps without a key shift ignore beta).
-  ``key_shift [B, T, H, M]``: the block's per-row running maxima from ``components`` with
-  ``causal_chunk``, ``shift_init=beta`` (so ``key_shift >= beta``); None for maps without a shift. The
-  carried sums enter as a key block before the block's first row, exactly as the chunks of one forward
-  pass (``linear_attention``), so running a sequence block by block -- one token at a time included --
-  gives the forward of the whole sequence up to rounding. Returns ``out [B, T, H, Dv]`` in ``v.dtype``
-  and the state after the block (relative to its last row's shift). No padding mask: every row of the
-  block is a token.
+  The recurrent form of eq. 9 of Katharopoulos et al. (2020, §3.4) a block at a time (docs/causal.md:
+  the decoder's step). ``state = (kv [B, H, M, Dv], ksum [B, H, M], beta [B, H, M])``, float32: the sums
+  over the earlier keys relative to their running key max ``beta`` (zero sums and ``beta = -inf`` for an
+  empty prefix; maps without a key shift ignore beta). ``key_shift [B, T, H, M]``: the block's running
+  maxima (``components`` with ``causal_chunk``, ``shift_init=beta``), None without a shift. The state
+  enters as a key block before the block's first row, as the chunks of ``linear_attention`` do, so block
+  by block equals the whole sequence's forward up to rounding. Returns ``out [B, T, H, Dv]`` in
+  ``v.dtype`` and the state after the block. No padding mask: every row of the block is a token.
   """
   num, den, new_state = _causal_num_den(phi_q, phi_k, v, chunk_size, key_shift, state)
   out = normalize(num, den, eps)
@@ -137,15 +129,11 @@ def _causal_num_den(phi_q: Array, phi_k: Array, v: Array, chunk_size: int,
   ``causal_linear_attention``) the carried sums enter every chunk's prefix and the state after the
   last chunk is returned as a third value.
 
-  With ``key_shift [B, L, H, M]``, features shifted by each row's running key max ``beta``: chunk n's
-  key state is formed on ``gamma_n``, the shift of its last row (``phi(k_j) e^{beta_j - gamma_n}``);
-  ``lax.associative_scan`` with ``(S_a, g_a) + (S_b, g_b) = (S_a e^{g_a - g_b} + S_b, g_b)``
-  (associative) gives the inclusive sums relative to each ``gamma_n``, and chunk n's queries meet the
-  sums up to chunk n - 1 on ``gamma_{n-1}`` (``phi(q_i) e^{gamma_{n-1} - beta_i}``). Within a chunk,
-  one masked product (``_one_shift_block``) on the rows where it is exact, ``_shifted_blocks`` on the
-  others. Running maxima never decrease, so every factor is ``<= 1``; the clamp only matters where
-  leading rows had no valid key (their shift is the placeholder 0, their features 0). Without a key
-  shift every factor is 1.
+  With ``key_shift`` (docs/kernels.md, "Degenerate rows"): chunk n's key state is formed on
+  ``gamma_n``, its last row's shift; ``lax.associative_scan`` with ``(S_a, g_a) + (S_b, g_b) =
+  (S_a e^{g_a - g_b} + S_b, g_b)`` gives the inclusive sums relative to each ``gamma_n``, and chunk n's
+  queries meet the sums up to chunk n - 1 on ``gamma_{n-1}``. Within a chunk, ``_one_shift_block`` on
+  the rows where it is exact, ``_shifted_blocks`` on the others. Every factor is ``<= 1``.
   """
   b, length, h, m = phi_q.shape
   dv = v.shape[-1]
@@ -265,16 +253,11 @@ def _shifted_blocks(q: Array, k: Array, v: Array, beta: Array) -> tuple[Array, A
 
   ``q, k [..., C, F]`` are features shifted by their own row's running key max ``beta [..., C, F]``
   (non-decreasing along the rows), ``v [..., C, Dv]``. Returns ``num_i = sum_{j <= i} s_ij v_j`` and
-  ``den_i = sum_{j <= i} s_ij`` with ``s_ij = sum_r q_ir k_jr e^{beta_jr - beta_ir}``, the products of the
-  unshifted features times ``e^{-a_i}``, formed without an array of C x C x F: the diagonal j = i
-  directly, and for each power of two s < C the pairs of neighbouring blocks of s rows (rows padded to
-  a power of two), where every query of the second block sees every key of the first: one dense
-  ``s x s`` product on the shift ``gamma`` of the first block's last row, keys scaled by
-  ``e^{beta_j - gamma} <= 1`` and queries by ``e^{gamma - beta_i} <= 1``. Each pair j < i lies in
-  exactly one such pair of blocks (the highest bit where j and i differ). A product that underflows is
-  below ``e^{-87}`` times the row's largest term, so nothing the row may see is lost; the cost is
-  ``C^2 F / 2`` multiply-adds per block of C rows (as the masked C x C product) and ``log2 C`` rescalings
-  of the block's features.
+  ``den_i = sum_{j <= i} s_ij`` with ``s_ij = sum_r q_ir k_jr e^{beta_jr - beta_ir}``, without an array of
+  C x C x F: the diagonal directly, and for each power of two s < C the pairs of neighbouring blocks of s
+  rows (rows padded to a power of two) as one dense product on the shift of the first block's last row
+  (every factor ``<= 1``); each pair j < i lies in exactly one such pair of blocks. Cost ``C^2 F / 2``
+  multiply-adds per block (as the masked product) and ``log2 C`` rescalings (docs/kernels.md).
   """
   c = q.shape[-2]
   cp = 1 << (c - 1).bit_length()

@@ -135,23 +135,11 @@ def rpe_linear_attention(phi_q: Array, phi_k: Array, v: Array, position_bias: Ar
     ``[B, L, H, Dv]`` in ``v.dtype``; accumulation in float32.
 
   The Toeplitz products of eqs. 12-13 run over ``M (Dv + 1)`` channels of length ``2L`` (zero-padded
-  against wrap-around, see ``toeplitz_matmul``); nothing beyond those FFTs is paid:
-
-  * v gets a column of ones, ``v~ = [v, 1]``: channel ``(m, e)`` is ``phi_k[:, m] v~[:, e]``, so D~1
-    (eq. 12) and D~2 (eq. 13) come out of one transform, and eq. 10's numerator and normalizer are the
-    columns of one contraction ``sum_m phi_q[i, m] D~[i, m, :]``;
-  * real FFTs (``rfft``/``irfft``: half the spectrum), along the last, contiguous axis;
-  * the bias transform ``rfft(reversed exp(b))`` (``[H, L + 1]``, 1/(M (Dv + 1)) of the work) once per
-    call, shared by every channel and batch row; across layers with a shared bias the identical
-    computation is merged by XLA's common-subexpression elimination in one jitted program;
-  * the features are processed ``feature_chunk`` at a time (``lax.scan`` accumulating numerator and
-    normalizer), so the spectra of only one chunk are alive: memory O(B H L (M + mc Dv)), not
-    O(B H L M Dv);
-  * the chunk has its own VJP (``_rpe_chunk``, ``jax.custom_vjp``): the backward keeps only the chunk's
-    inputs (phi_q, phi_k columns; v~ and the bias are shared by all chunks) and recomputes its forward
-    transform instead of storing the spectra, and its transposes are real FFTs too (JAX's own
-    transpose of ``rfft`` is a full complex FFT). Per channel: 2 FFTs forward, 4 backward (2
-    recomputed, 2 for the transposed Toeplitz product), against a bare rfft/irfft pair's 2 + 2.
+  against wrap-around, ``toeplitz_matmul``) and nothing else is paid (docs/architecture.md, "RPE by FFT
+  pays only its FFTs"): ``v~ = [v, 1]`` makes D~1 (eq. 12) and D~2 (eq. 13) one transform; real FFTs
+  along the last axis; the bias spectrum once per call; features ``feature_chunk`` at a time
+  (``lax.scan``: memory O(B H L (M + mc Dv)), not O(B H L M Dv)), each chunk with its own VJP
+  (``_rpe_chunk``) that keeps only its inputs and recomputes its spectra, transposes as real FFTs.
   """
   b, length, h, m = phi_k.shape
   dv = v.shape[-1]
