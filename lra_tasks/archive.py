@@ -3,17 +3,11 @@
 LRA's release (``lra_release.gz``, a gzipped tar of ~7 GB) holds every task's files under
 ``lra_release/`` (some copies nest it twice, ``lra_release/lra_release/``): ``listops-1000/``,
 ``tsv_data/`` (Retrieval's ``new_aan_pairs.*.tsv``) and ``pathfinder{32,64,128,256}/<curv dir>/``
-with ``imgs/<k>/sample_<n>.png`` and ``metadata/<k>.npy``. A task needs a small part of it, so:
-
-* The archive is read once, front to back, in tarfile's streaming mode (``'r|*'``): nothing is
-  unpacked that no ``Selection`` asks for, and no member is held in memory (1 MiB chunks). A local
-  copy of the extracted folder works the same way (``--source`` may be either).
-* Each file is written to ``<name>.partial`` and renamed to its name when complete (with the member's
-  modification time), so a file under its real name is always whole. An interrupted run (an
-  exception, Ctrl-C, a killed process) leaves at most a ``.partial``; the next run skips every file
-  already present with the member's size and modification time and writes the rest.
-* A truncated or corrupt archive stops with one line naming the archive and the member being read.
-* One run at a time per data dir (an ``flock`` on ``{data_dir}/.prepare_data.lock``).
+with ``imgs/<k>/sample_<n>.png`` and ``metadata/<k>.npy``. A task needs a small part of it, so the archive is read once, front to back, in tarfile's streaming
+mode (``'r|*'``, 1 MiB chunks; a local copy of the extracted folder works the same way); each file is
+written to ``<name>.partial`` and renamed when complete, so an interrupted run resumes; a truncated or
+corrupt archive stops with one line naming the archive and the member; one run at a time per data dir
+(an ``flock`` on ``{data_dir}/.prepare_data.lock``). docs/data.md, "What a run does", says more.
 
 The member paths are matched per ``Selection``: ``<anything>/<anchor>/<path below the anchor>``, where
 the path below the anchor must match the selection's pattern; the file goes to

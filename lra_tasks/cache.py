@@ -1,20 +1,12 @@
 """Memory-mapped caches of decoded task arrays, keyed by the identity of their sources and options.
 
-Why: reading LRA's raw files costs the same at every start of every run (Pathfinder decodes 200k PNGs,
-~20 s; Path-X ~2 min; Retrieval parses 2.4 GB of TSV, ~30 s) and then holds int32 copies in memory
-(Path-X: 13 GB). A cache holds the result of that work once, on disk, in the most compact dtype
-(uint8 pixels, uint16 byte tokens), and a loader maps it instead of decoding. Nothing stale may be
-read, so a cache is found only under a key computed from
-
-* its *scope*: the task, what it is made of (``what``, e.g. ``retrieval/new_aan_pairs.train.tsv``),
-  the preprocessing options (e.g. ``max_length``) and the loader's cache version; and
-* a *fingerprint* of the source files: for every file its path relative to the source root, its
-  size and its modification time in ns. Changing, adding or removing a source file, or a setting,
-  changes the key, and the loader goes back to the raw files until the cache is rebuilt.
-
-(The fingerprint uses ``stat``, not content hashes: hashing 2.4 GB at every start would cost what the
-cache saves. Content checksums live in the manifests, ``lra_tasks.manifest``, checked by
-``scripts/prepare_data.py --check``.)
+Why (docs/data.md, "Caches", with the sizes and times): reading LRA's raw files costs the same at every
+start of every run and holds int32 copies in memory; a cache holds that work once, on disk, in the most
+compact dtype (uint8 pixels, uint16 byte tokens), and a loader maps it. Nothing stale may be read, so a
+cache is found only under a key computed from its *scope* (the task, ``what`` it is made of, the
+preprocessing options and the loader's cache version) and a *fingerprint* of the source files (per file
+its path relative to the source root, size and modification time in ns: ``stat``, not content hashes,
+which would cost what the cache saves; content checksums live in ``lra_tasks.manifest``).
 
 Layout: ``{data_dir}/cache/{task}-{scope[:12]}-{key[:16]}/`` holding ``<array>.bin`` (raw C-order
 rows) and ``meta.json`` (dtypes, shapes, scope, key, options). A cache is built in a temporary

@@ -11,17 +11,11 @@ applies their sizes to bytes.)
 
 Examples (``WindowSource``): windows of ``L + 1`` bytes (``L = data.max_length``); example i is
 ``inputs = w[:L]``, ``targets = w[1:]``, tokens = byte + 1 (0 stays padding, vocabulary 257). Training:
-consecutive full windows at stride L. Validation: the same plus a zero-padded last window, so every byte
-of the split but the first is scored exactly once. Test: the windows of ``data.eval_context``
-(``eval_scheme``; ``kernelformer/training/lm_eval.py``): 'disjoint' (stride L, each byte sees only the
-bytes before it in its window: 0 to L - 1), 'sliding' (stride S = ``data.eval_stride``, each window
-scoring only its last S targets: every byte sees at least L - S) or 'stateful' (the disjoint windows run
-in order with the decoder's recurrent state carried across them). Every byte but the first is scored
-exactly once in each. The file is memory-mapped; nothing is copied.
-
-``prepare_data``: downloads the zip once (``data.url``), extracts ``enwik8`` under a temporary name and
-renames it, writes ``MANIFEST.json`` (size + sha256) and verifies it; ``check`` reports a missing or
-short file with its path and the command that prepares it.
+full windows at stride L; validation the same plus a zero-padded last window; test: the windows of
+``data.eval_context`` (``eval_scheme``: 'disjoint', 'sliding' at ``data.eval_stride`` or 'stateful';
+docs/causal.md tabulates them). Every byte of a split but the first is scored exactly once. The file
+is memory-mapped. ``prepare_data`` downloads the zip once (``data.url``), extracts it under a temporary
+name and renames it, and writes and verifies ``MANIFEST.json``.
 """
 from __future__ import annotations
 

@@ -15,10 +15,8 @@ Splits: IMDb has 25k train and 25k test reviews and no validation set. LRA valid
 here validation is carved from train (``data.val_fraction``, a permutation seeded by
 ``data.split_seed``), so model selection never sees a test review. The test split is IMDb's test split.
 
-Cache (``lra_tasks.cache``, built by ``scripts/prepare_data.py``): the byte tokens of TFDS' train and
-test splits at ``data.max_length`` as uint16, keyed by the size and modification time of the prepared
-``dataset_info.json`` and the split's shards. With a current cache, ``source()`` maps it and converts
-one row at a time; the validation carve is the same index set, so the examples are identical.
+Cache (``lra_tasks.cache``, docs/data.md): the byte tokens of TFDS' train and test splits at
+``data.max_length`` as uint16; the validation carve is the same index set, so the examples are identical.
 """
 from __future__ import annotations
 

@@ -513,20 +513,14 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
                      log: Callable[[str], None] = print) -> list[dict[str, Any]]:
   """Ours (registry ``posrf-orf``) vs ``official_favor.favor_attention`` at equal B, H, d, M, W and mask.
 
-  Both get the same W (``share_heads=True`` here, since the official code has one projection matrix
-  for all heads; the per-head default costs the same) and the same key-padding mask (the last eighth
-  of the keys padded). For each (causal, length, mode) both programs are compiled first, then timed
-  *interleaved* -- one call of each per round, the order alternating between rounds, ``setup.repeats``
-  rounds after one warm-up call each -- so load changes on a shared machine hit both alike; the median
-  per side is reported with ``speedup = official / ours`` (> 1: ours is faster), XLA temp memory of
-  each executable, the max |ours - official| of the forward output with the official ``eps = 1e-4``
-  set to 0 (then both are the same estimate from the same W and must agree to float32 rounding; with
-  it the official outputs differ: its keys are shifted by one global max, so most key features sit
-  far below 1e-4 and the constant dominates) and the 1-minute load average at the end of the cell.
-  A cell where either compiled program needs more than ``setup.max_memory_gb`` (temp + arguments +
-  outputs) is compiled but not run: its row keeps both temp memories, has no times, and says so in
-  ``note`` (the difference check needs the forward to fit). ``modes``: the subset of ``MODES`` to run
-  (the difference check only runs with ``'fwd'``; without ``'fwd+bwd'`` no cotangent is kept).
+  Both get the same W (``share_heads=True``: the official code has one projection for all heads) and
+  the same key-padding mask (the last eighth of the keys); both programs are compiled, then timed
+  interleaved (``setup.repeats`` rounds after one warm-up call each, order alternating; docs/benchmarks.md,
+  "Against the official FAVOR+"): median per side, ``speedup = official / ours``, XLA temp memory, the
+  max |ours - official| of the forward with the official ``eps`` set to 0 (the same estimate: float32
+  rounding) and the 1-minute load at the end of the cell. A cell where either program needs more than
+  ``setup.max_memory_gb`` is compiled but not run (``note`` says so). ``modes``: the subset of ``MODES``
+  (the difference check only with ``'fwd'``; without ``'fwd+bwd'`` no cotangent is kept).
 
   Memory: only one side runs at a time and nothing of a side is kept between calls (each call's
   output is dropped when the call returns), so the process peak is the larger side's, not the sum;

@@ -3,37 +3,19 @@
     python scripts/gpu_check.py                    # on a GPU: <= ~14 min on one H100
     python scripts/gpu_check.py --dry_run --out_dir /tmp/gc   # on CPU: tiny shapes, same code paths
 
-Sections (each with its own time budget; when one is spent the rest of that section is skipped and the
-report says which cells were skipped and why):
-
-1. ``correctness`` -- compiled (not interpret) ``feature_attention`` against the XLA path
-   (``kernelformer.bench.pallas_reference``: components.py features + linear.linear_attention) for every
-   feature (exp, trig, elu, relu) x bfloat16/float32 (bidirectional: the only mode), an odd length, a key
-   padding mask; outputs and the gradients of q, k, v (and W for exp/trig). A failure prints the case
-   and makes the command exit non-zero. Tolerances (max error over the largest reference entry):
-   float32 outputs 2e-4, gradients 2e-3; bfloat16 outputs 3e-2, gradients 6e-2 (bf16 operands in the
-   large matmuls; the CPU unit tests hold the kernels to first-order rounding bounds).
-2. ``attention`` -- forward and forward+backward median times of the Pallas kernels, the XLA path and
-   cuDNN flash softmax (``jax.nn.dot_product_attention(implementation='cudnn')``, padding as
-   ``query_seq_lengths`` / ``key_value_seq_lengths``) at B=4, H=8, d=64, M=256 (posrf, ``exp``),
-   bfloat16, L = 1K .. 64K, bidirectional and causal (causal: XLA and cuDNN only); XLA's compiled temp memory; model TFLOP/s as a
-   fraction of a dense bf16 matmul measured in the same run; the crossover length with cuDNN. The
-   Pallas cells try a few block sizes per shape and keep the best (tuning is part of the run). A
-   length whose predicted time (linear in L from the previous one; quadratic for softmax) does not fit
-   the remaining budget is skipped.
-3. ``train`` -- one LRA-Text-shaped training step (configs/text.py 'lra' model: 4 layers, 256 dims,
-   4 heads x 64, mlp 1024, batch 32; L = 4096 tokens incl. CLS; bf16 compute; no dropout, attention
-   dropout included, which cuDNN flash does not take) with posrf-orf (M = 256) through the Pallas
-   kernels, through the XLA path, and softmax through cuDNN.
-4. report -- ``<out_dir>/gpu-<device>.md`` and ``.json``: device, driver, JAX/jaxlib versions, the exact
-   command, every cell, the Pallas targets (docs/pallas.md) met or not; and the validation table entries
-   (``kernelformer/pallas/validated.py``) for every (feature, mode, dtype) whose cases all passed
-   compiled on a GPU, merged into the package's ``validated.json`` unless ``--no_write_table``.
-
-``--dry_run`` (CPU): tiny shapes, a representative correctness subset (each feature once, both modes
-and dtypes covered), two lengths, a tiny model; the kernels run in Pallas interpret mode and the cuDNN
-cells are replaced by XLA softmax (``implementation='xla'``, noted in every such row). It writes no
-validation entries (interpret mode validates nothing about a GPU).
+Sections, each with its own time budget (what each runs: docs/pallas.md, "The GPU check"): 1.
+``correctness`` -- compiled ``feature_attention`` against the XLA path
+(``kernelformer.bench.pallas_reference``), outputs and gradients; a failure prints the case and the
+command exits non-zero. Tolerances (max error over the largest reference entry): float32 outputs 2e-4,
+gradients 2e-3; bfloat16 outputs 3e-2, gradients 6e-2 (bf16 operands in the large matmuls; the CPU unit
+tests hold the kernels to first-order rounding bounds). 2. ``attention`` -- fwd and fwd+bwd times of
+Pallas (block sizes tried per shape), the XLA path and cuDNN flash softmax; a length whose predicted
+time (linear in L from the previous one; quadratic for softmax) does not fit the budget is skipped.
+3. ``train`` -- one LRA-Text-shaped step. 4. report -- ``<out_dir>/gpu-<device>.md`` and ``.json`` and
+the validation entries (``kernelformer/pallas/validated.py``) of every (feature, mode, dtype) whose
+cases all passed compiled on a GPU, merged into ``validated.json`` unless ``--no_write_table``.
+``--dry_run`` (CPU): tiny shapes, Pallas interpret mode, XLA softmax in place of cuDNN (noted in every
+such row), no validation entries.
 
 Model FLOPs (for the fraction of matmul peak; XLA's cost analysis cannot see inside a Pallas call):
 linear attention forward ``B H L (2 M' d (q and k features) + 4 M' dv)`` (``M'`` = 2M for trig), plus

@@ -7,22 +7,15 @@ attention against the algorithm as its authors run it, at equal shapes, in one p
 that code's choices, not the project's:
 
 * **Features** (``softmax_kernel_features``; the official ``nonnegative_softmax_kernel_feature_creator``):
-  with ``c = d^-1/4`` (``data_normalizer``, ``normalize_data=True``) and ``w_r`` the rows of W,
-  ``phi(x)_r = M^-1/2 (exp(c w_r.x - c^2 |x|^2 / 2 - s) + eps)``, ``eps = 1e-4`` (``numerical_stabilizer``).
-  The shift s is the maximum of ``c w_r.x`` over the features of the row for *queries* and over the
-  whole key tensor (all batch elements, heads, positions and features) for *keys*, not under
-  ``stop_gradient``; it cancels in the normalization up to the ``eps`` term.
-* **Layout**: features are moved to length-first ``[L, B, H, M]`` (the official ``attention_dims_t``
-  first) before the numerator and denominator.
-* **Bidirectional** (``noncausal_numerator`` / ``noncausal_denominator``): ``kv = sum_l phi(k_l) v_l^T``
-  ``[B, H, M, D]`` and ``num = phi(q) kv``; ``ksum = sum_l phi(k_l)`` (an einsum against a ones
-  vector, as the official code writes it) and ``den = phi(q).ksum``; ``out = num / den`` with no guard.
-* **Causal**: prefix sums by ``lax.scan`` over positions, one ``[B, H, M, D]`` state, with the official
-  hand-written ``custom_vjp`` backward (a reverse scan that subtracts each position's ``k v^T`` from the
-  final state instead of storing the L states).
-* **Masks**: the official module has no key-padding mask for FAVOR+; here padded keys get zero
-  features (the eps included), the minimal change that gives it the same semantics as the project's
-  path, so both are compared "with masks".
+  ``phi(x)_r = M^-1/2 (exp(c w_r.x - c^2 |x|^2 / 2 - s) + eps)``, ``c = d^-1/4``, ``eps = 1e-4``; s the
+  max of ``c w_r.x`` over the row's features for queries and over the whole key tensor for keys, not
+  under ``stop_gradient``;
+* length-first ``[L, B, H, M]`` einsums (``noncausal_numerator`` / ``noncausal_denominator``, ``ksum``
+  against a ones vector), ``out = num / den`` with no guard;
+* causal: prefix sums by ``lax.scan`` over positions with the official hand-written ``custom_vjp``
+  (a reverse scan subtracting each position's ``k v^T`` from the final state);
+* masks: none in the official module; here padded keys get zero features (eps included), the minimal
+  change that gives it the project's semantics (docs/benchmarks.md, "Against the official FAVOR+").
 
 W is passed in (``[M, d]``, one matrix for all heads, as the official ``projection_matrix``); the
 benchmark draws it with the project's ORF sampler so both sides use the same matrix.
