@@ -7,8 +7,8 @@ inductive bias. Grayscale is LRA's ``tf.image.rgb_to_grayscale`` reproduced in n
 ``data.pixel_padding`` (``pixel_offset``; Pathfinder reads the same field): ``'none'`` (default) ``pixel
 + 1``, vocabulary 257, nothing masked; ``'lra'`` the raw pixel, vocabulary 256 (image/input_pipeline.py
 72 @ ad0ff01), so the mask ``inputs != 0`` -- LRA's ``inputs > 0`` (models/transformer/transformer.py
-148 @ b4f9fed), Skyformer's (src/models/dataset_LRA.py 32 @ cfe8c8c) -- masks every black pixel
-(docs/data.md, "Where we differ from LRA").
+148 @ b4f9fed), Skyformer's (src/preprocess/create_cifar10.py 21, src/models/dataset_LRA.py 32 @
+cfe8c8c) -- masks every black pixel (docs/data.md, "Where we differ from LRA").
 
 Every image has exactly 1024 tokens (``TaskInfo.max_length``); ``data.max_length`` must be 1024 or 0
 (= automatic).

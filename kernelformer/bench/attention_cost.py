@@ -1,31 +1,23 @@
 """Cost of attention mechanisms versus sequence length: time, compiled memory, FLOPs.
 
-What is measured, for every registry name asked for and every length, in one process:
+What is measured, for every registry name asked for and every length, in one process (docs/benchmarks.md,
+"Cost versus length"): ``fwd`` (the module alone) and ``fwd+bwd`` (with the VJP for a fixed random
+cotangent, so XLA cannot simplify the backward of a sum); median wall time (``measure.time_compiled``),
+XLA's compiled memory (temp + arguments + outputs; temp separately), FLOPs, FLOP/s as a fraction of a
+dense matmul measured in the same run, and time and memory over softmax's at the same length and mode.
+The random-feature key and the variables are *arguments* of the compiled function, so XLA cannot
+constant-fold the projection draw (and its FLOPs) out of the timed program. The mechanisms are the
+papers' (Spectraformer eq. 7 linear attention, Luo et al. Algorithm 1 RPE by FFT, Skyformer eqs. 4-6,
+Nyströmformer, Linformer); this module drives them through ``registry.build`` with one option set, the
+feature budget M mapped to each one's own name for it (``num_features``, ``num_landmarks``,
+``linformer_k``).
 
-* ``fwd``: the attention module alone, ``module.apply(variables, q, k, v)``;
-* ``fwd+bwd``: the forward and the vector-Jacobian product with respect to q, k and v (a fixed random
-  cotangent, so XLA cannot simplify the backward pass of a sum);
-* for each: the median wall time (``measure.time_compiled``), XLA's compiled memory (temp + arguments +
-  outputs, temp separately), XLA's FLOP count, achieved FLOP/s as a fraction of a dense matmul measured in
-  the same run, and the ratio of time and memory to softmax's at the same length and mode.
-
-The random-feature key and the variables are *arguments* of the compiled function, not constants:
-otherwise XLA could constant-fold the projection draw (and its FLOPs) out of the timed program.
-
-The mechanisms are the papers' (Spectraformer eq. 7 linear attention, Luo et al. Algorithm 1 RPE by FFT,
-Skyformer eqs. 4-6, Nyströmformer, Linformer); this module only drives them through ``registry.build``
-with one option set, mapping the single feature budget M to each mechanism's own name for it (random
-features ``num_features``, landmarks ``num_landmarks``, Linformer's projected length ``linformer_k``).
-
-Cells that would not fit are not run: a cell whose compiled memory exceeds ``max_memory_gb`` keeps its
-memory and FLOPs (known from compilation) but no time, and a cell whose time, extrapolated from the
-previous length, would exceed ``max_call_s`` is skipped. Both say so in the row's ``note``. Cells whose
-calls are predicted to take more than a quarter of ``cell_budget_s`` get no warm-up call, and every cell
-gets as many repeats as fit in ``cell_budget_s`` (at least one).
-
-Compiled memory is XLA's buffer assignment. On CPU the process's real peak is larger (softmax at 16K
-fwd+bwd: 6.1 GiB assigned, about 17 GB resident), so each row also carries ``peak_rss_mib``, the
-process's resident high-water mark after the cell.
+Cells that would not fit are not run: one whose compiled memory exceeds ``max_memory_gb`` keeps its
+memory and FLOPs but no time; one whose time, extrapolated from the previous length, would exceed
+``max_call_s`` is skipped (the row's ``note`` says which). Calls predicted to take more than a quarter of
+``cell_budget_s`` get no warm-up; every cell gets as many repeats as fit in ``cell_budget_s`` (>= 1).
+XLA's buffer assignment is not the process's real peak on CPU (softmax at 16K fwd+bwd: 6.1 GiB
+assigned, about 17 GB resident), so each row also carries ``peak_rss_mib``.
 """
 from __future__ import annotations
 

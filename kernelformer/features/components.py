@@ -498,8 +498,9 @@ def grelu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Option
   ``features_type='deterministic'`` (M' = d), what LRA's Performer configs run. Each row here also
   carries ``sqrt|c_r|`` (sign on the query side), so ``phi(q).phi(k) = sum_r c_r (relu(w_r.q) +
   eps)(relu(w_r.k) + eps)``: for Monte Carlo weights the official features times 1/sqrt(M), which
-  cancels. Its own kernel (docs/kernels.md, "Performer generalized ReLU features"); bounded by a linear
-  function of |x|, so ``stabilize`` has nothing to do.
+  cancels. Its own kernel (w ~ N(0, I), M -> inf: Cho & Saul 2009's degree-1 arc-cosine kernel plus eps
+  terms; docs/kernels.md, "Performer generalized ReLU features"); bounded by a linear function of |x|,
+  so ``stabilize`` has nothing to do.
   """
   del stabilize
   (out_q, out_k), q, k, mask, dt = _cast(q, k, mask)

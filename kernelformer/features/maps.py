@@ -6,56 +6,33 @@ record (``FEATURE_MAPS``) and a registered kind of its own (``attention/random_f
 works wherever a kernel does: bidirectional and
 causal-chunked linear attention, the decoder's recurrent state, masks, bfloat16, the benchmarks. None of
 them estimates another kernel (``target_kernel`` 'none'): the map *is* the kernel, and the attention
-module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)``:
+module applies no d^-1/4 input scale. Each kernel is ``k(q, k) = phi(q) . phi(k)``.
+
+The formulas, feature counts and parameters are tabulated in docs/kernels.md ("The feature maps
+linear-attention work compares since 2023"); per map, the source:
 
 * ``taylor`` -- Based (Arora et al. 2024, "Simple linear attention language models balance the
-  recall-throughput tradeoff", section 3.1 / eq. 3): the second-order Taylor expansion of exp,
-  ``phi(x) = [1, x / d^(1/4), vec(x x^T) / (sqrt(2) d^(1/2))]``, so
-  ``phi(q).phi(k) = 1 + q.k/sqrt(d) + (q.k)^2 / (2d)``, M' = 1 + d + d^2. With ``map_dim = r > 0``, q and
-  k are first projected per head by a learned ``[r, d]`` matrix (Based projects q, k to a feature
-  dimension of 16 so that the state, (1 + r + r^2) x d_v, stays small); then d = r above.
+  recall-throughput tradeoff", §3.1 / eq. 3): second-order Taylor expansion of exp,
+  ``phi(q).phi(k) = 1 + q.k/sqrt(d) + (q.k)^2 / (2d)``; ``map_dim = r > 0`` projects q, k per head first.
 * ``hedgehog`` -- Zhang et al. 2024 ("The Hedgehog & the Porcupine"), eq. 4 ff.:
-  ``phi(x) = [softmax(W x), softmax(-W x)]`` over the feature axis, W a learned ``[d, d]`` per head,
-  initialised to the identity; M' = 2d. The paper's attention-distillation loss: ``distill_weight``
-  (``attention/distill.py``).
-* ``t2r`` -- Kasai et al. 2021 ("Finetuning pretrained transformers into RNNs"), eq. 4:
-  ``phi(x) = relu(W x + b)``, W ``[M, d]`` and b ``[M]`` learned per head (M = ``num_features``; the
-  paper uses 32), W LeCun-normal, b zero.
+  ``[softmax(W x), softmax(-W x)]``, W ``[d, d]`` learned per head, identity init (distillation:
+  ``attention/distill.py``).
+* ``t2r`` -- Kasai et al. 2021 ("Finetuning pretrained transformers into RNNs"), eq. 4: ``relu(W x + b)``.
 * ``dpfp``, ``dpfp-nu2``, ``dpfp-nu3`` -- Schlag et al. 2021 ("Linear transformers are secretly fast
-  weight programmers"), eqs. 31-32: ``r(x) = [relu(x), relu(-x)]`` in R^(2d),
-  ``phi(x)_{i,n} = r_i(x) r_{i+n}(x)`` (index mod 2d) for n = 1..nu, features ordered n-major; M' = 2 d nu.
+  weight programmers"), eqs. 31-32; features ordered n-major.
 * ``rebased`` -- Aksenov et al. 2024 ("Linear transformers with learnable kernel functions are better
-  in-context models"), eq. 6: ``x' = gamma * norm(x) + beta`` with norm the affine-free layer norm
-  over the head's features and gamma, beta learned per head (init 1, 0); ``phi(x) = vec(x' x'^T)``, so
-  ``phi(q).phi(k) = (q'.k')^2``; M' = d^2.
-* ``cosformer`` -- Qin et al. 2022 ("cosFormer: Rethinking Softmax in Attention", ICLR), the cos-based
-  re-weighting:
-  ``s(q_i, k_j) = relu(q_i).relu(k_j) cos(pi/2 (i - j) / M)``, split by cos(a - b) = cos a cos b +
-  sin a sin b into ``phi(x_i) = [relu(x_i) cos(pi i / (2M)), relu(x_i) sin(pi i / (2M))]`` (M' = 2d), so
-  it stays linear and works causally and step by step. Each token's absolute position i is an input
-  (``positions=(i_q, i_k, M)``, see ``cosformer``; maps whose record is ``positional``
-  receive it from the attention module). Positions are 1-based as in the official code
-  (OpenNLPLab/cosFormer cosformer.py @ 8e12da1, ``get_index``: ``pi/2 * arange(1, L+1)``).
-* ``polysketch``, ``polysketch-learned`` -- Kacham, Mirrokni & Zhong 2023 ("PolySketchFormer: Fast
-  Transformers via Sketching Polynomial Kernels"): degree-p polynomial attention ``(q.k)^p`` approximated
-  by sketching ``x^(x)p``; p = 4 here, by tensoring degree-2 sketches with the paper's non-negativity
-  ("self-tensoring") trick: a degree-2 sketch ``s(x) = (G1 x) * (G2 x) / sqrt(r)`` (G1, G2 ``[r, d]``
-  iid Gaussian: ``E[s(x).s(y)] = (x.y)^2``), then ``phi(x) = s(x) (x) s(x)``, so
-  ``phi(q).phi(k) = (s(q).s(k))^2 >= 0`` estimates ``(q.k)^4``. Inputs are layer-normalised first (the
-  paper's section 2.1 normalisation as flash-linear-attention reads it): ``polysketch`` uses the
-  affine-free layer norm scaled to unit norm, ``x^ = LN(x)/sqrt(d)`` (so the target is ``(q^.k^)^4``
-  with ``q^.k^`` in [-1, 1]); W = ``[G1; G2]`` is a random draw (``num_features`` = 2r rows, sampler
-  iid, redrawn like every random map). ``polysketch-learned`` follows flash-linear-attention's
-  ``LearnablePolySketchNonNegativeFeatureMap`` (fla/modules/feature_map.py @ bc3b101, l. 161-202, its
-  default degree): ``x' = gamma * LN(x) + beta``, ``s = (W1 x') * (W2 x') / sqrt(d)`` with learned
-  W1, W2 ``[r, d]`` per head (r = ``map_dim`` or d), then the self-tensor. The self-tensor is stored as
-  its upper triangle with off-diagonal entries times sqrt(2), M' = r(r+1)/2, so ``phi.phi' = (s.s')^2``
-  exactly (fla keeps the triangle without the sqrt(2), which gives ``((s.s')^2 + sum_i s_i^2 s_i'^2)/2``).
-* ``performer-zoology`` -- Zoology's Performer feature map as Zoology computes it (``performer_zoology``):
-  FAVOR+'s form with projection rows of norm sqrt(d/M), drawn once; its own kernel.
-* elementwise maps (Zoology, flash-linear-attention's feature maps): ``identity`` x, ``square`` x^2,
-  ``squared-relu`` relu(x)^2, ``gelu`` gelu(x) (exact, erf), ``swish`` x sigmoid(x), ``sigmoid``
-  sigmoid(x); M' = d. (``linear-elu`` is PosELU, elu(x)+1, and ``relu`` exists already.)
+  in-context models"), eq. 6: ``vec(x' x'^T)``, ``x' = gamma * norm(x) + beta``.
+* ``cosformer`` -- Qin et al. 2022 ("cosFormer: Rethinking Softmax in Attention", ICLR): ``[relu(x_i)
+  cos(pi i / (2M)), relu(x_i) sin(pi i / (2M))]``, positions 1-based as the official code
+  (OpenNLPLab/cosFormer cosformer.py @ 8e12da1, ``get_index``); a ``positional`` record.
+* ``polysketch``, ``polysketch-learned`` -- Kacham, Mirrokni & Zhong 2023 ("PolySketchFormer"): ``(q.k)^4``
+  by self-tensoring degree-2 sketches (section 2.1 normalisation as flash-linear-attention reads it);
+  the learned one follows fla's ``LearnablePolySketchNonNegativeFeatureMap`` (fla/modules/feature_map.py
+  @ bc3b101, l. 161-202). The self-tensor keeps its upper triangle with off-diagonal entries times
+  sqrt(2), so ``phi.phi' = (s.s')^2`` exactly (fla omits the sqrt(2)).
+* ``performer-zoology`` -- Zoology's Performer feature map as Zoology computes it (``performer_zoology``).
+* elementwise maps (Zoology, flash-linear-attention): ``identity``, ``square``, ``squared-relu``,
+  ``gelu`` (exact, erf), ``swish``, ``sigmoid``; M' = d.
 
 ``identity``, ``square``'s products and ``gelu``/``swish`` can be negative; the attention core's
 ``safe_normalizer`` keeps a row whose normalizer vanishes finite. All maps here are polynomial or
