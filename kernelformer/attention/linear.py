@@ -943,6 +943,7 @@ def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
 def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
   """``causal_feature_attention`` for one (component, parameters, eps, chunk, segment)."""
   rebuild = _rebuilder(treedef, is_float)
+  flat = lambda x: x.reshape((-1,) + x.shape[2:])     # segments joined again
 
   def chunks(q, k, v, mask):
     return (_split_chunks(q, c, -2), _split_chunks(k, c, -2), _split_chunks(v, c, -2),
@@ -979,7 +980,6 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
 
     _, (out, den, s0, z0) = jax.lax.scan(segment, init, tuple(segments(x) for x in xs),
                                          unroll=xs[0].shape[0] == g)
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
     out = _join_chunks(flat(out), -2)
     return out, (out, flat(den), s0, z0)
 
@@ -1017,7 +1017,6 @@ def _causal_feature_attention_fn(component, treedef, is_float, eps, c, g):
     init = (jnp.zeros_like(s0[0]), jnp.zeros_like(z0[0]), zeros_diff)
     (_, _, dw), (dq, dk, dv) = jax.lax.scan(segment, init, (*(segments(x) for x in xs), s0, z0),
                                             reverse=True, unroll=s0.shape[0] == 1)
-    flat = lambda x: x.reshape((-1,) + x.shape[2:])
     return (_join_chunks(flat(dq), -2), _join_chunks(flat(dk), -2), _join_chunks(flat(dv), -2), dw)
 
   return forward, bwd

@@ -572,6 +572,10 @@ def compare_official(lengths: Sequence[int], setup: Setup, *, causal_modes: Sequ
   return rows
 
 
+# A markdown cell of the comparison tables: '—' for a missing value.
+_cell = lambda x, spec: '—' if x is None or x == '' else format(float(x), spec)
+
+
 def _load_1min() -> Optional[float]:
   return os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
 
@@ -630,16 +634,15 @@ def compare_markdown(rows: Sequence[dict[str, Any]]) -> str:
           'temp official (MiB) | compiled ours / official (MiB) | peak RSS ours / official (MiB) | '
           'max abs diff (eps 0) | rounds | load |')
   lines = [head, '|' + '---|' * 15]
-  fmt = lambda x, spec: '—' if x is None or x == '' else format(float(x), spec)
   for r in rows:
-    times = (f'{fmt(r["ours_ms"], ".1f")} | {fmt(r["official_ms"], ".1f")} | {fmt(r["speedup"], ".2f")}'
+    times = (f'{_cell(r["ours_ms"], ".1f")} | {_cell(r["official_ms"], ".1f")} | {_cell(r["speedup"], ".2f")}'
              if r.get('ours_ms') is not None else f'{r.get("note", "not run")} | — | —')
     lines.append(f'| {"causal" if r["causal"] else "bidirectional"} | {r["mode"]} | {r["length"]} | '
                  f'{r["batch"]} | {r["heads"]} | {times} | '
                  f'{r["ours_temp_mib"]:.1f} | {r["official_temp_mib"]:.1f} | '
-                 f'{fmt(r.get("ours_total_mib"), ".0f")} / {fmt(r.get("official_total_mib"), ".0f")} | '
-                 f'{fmt(r.get("ours_peak_rss_mib"), ".0f")} / {fmt(r.get("official_peak_rss_mib"), ".0f")} | '
-                 f'{fmt(r["max_abs_diff"], ".1e")} | {r["repeats"]} | {fmt(r["load_1min"], ".1f")} |')
+                 f'{_cell(r.get("ours_total_mib"), ".0f")} / {_cell(r.get("official_total_mib"), ".0f")} | '
+                 f'{_cell(r.get("ours_peak_rss_mib"), ".0f")} / {_cell(r.get("official_peak_rss_mib"), ".0f")} | '
+                 f'{_cell(r["max_abs_diff"], ".1e")} | {r["repeats"]} | {_cell(r["load_1min"], ".1f")} |')
   return '\n'.join(lines)
 
 
@@ -690,7 +693,6 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
   from kernelformer.features import hadamard, projection, weights  # pylint: disable=g-import-not-at-top
   out = []
   m = setup.num_features
-  load = lambda: os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
   for d in dims:
     x = jax.random.normal(jax.random.PRNGKey(setup.seed), (rows, d))
     keys = jax.random.split(jax.random.PRNGKey(setup.seed + 1), 3)
@@ -702,7 +704,7 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
         [(x, dense), (x, sorf), (x, ff), (x, ff)], setup.repeats)
     row = {'what': 'projection', 'size': d, 'num_features': m, 'rows': rows, 'dense_ms': t[0] * 1e3,
            'sorf_ms': t[1] * 1e3, 'fastfood_ms': t[2] * 1e3, 'fastfood_rowwise_ms': t[3] * 1e3,
-           'repeats': setup.repeats, 'load_1min': load()}
+           'repeats': setup.repeats, 'load_1min': _load_1min()}
     out.append(row)
     log(f'projection d={d} M={m}: dense {row["dense_ms"]:.2f} ms, SORF {row["sorf_ms"]:.2f}, '
         f'FastFood {row["fastfood_ms"]:.2f} (row-wise transform {row["fastfood_rowwise_ms"]:.2f})')
@@ -717,7 +719,7 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
     t = _interleaved_medians(fns, fargs, setup.repeats)
     row = {'what': f'attention {mode}', 'size': 64, 'num_features': m, 'rows': length,
            'dense_ms': t[0] * 1e3, 'sorf_ms': t[1] * 1e3, 'fastfood_ms': t[2] * 1e3,
-           'repeats': setup.repeats, 'load_1min': load()}
+           'repeats': setup.repeats, 'load_1min': _load_1min()}
     out.append(row)
     log(f'attention {mode} L={length} d=64 M={m}: posrf-orf {row["dense_ms"]:.2f} ms, posrf-sorf '
         f'{row["sorf_ms"]:.2f}, posrf-fastfood {row["fastfood_ms"]:.2f}')
@@ -727,7 +729,7 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
                               lambda x: hadamard.fwht(x, method='dense')], [(x,), (x,)],
                              setup.repeats)
     row = {'what': 'fwht', 'size': n, 'rows': x.shape[0], 'butterfly_ms': t[0] * 1e3,
-           'matmul_ms': t[1] * 1e3, 'repeats': setup.repeats, 'load_1min': load()}
+           'matmul_ms': t[1] * 1e3, 'repeats': setup.repeats, 'load_1min': _load_1min()}
     out.append(row)
     log(f'fwht n={n} ({x.shape[0]} rows): butterfly {row["butterfly_ms"]:.2f} ms, dense matmul '
         f'{row["matmul_ms"]:.2f} ms')
@@ -873,7 +875,7 @@ def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
           start = time.perf_counter()
           jax.block_until_ready(programs[i][1](*programs[i][2]))
           times[i].append(time.perf_counter() - start)
-      load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
+      load = _load_1min()
       for (row, _, _), t in zip(programs, times):
         row.update(time_ms=statistics.median(t) * 1e3, repeats=len(t))
       for row in rows:
@@ -899,11 +901,10 @@ def maps_markdown(rows: Sequence[dict[str, Any]]) -> str:
   head = ('| mode | L | kind | path | M\' | fwd+bwd (ms) | stored / lean | compiled total (MiB) | '
           'temp (MiB) | rounds | load | note |')
   lines = [head, '|' + '---|' * 12]
-  fmt = lambda x, spec: '—' if x is None or x == '' else format(float(x), spec)
   for r in rows:
     lines.append(f'| {"causal" if r["causal"] else "bidirectional"} | {r["length"]} | {r["kind"]} | '
                  f'{r["path"]} | {r["features"] if r["features"] is not None else "—"} | '
-                 f'{fmt(r.get("time_ms"), ",.0f")} | {fmt(r.get("time_vs_lean"), ".2f")} | '
-                 f'{fmt(r["total_mib"], ",.1f")} | {fmt(r["temp_mib"], ",.1f")} | '
-                 f'{r.get("repeats") or "—"} | {fmt(r.get("load_1min"), ".1f")} | {r.get("note", "")} |')
+                 f'{_cell(r.get("time_ms"), ",.0f")} | {_cell(r.get("time_vs_lean"), ".2f")} | '
+                 f'{_cell(r["total_mib"], ",.1f")} | {_cell(r["temp_mib"], ",.1f")} | '
+                 f'{r.get("repeats") or "—"} | {_cell(r.get("load_1min"), ".1f")} | {r.get("note", "")} |')
   return '\n'.join(lines)
