@@ -13,15 +13,11 @@ comma-separated list; each entry is
 Loading is idempotent: a file or module already imported (by an earlier call, or by the config file
 that imports it) is not imported again, so nothing registers twice.
 
-Where plugins come from, all loaded before any kernel name is looked up:
-
-* ``--config.model.attention.plugin=...`` (train, config; ``--set``/``--grid`` of sweep): loaded when the
-  config is parsed, before the overrides are checked, and again by the trainer;
-* ``--plugin ...`` on every ``kernelformer`` command (``split_plugin_flag``): loaded by the dispatcher
-  before the command starts, and exported as ``$KERNELFORMER_PLUGIN`` so the subprocesses of a
-  ``sweep --parallel`` load it too;
-* a config file's own ``import my_kernels``: the config file's folder is on ``sys.path`` while it loads
-  (``config_dir_on_path``).
+Where plugins come from, all loaded before any kernel name is looked up (docs/extending.md, "Three ways
+to load your module"): ``--config.model.attention.plugin=...`` (loaded when the config is parsed, and
+again by the trainer); ``--plugin ...`` on every command (``split_plugin_flag``; exported as
+``$KERNELFORMER_PLUGIN`` for a sweep's subprocesses); a config file's own ``import my_kernels`` (its
+folder is on ``sys.path`` while it loads, ``config_dir_on_path``).
 
 ``provenance`` lists the files a run's kernel came from with their sha256 digests (results.json's
 ``plugins``). This module imports no JAX until a plugin is loaded or registers something: the

@@ -5,11 +5,9 @@ are what the loaders would find after extracting ``lra_release.gz``, only fewer 
 content. Both writers are deterministic functions of their arguments and return what they wrote, so
 a test can compare the loader's arrays with the expected tokens.
 
-* ``write_retrieval_fixture``: ``{root}/retrieval/new_aan_pairs.{train,eval,test}.tsv``; tab-separated
-  ``label id1 id2 text1 text2`` lines, no header, texts as Python bytes literals (``b'...'``).
-* ``write_pathfinder_fixture``: ``{root}/pathfinder{res}/{curv_dir}/imgs/<k>/sample_<n>.png`` (8-bit
-  grayscale PNGs) and ``metadata/<k>.npy`` text files, one line per image; one image is an empty
-  file and one is not a PNG, as the loader must skip both.
+``write_retrieval_fixture`` writes ``{root}/retrieval/new_aan_pairs.{train,eval,test}.tsv``,
+``write_pathfinder_fixture`` ``{root}/pathfinder{res}/{curv_dir}/`` with one empty image and one that is
+not a PNG, as the loader must skip both (formats: docs/data.md).
 
 ListOps needs no fixture: its generator makes the files (``lra_tasks.listops``).
 """

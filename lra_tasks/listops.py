@@ -130,11 +130,9 @@ class _Draws:
 class TreeSampler:
   """Samples ListOps trees by the original generator's rules, from one seeded numpy Generator.
 
-  The rules (the distribution): a node at depth ``< max_depth`` is an operator with probability 0.25,
-  else a digit; at ``max_depth`` always a digit. An operator has ``k`` ~ uniform{2..max_args}
-  arguments, generated first; then its operator is drawn uniformly from MIN, MAX, MED, SM. Digits are
-  uniform in 0..9. All these choices are independent, which allows two cheaper steps than drawing
-  node by node (the original is unseeded, so there is no draw order to reproduce, only this law):
+  The rules (the distribution) are the module docstring's; digits are uniform in 0..9 and an operator
+  uniform over MIN, MAX, MED, SM. All these choices are independent, which allows two cheaper steps than
+  drawing node by node (the original is unseeded, so there is no draw order to reproduce, only this law):
 
   1. Shape, in preorder. Below ``max_depth``, the number of digit arguments an operator has before
      its next operator argument is ``Geometric(0.25) - 1``; if that reaches the arguments left, they

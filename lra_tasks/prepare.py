@@ -4,12 +4,10 @@
 A ``Request`` is one task with the ``data`` part of one config (plus command-line overrides). For a
 list of requests:
 
-* ``prepare`` makes what is missing: ListOps by our seeded generator (``listops.TASK.prepare``) or
-  from the release; Text and Image with TFDS' ``download_and_prepare`` as ``array_record``;
-  Retrieval and Pathfinder (and released ListOps) extracted from LRA's release in one streaming
-  pass (``lra_tasks.archive``). Then it writes a manifest per directory (``lra_tasks.manifest``) and
-  builds the caches the loaders read (``lra_tasks.cache``: Retrieval and Text byte tokens, Pathfinder
-  pixels).
+* ``prepare`` makes what is missing (ListOps by our seeded generator or from the release; Text and Image
+  with TFDS' ``download_and_prepare``; the release tasks extracted in one streaming pass,
+  ``lra_tasks.archive``), then writes a manifest per directory (``lra_tasks.manifest``) and builds the
+  caches the loaders read (``lra_tasks.cache``); docs/data.md, "What a run does".
 * ``check`` reports per request what is present, what is missing (the task's own ``check()`` lines,
   the same the trainer stops with), whether the files still match their manifest, whether a cache is
   there, and the one command that prepares it. A request is OK iff nothing is missing or differs.

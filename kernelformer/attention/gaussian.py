@@ -5,12 +5,10 @@
 
     C_ij = exp(-||q_i - k_j||^2 / (2 sqrt(p))).
 
-**Normalization.** The paper does *not* divide by the row sum ``C 1``: §4.1 argues that the Gaussian
-kernel is already normalized, ``C = D_Q^{-1/2} A D_K^{-1/2}`` with ``A = exp(Q K^T / sqrt(p))`` and
-``(D_Q)_ii = exp(||q_i||^2 / sqrt(p))``, and presents that as the counterpart of softmax's ``D^{-1} A``.
-So this module returns exactly ``C V``: every weight lies in (0, 1], rows do not sum to one, and an
-output row grows with the number of keys near its query. This is the quadratic reference that Skyformer
-(``skyformer.py``) approximates.
+**Normalization** (docs/kernels.md, "Kernelized attention is not row-normalized"): §4.1 argues that the
+Gaussian kernel is already normalized, ``C = D_Q^{-1/2} A D_K^{-1/2}`` with ``A = exp(Q K^T / sqrt(p))``,
+so this module returns exactly ``C V`` (weights in (0, 1], rows not summing to one): the quadratic
+reference that Skyformer (``skyformer.py``) approximates.
 
 Padded keys (mask False) get weight 0; ``causal`` zeroes ``C_ij`` for ``j > i``. O(L S p) time,
 O(L S) memory. ``attention_dropout`` drops entries of C in training, as Skyformer's Kernelized

@@ -11,11 +11,9 @@ Padding: padded keys and values are zeroed *before* the projection, so their con
 output. (A projected key is a weighted sum over positions and cannot be "masked" afterwards.) Causal
 attention is not defined: a projected key mixes all positions, so ``causal=True`` raises.
 
-Length dependence (``AttentionSpec.length_dependent``): Linformer is the one registered mechanism that
-depends on absolute positions by definition -- column i of E and F belongs to position i, so the same
-tokens at other positions (left padding, a shifted window) give other outputs, and a model is tied to
-its ``max_length``. Padding at the *end* is harmless: padded columns multiply zeroed keys and values, so
-the same real tokens padded to L or to 4L (both <= max_length) give the same outputs.
+Length dependence (``AttentionSpec.length_dependent``; docs/kernels.md, "Length-dependent mechanisms"):
+column i of E and F belongs to position i, so the same tokens at other positions give other outputs;
+padding at the *end* is harmless (the same real tokens padded to L or 4L give the same outputs).
 """
 from __future__ import annotations
 

@@ -62,10 +62,9 @@ def toeplitz_matmul(c: Array, x: Array, causal: bool = False) -> Array:
   Returns:
     ``[..., n, channels]`` float32.
 
-  With ``r[t] = c[2n - 2 - t]`` (c reversed), ``y_i = sum_j r[i + n - 1 - j] x_j`` is entry ``i + n - 1``
-  of the linear convolution ``r * x``, whose support is ``[0, 3n - 3]``. A circular convolution of
-  length N >= 2n - 1 leaves the entries ``n - 1 .. 2n - 2`` free of wrap-around: an alias of entry t sits
-  at ``t +- N``, outside ``[0, 3n - 3]`` for those t. N is the next power of two (fast FFT sizes).
+  With ``r[t] = c[2n - 2 - t]`` (c reversed), ``y_i`` is entry ``i + n - 1`` of the linear convolution
+  ``r * x`` (support ``[0, 3n - 3]``); a circular one of length N = next_pow2(2n - 1) leaves the entries
+  ``n - 1 .. 2n - 2`` free of wrap-around (an alias of entry t sits at ``t +- N``).
   """
   n = x.shape[-2]
   if c.shape[-1] != 2 * n - 1:

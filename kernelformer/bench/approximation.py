@@ -1,27 +1,20 @@
 """Approximation-quality experiments of the papers, on the library's own feature maps and modules.
 
-Four experiments, each a pure function of its sizes and a seed returning plain rows (dicts):
+Four experiments, each a pure function of its sizes and a seed returning plain rows (dicts); setups and
+results: docs/benchmarks.md, "Approximation quality".
 
 * ``performer_mse``: the Performer note's experiment (``performers-kernel-trick-random-fourier-features``):
-  attention-output MSE against exact softmax attention vs the number of random features R, L = 1024,
-  d = 16, i.i.d. vs orthogonal W, trigonometric (``z^sin/cos``, Performer Lemma 1) vs positive features
-  (``z^positive``, FAVOR+), mean and std over 15 draws of W for one fixed input.
-* ``luo_prf_error``: Luo et al. 2021 fig. 1b: ``||A - A_hat||_1`` between the softmax attention row
-  ``A = softmax(q.k_j)`` of one query over 1024 keys and its PRF estimate (their eq. 5, i.i.d. W), query
-  and keys uniform on the unit sphere of R^64 and scaled by R; Theorem 3 says the error grows like
-  ``exp(2 R^2) / sqrt(m)``.
-* ``spectraformer_grid``: the Spectraformer component x weight-matrix grid (their eq. 11): the relative
-  Frobenius error ``||K_hat - K||_F / ||K||_F`` of every component function with every sampler at
-  M = 64, 128, 256, K the kernel each component targets (its record's ``target_kernel``; unstabilized,
-  i.e. unbiased, features).
-* ``skyformer_spectral``: Skyformer fig. 1 (§4.5): spectral norm ``||O_hat - O||_2`` of the attention
-  output against the exact output vs the number of features / landmarks, for Skyformer (against exact
-  Gaussian kernelized attention, the attention it approximates, Skyformer eq. 3), Nyströmformer,
-  Performer (posrf-orf) and Linformer (against softmax), random-initialized Q/K/V projections of
-  random inputs (the paper's "initialized BERT" setting, without BERT).
+  attention-output MSE against exact softmax vs the number of random features R, i.i.d. vs orthogonal
+  W, trigonometric (Performer Lemma 1) vs positive features (FAVOR+), 15 draws of W for one input.
+* ``luo_prf_error``: Luo et al. 2021 fig. 1b: ``||A - A_hat||_1`` of one softmax attention row and its
+  PRF estimate (their eq. 5) vs the norm R of query and keys (Theorem 3: ``exp(2 R^2) / sqrt(m)``).
+* ``spectraformer_grid``: the Spectraformer component x weight-matrix grid (their eq. 11):
+  ``||K_hat - K||_F / ||K||_F`` of every component with every sampler, unstabilized (unbiased) features.
+* ``skyformer_spectral``: Skyformer fig. 1 (§4.5): ``||O_hat - O||_2`` vs the number of features /
+  landmarks for Skyformer (against its eq. 3), Nyströmformer, Performer and Linformer (against softmax),
+  random-initialized Q/K/V projections of random inputs.
 
-Inputs of the attention experiments follow the attention modules: q and k are scaled by d^-1/4 before
-the feature map so that ``exp(q.k)`` becomes softmax's ``exp(q.k / sqrt(d))``.
+q and k are scaled by d^-1/4 before the feature map, as the attention modules do.
 """
 from __future__ import annotations
 

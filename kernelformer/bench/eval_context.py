@@ -7,11 +7,9 @@ Writes a 20,000-byte file in enwik8's format to a temporary directory, trains a 
 ``--length`` bytes, and prints the test split's bits per byte under ``eval_context`` 'disjoint',
 'sliding' (stride L/2) and 'stateful' (``kernelformer/training/lm_eval.py``). Fixtures:
 
-* ``topic`` (``write_topic_fixture``): documents of 1000 letters, each drawn uniformly from its own 10
-  random letters of a..z; the test split is one document. A byte is predictable only from the
-  document's earlier bytes, so more context is worth more.
-* ``words`` (``lra_tasks.enwik8.write_fixture``): i.i.d. words from a list of 14; only the last few
-  bytes matter.
+``topic`` (``write_topic_fixture``: documents of 1000 letters, each from its own 10 of a..z, so more
+context is worth more) and ``words`` (``lra_tasks.enwik8.write_fixture``: i.i.d. words, only the last
+few bytes matter); results: docs/causal.md, "Measured".
 
 Used by ``tests/training/test_lm_eval.py`` (the topic fixture's order disjoint > sliding > stateful).
 """

@@ -3,18 +3,12 @@
 ``python -m kernelformer.bench.rpe_cost --lengths 1024,4096,16384 --rounds 3``
 
 Luo et al.'s Algorithm 1 (eqs. 10-13) must transform M (Dv + 1) channels of length 2L; the question is
-how close ``rpe.rpe_linear_attention`` gets to exactly that. Per length this compiles, in one process:
-
-* ``rpe_path``: ``rpe_linear_attention`` on given features (phi_q, phi_k, v, bias), fwd and fwd+bwd
-  (the VJP with respect to all four);
-* ``fft_pair``: a bare ``irfft(rfft(x, n=2L), n=2L)[..., :L]`` over ``x [B, H, M, Dv + 1, L]`` -- the same total
-  FFT size, nothing else -- fwd and fwd+bwd (VJP with respect to x);
-* the modules ``nprf-rpe`` and ``posrf-iid`` (M features, same q, k, v) through the registry, fwd+bwd,
-  as ``attention_cost.build_programs`` builds them.
-
-Programs are timed interleaved (round r times every program once, then round r + 1), and the median
-over rounds is reported: the machine is shared, and interleaving spreads load changes over all
-programs alike. Memory is XLA's ``memory_analysis`` temp bytes of the same executables.
+how close ``rpe.rpe_linear_attention`` gets to exactly that. Per length, in one process, fwd and fwd+bwd
+of ``rpe_path`` (``rpe_linear_attention`` on given features), ``fft_pair`` (a bare rfft/irfft pair of the
+same total FFT size, nothing else) and the registry's ``nprf-rpe`` and ``posrf-iid`` (as
+``attention_cost.build_programs`` builds them; docs/benchmarks.md, "RPE by FFT: time against a bare
+FFT, memory"). Programs are timed interleaved (round r times every program once), median over rounds;
+memory is XLA's ``memory_analysis`` temp bytes of the same executables.
 """
 from __future__ import annotations
 

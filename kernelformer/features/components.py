@@ -109,24 +109,15 @@ def _chunk_prefix_max(zk: Array, chunk: int, init: Optional[Array] = None) -> Ar
 
 def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
                  causal_chunk: Optional[int] = None, shift_init: Optional[Array] = None):
-  """``exp`` of query and key log-magnitudes, shifted as the module docstring explains.
+  """``exp`` of query and key log-magnitudes ``zq [..., L, F]``, ``zk [..., S, F]`` (F = M' or 1 for a
+  per-row factor), shifted as the module docstring explains. Masked keys get ``-inf`` before the max, so
+  they never set the shift and come out as exactly 0 (``exp(-inf) = 0`` has zero derivative).
 
-  ``zq [..., L, F]`` and ``zk [..., S, F]`` (F = M' or 1 for a per-row factor). Keys are shifted per
-  feature column by ``beta_r = max_j zk_jr`` (valid keys), queries by ``a_i = max_r (zq_ir + beta_r)``
-  after adding ``beta_r``. Masked keys get ``-inf`` before the max, so they never set the shift and come
-  out as exactly 0 (forward and backward stay finite: ``exp(-inf) = 0`` has zero derivative).
-
-  ``causal_chunk`` (causal self-attention, L = S; any chunk size C >= 1 of the core): ``beta_j`` is the
-  running max over the valid keys 0..j, and key j and query j are both shifted by ``beta_j``, so no key
-  after a row enters that row's shift. Returns ``(exp_q, exp_k, beta [..., S, F])``: the causal core
-  (``linear.linear_attention(..., key_shift=beta)``) moves each product onto a shift that every row
-  involved may see (``beta`` at the end of the key block), so the chunk size C does not enter the
-  features at all (it is accepted for the callers' sake).
-
+  ``causal_chunk`` (causal self-attention, L = S; any C >= 1, which does not enter the features): key j
+  and query j are both shifted by ``beta_j``, the running max over the valid keys 0..j; returns ``(exp_q,
+  exp_k, beta [..., S, F])`` for the core (``linear.linear_attention(..., key_shift=beta)``).
   ``shift_init`` (with ``causal_chunk`` only; broadcastable to ``[..., 1, F]``, ``-inf`` = no key yet):
-  the running key max of the keys before this block, so a block continues a sequence: incremental
-  decoding (the shift of token t is the running max over keys 0..t) and stateful evaluation carry it
-  with their recurrent state (``linear.causal_linear_attention``).
+  the running max carried in from earlier blocks (decoding, stateful evaluation).
   """
   if mask is not None:
     zk = jnp.where(mask[..., None], zk, -jnp.inf)

@@ -9,11 +9,10 @@ quadrature (SGQ) and FastFood (eq. 17). Every sampler targets p = N(0, I_d), the
 the Gaussian kernel exp(-|x - y|^2 / 2); the component functions (``components.py``) rescale inputs
 for other kernels.
 
-Contract: ``sample(key, num_features, dim) -> Projection`` with ``num_features`` and ``dim`` Python
-ints. Every sampler is ``jax.jit``-able with the key traced (``static_argnums=(1, 2)``) and
-``jax.vmap``-able over keys (one projection per head). Where a fixed table is needed (the Sobol points of
-QMC, the Smolyak node table of SGQ) it is computed with numpy/scipy on the host at trace time, cached per
-``(num_features, dim)``, and randomized per key inside JAX, so the traced computation stays pure.
+Contract (docs/extending.md, "Sampler"): ``sample(key, num_features, dim) -> Projection``, ``jax.jit``-able
+with the key traced (``static_argnums=(1, 2)``) and ``jax.vmap``-able over keys (one projection per
+head). A fixed table (QMC's Sobol points, SGQ's Smolyak nodes) is computed with numpy/scipy on the host
+at trace time, cached per ``(num_features, dim)`` and randomized per key inside JAX.
 """
 from __future__ import annotations
 

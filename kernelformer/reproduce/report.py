@@ -12,15 +12,10 @@ accuracy of the best-validation checkpoint, ``steps_per_sec``, ``compiled_memory
 * ``<out>.png``: the LRA-style plot, test accuracy against training speed (steps/s), point area
   proportional to compiled memory, one panel per task.
 
-Runs are grouped by their config fingerprint: the whole ``results.json`` config, nested fields included
-(the kernel by its canonical name, aliases resolved), and the preset, except the seed and the fields
-that cannot change a run's numbers: ``kernelformer.training.fingerprint.config_fields``, the definition
-the workdir uses to tell a run from another (its ``EXCLUDED`` list: logging, checkpoint frequency, data
-location, attention implementation, ...). A cell averages only runs of one fingerprint; runs of one row and task that
-differ in anything else (steps, options, data, ...) become separate rows named by what differs, and
-``Report.warnings`` says so (printed by ``kernelformer report`` and at the top of the markdown). A run
-trained by more than one code version (resumed after an update: results.json ``code_versions``) is
-averaged as usual and named in a warning.
+Runs are grouped by their config fingerprint (``kernelformer.training.fingerprint.config_fields`` less
+the seed; docs/architecture.md): a cell averages only runs of one fingerprint, runs of one row and task
+that differ in anything else become separate rows named by what differs, and ``Report.warnings`` says
+so, as it names a run trained by more than one code version (results.json ``code_versions``).
 
 "Compiled memory" is XLA's ``argument + temp`` bytes of the compiled train step: the state and batch it
 reads plus its scratch (its outputs alias the donated state, so they are not added). It is what the
