@@ -9,6 +9,7 @@ restores the scale; float32 and bfloat16 have no scale.
 from __future__ import annotations
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -150,3 +151,12 @@ def test_a_resumed_float16_run_restores_the_scale_bitwise(tmp_path, monkeypatch)
   trainer.train_and_evaluate(c, str(tmp_path / 'resumed'), hooks=[keep('resumed')])
   assert float(ends['full'].opt_state.scale) != 2.0 ** 16   # it grew (and backed off)
   jax.tree.map(np.testing.assert_array_equal, ends['resumed'], ends['full'])
+
+
+def test_the_gpu_table_names_float16_rows_amp(tmp_path):
+  from kernelformer.reproduce import gpu_table  # pylint: disable=g-import-not-at-top
+  for dtype, shown in (('float16', 'float16 AMP'), ('float32', 'float32')):
+    (tmp_path / dtype).mkdir()
+    (tmp_path / dtype / 'results.json').write_text(json.dumps(
+        {'config': {'model': {'dtype': dtype}, 'num_train_steps': 4}, 'final_step': 4}))
+    assert gpu_table.row('g', dtype, str(tmp_path / dtype))['precision'] == shown
