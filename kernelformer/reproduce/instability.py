@@ -44,6 +44,7 @@ a rerun.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -150,23 +151,26 @@ def make_functions(model, tx, config):
   """``(train_step, embed)``, jitted; the seed's keys are arguments, so one compile serves every seed.
 
   ``train_step(params, opt_state, model_state, batch, step, keys) -> (params, opt_state,
-  model_state, updates, loss)``: the trainer's loss and the optimizer's update (W_i - W_{i-1}
-  before float32 rounding); a float16 model's under the trainer's loss scale (``optim.loss_scaled``,
-  torch's GradScaler as Skyformer src/main.py 77-88 uses it), which lives in ``opt_state``.
+  model_state, updates, loss)``: the trainer's loss (``steps.step_loss``) and the optimizer's update
+  (W_i - W_{i-1} before float32 rounding), a float16 model's under the trainer's loss scale
+  (``optim.loss_scaled``: torch's GradScaler, Skyformer src/main.py 77-88), kept in ``opt_state``.
   ``embed(params, model_state, batch, step, keys)``: f, the final LayerNorm's output, ``[rows, L, d]``
   (deterministic, the draw of ``step``), unmasked.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
   from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
-
-  loss_of = _trainer_loss(model, config)
+  if run_config.of(config).model.attention.distills:
+    raise InstabilityError('attention distillation (distill_weight > 0) is not supported here')
 
   def train_step(params, opt_state, model_state, batch, step, keys):
-    (loss, new_model_state), grads = steps_lib.value_and_grad(loss_of, opt_state)(
-        params, model_state, batch, step, keys)
+    loss_of = functools.partial(steps_lib.step_loss, model, keys['features'],
+                                steps_lib.is_decoder(model), ())
+    (loss, (_, new_model_state)), grads = steps_lib.value_and_grad(loss_of, opt_state)(
+        params, model_state, batch, step, jax.random.fold_in(keys['dropout'], step))
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, new_model_state, updates, loss
+    return (optax.apply_updates(params, updates), opt_state, new_model_state or model_state, updates,
+            loss)
 
   def embed(params, model_state, batch, step, keys):
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
@@ -179,38 +183,6 @@ def make_functions(model, tx, config):
     return found[0].astype(jax.numpy.float32)
 
   return jax.jit(train_step), jax.jit(embed)
-
-
-def _trainer_loss(model, config) -> Callable:
-  """``loss(params, model_state, batch, step, keys) -> (loss, new_model_state)``: the loss of
-  ``steps.make_steps`` (its ``cross_entropy``, dropout key ``fold_in(dropout, step)``, the run's
-  features key), without gradient accumulation; ``make_steps`` returns only the updated state, and
-  the update itself is needed here."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  lm = steps_lib.is_decoder(model)
-  aux = float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0
-
-  def loss(params, model_state, batch, step, keys):
-    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    rngs = {'dropout': jax.random.fold_in(keys['dropout'], step), 'features': keys['features']}
-    mutable = list(model_state.keys())
-    if mutable:
-      logits, new_state = model.apply({'params': params, **model_state}, inputs, train=True,
-                                      step=step, rngs=rngs, mutable=mutable)
-    else:
-      logits, new_state = model.apply({'params': params}, inputs, train=True, step=step,
-                                      rngs=rngs), model_state
-    if lm:
-      losses, _, w = steps_lib.cross_entropy(logits, batch['targets'],
-                                           (batch['targets'] != 0).astype(jnp.float32))
-      return jnp.sum(losses) / jnp.maximum(jnp.sum(w), 1.0), new_state
-    if aux:
-      raise InstabilityError('attention distillation (distill_weight > 0) is not supported here')
-    losses, _, _ = steps_lib.cross_entropy(logits, batch['targets'])
-    return jnp.mean(losses), new_state
-  return loss
 
 
 def _sq(tree) -> float:
