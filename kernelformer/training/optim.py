@@ -180,10 +180,9 @@ def make_optimizer(optim, num_train_steps: int, loss_scale: bool = False,
 # ``__init__`` defaults init_scale 2**16, growth_factor 2, backoff_factor 0.5, growth_interval 2000;
 # ``step`` skips optimizer.step when the unscaled gradients hold an inf/nan; ``update`` runs
 # ``_amp_update_scale_``: a skipped step halves the scale and resets the tracker, growth_interval
-# finite steps in a row double it). The LR scheduler still steps on a skipped step (Skyformer's loop
-# calls it unconditionally): here the schedule's count advances, AdamW's moments and count do not.
-LOSS_SCALE_INIT = 2.0 ** 16
-LOSS_SCALE_GROWTH_INTERVAL = 2000
+# finite steps in a row double it). torch's LR scheduler steps whether or not the optimizer did: the
+# schedule's count advances on a skipped step, AdamW's moments and count do not.
+LOSS_SCALE_INIT, LOSS_SCALE_GROWTH_INTERVAL = 2.0 ** 16, 2000
 
 
 class LossScaleState(NamedTuple):

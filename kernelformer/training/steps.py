@@ -95,13 +95,10 @@ def value_and_grad(loss_fn, opt_state):
   if not isinstance(opt_state, optim_lib.LossScaleState):
     return jax.value_and_grad(loss_fn, has_aux=True)
   scale = opt_state.scale
-
-  def scaled_loss(*args):
-    loss, extra = loss_fn(*args)
-    return loss * scale, extra
+  grad_fn = jax.value_and_grad(lambda *a: (lambda l, e: (l * scale, e))(*loss_fn(*a)), has_aux=True)
 
   def unscaled(*args):
-    (loss, extra), grads = jax.value_and_grad(scaled_loss, has_aux=True)(*args)
+    (loss, extra), grads = grad_fn(*args)
     return (loss / scale, extra), jax.tree.map(lambda g: g / scale, grads)
   return unscaled
 
