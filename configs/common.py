@@ -172,7 +172,8 @@ def skyformer_setting(c: ml_collections.ConfigDict, *, batch_size: int, learning
   Not reproduced, each a difference from Skyformer's run: its validation batches continue through an
   endless reshuffled dev set from one evaluation to the next (src/models/dataset_LRA.py 24-45), ours
   are the same first batches each time; its test drops the last partial batch (main.py 281); it
-  trains under torch AMP (main.py 212; ``model.dtype='float16'`` emulates it, not set here); its mean
+  trains under torch AMP (main.py 212; ``--config.model.dtype=float16`` emulates it with torch's loss
+  scale, optim.loss_scaled; not set here: instability's float32 protocol starts from this preset); its mean
   pooling averages padded positions too (src/models/model_LRA.py 12), ours only real tokens.
 
   Args:

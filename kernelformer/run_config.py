@@ -109,6 +109,10 @@ class Run:
   population: tuple = ()             # members' overrides: population_run trains them, not one run
 
   @property
+  def policy(self) -> str:   # float16 trains under a loss scale: its non-finite steps are skipped
+    return 'skip' if self.model.dtype == 'float16' else self.on_nonfinite
+
+  @property
   def test_batch_size(self) -> int:   # eval_batch_size 0 = batch_size
     return self.eval_batch_size or self.batch_size
 

@@ -78,6 +78,7 @@ def row(group: str, label: str, workdir: str) -> dict:
   cfg = res.get('config', {})
   planned = planned_steps(res)
   full = res.get('final_step') == planned or res.get('stopped_early')
+  dtype = (cfg.get('model') or {}).get('dtype')   # float16 trains under torch's loss scale (AMP)
   out.update({
       'status': 'finished' if full else 'truncated',
       'kind': res.get('attention'), 'test_accuracy': res.get('test_accuracy'),
@@ -85,7 +86,7 @@ def row(group: str, label: str, workdir: str) -> dict:
       'planned_steps': planned, 'stopped_early': res.get('stopped_early'),
       'steps_per_sec': res.get('steps_per_sec'), 'wall_time_s': res.get('wall_time_s'),
       'learning_rate': (cfg.get('optim') or {}).get('learning_rate'),
-      'precision': (cfg.get('model') or {}).get('dtype'),
+      'precision': 'float16 AMP' if dtype == 'float16' else dtype,
       'config_changes': res.get('config_changes'), 'results': res})
   pub, where = published(group, out['kind'])
   out['published'], out['published_where'] = pub, where

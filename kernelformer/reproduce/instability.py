@@ -41,6 +41,7 @@ commands and cost: docs/reproduce.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -146,32 +147,27 @@ def _is_final_norm(module, method_name: str) -> bool:
 def make_functions(model, tx, config):
   """``(train_step, embed)``, jitted; the seed's keys are arguments, so one compile serves every seed.
 
-  ``train_step(params, opt_state, model_state, batch, step, keys, scale) -> (params, opt_state,
-  model_state, updates, loss, finite)``: the trainer's loss and the optimizer's update (W_i - W_{i-1}
-  before float32 rounding). ``scale`` is torch's GradScaler (1 in float32): gradients of ``scale *
-  loss`` divided by ``scale``; a non-finite one skips the update (Skyformer src/main.py 77-88).
+  ``train_step(params, opt_state, model_state, batch, step, keys) -> (params, opt_state,
+  model_state, updates, loss)``: the trainer's loss (``steps.step_loss``) and the optimizer's update
+  (W_i - W_{i-1} before float32 rounding), a float16 model's under the trainer's loss scale
+  (``optim.loss_scaled``: torch's GradScaler, Skyformer src/main.py 77-88), kept in ``opt_state``.
   ``embed(params, model_state, batch, step, keys)``: f, the final LayerNorm's output, ``[rows, L, d]``
   (deterministic, the draw of ``step``), unmasked.
   """
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import optax  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
+  if run_config.of(config).model.attention.distills:
+    raise InstabilityError('attention distillation (distill_weight > 0) is not supported here')
 
-  loss_of = _trainer_loss(model, config)
-
-  def train_step(params, opt_state, model_state, batch, step, keys, scale):
-    def scaled(*a):
-      loss, new_state = loss_of(*a)
-      return loss * scale, new_state
-    (loss, new_model_state), grads = jax.value_and_grad(scaled, has_aux=True)(
-        params, model_state, batch, step, keys)
-    grads = jax.tree.map(lambda g: g / scale, grads)
-    finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
-    updates, new_opt = tx.update(grads, opt_state, params)
-    updates = jax.tree.map(lambda u: jnp.where(finite, u, 0.0), updates)
-    opt_state = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new_opt, opt_state)
-    return (optax.apply_updates(params, updates), opt_state, new_model_state, updates,
-            loss / scale, finite)
+  def train_step(params, opt_state, model_state, batch, step, keys):
+    loss_of = functools.partial(steps_lib.step_loss, model, keys['features'],
+                                steps_lib.is_decoder(model), ())
+    (loss, (_, new_model_state)), grads = steps_lib.value_and_grad(loss_of, opt_state)(
+        params, model_state, batch, step, jax.random.fold_in(keys['dropout'], step))
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state, new_model_state or model_state, updates,
+            loss)
 
   def embed(params, model_state, batch, step, keys):
     inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
@@ -186,38 +182,6 @@ def make_functions(model, tx, config):
   return jax.jit(train_step), jax.jit(embed)
 
 
-def _trainer_loss(model, config) -> Callable:
-  """``loss(params, model_state, batch, step, keys) -> (loss, new_model_state)``: the loss of
-  ``steps.make_steps`` (its ``cross_entropy``, dropout key ``fold_in(dropout, step)``, the run's
-  features key), without gradient accumulation; ``make_steps`` returns only the updated state, and
-  the update itself is needed here."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import steps as steps_lib  # pylint: disable=g-import-not-at-top
-  lm = steps_lib.is_decoder(model)
-  aux = float(config.model.attention.get('distill_weight', 0.0) or 0.0) > 0
-
-  def loss(params, model_state, batch, step, keys):
-    inputs = {k: v for k, v in batch.items() if k.startswith('inputs')}
-    rngs = {'dropout': jax.random.fold_in(keys['dropout'], step), 'features': keys['features']}
-    mutable = list(model_state.keys())
-    if mutable:
-      logits, new_state = model.apply({'params': params, **model_state}, inputs, train=True,
-                                      step=step, rngs=rngs, mutable=mutable)
-    else:
-      logits, new_state = model.apply({'params': params}, inputs, train=True, step=step,
-                                      rngs=rngs), model_state
-    if lm:
-      losses, _, w = steps_lib.cross_entropy(logits, batch['targets'],
-                                           (batch['targets'] != 0).astype(jnp.float32))
-      return jnp.sum(losses) / jnp.maximum(jnp.sum(w), 1.0), new_state
-    if aux:
-      raise InstabilityError('attention distillation (distill_weight > 0) is not supported here')
-    losses, _, _ = steps_lib.cross_entropy(logits, batch['targets'])
-    return jnp.mean(losses), new_state
-  return loss
-
-
 def _sq(tree) -> float:
   import jax  # pylint: disable=g-import-not-at-top
   return float(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
@@ -228,8 +192,8 @@ def _ratio(num: float, den: float) -> Optional[float]:
 
 
 # --precision: 'float32', or torch AMP as Skyformer trains (model.dtype 'float16', ``layers.DTYPES``)
-# with GradScaler's initial scale 2^16, halved after a step it skips (torch.cuda.amp.GradScaler).
-PRECISIONS = {'float32': ((), 1.0), 'skyformer-amp': ((('model.dtype', 'float16'),), 2.0 ** 16)}
+# under the trainer's loss scale (torch's GradScaler, ``optim.loss_scaled``).
+PRECISIONS = {'float32': (), 'skyformer-amp': (('model.dtype', 'float16'),)}
 # --vary: what the seed changes. 'all': W_0, batches, dropout and features; the controls keep seed
 # 0's for everything but W_0 ('init') or but the batches ('batches').
 VARY = ('all', 'init', 'batches')
@@ -248,7 +212,7 @@ def programs(config, kind: str) -> dict:
   info = lra_tasks.get(c.data.task).info(c.data)
   run = run_config.of(c)
   model = steps_lib.build_model(run, info)
-  tx, _ = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  tx, _ = optim_lib.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
   dummy = {n: jnp.ones((1, info.max_length), jnp.int32) for n in steps_lib.input_names(info)}
   init = jax.jit(lambda keys: dict(model.init({'params': keys['init'], 'dropout': keys['init'],
                                                'features': keys['features']}, dummy, train=False)))
@@ -260,9 +224,9 @@ def programs(config, kind: str) -> dict:
 
 def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *, keys=None,
                reference_params=None, on_step: Optional[Callable[[int], None]] = None,
-               keep_params: bool = False, program: Optional[dict] = None, scale: float = 1.0):
+               keep_params: bool = False, program: Optional[dict] = None):
   """Trains ``kind`` for ``len(batches)`` steps on ``batches`` (keys: default ``run_keys(config.seed)``;
-  ``program``: ``programs(config, kind)``; ``scale``: the first loss scale) and scores each step.
+  ``program``: ``programs(config, kind)``) and scores each step.
   Returns ``(trace, initial params, [W_0, W_1, ...] if keep_params else [])``."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -284,9 +248,8 @@ def trace_kind(config, kind: str, batches: Sequence[Mapping[str, np.ndarray]], *
   trajectory = [params] if keep_params else []
   for i, batch in enumerate(batches, start=1):
     step = jnp.asarray(i - 1, jnp.int32)
-    new_params, opt_state, model_state_new, updates, loss, finite = pr['train_step'](
-        params, opt_state, model_state, batch, step, keys, jnp.float32(scale))
-    scale = scale if bool(finite) else scale / 2
+    new_params, opt_state, model_state_new, updates, loss = pr['train_step'](
+        params, opt_state, model_state, batch, step, keys)
     f_old, jf = pr['f_and_jvp'](params, model_state, batch, step, keys, updates)
     f_new = embed(new_params, model_state, batch, step, keys)
     mask = token_mask(batch, c.model.pooling, f_old.shape[1])[..., None]
@@ -399,7 +362,7 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
     raise InstabilityError('at least one seed')
   if precision not in PRECISIONS or vary not in VARY:
     raise InstabilityError(f'unknown --precision {precision!r} or --vary {vary!r}')
-  base = task_config(task, [*PRECISIONS[precision][0], *overrides])
+  base = task_config(task, [*PRECISIONS[precision], *overrides])
   t0 = time.perf_counter()
   per_seed = []
   env = environment()
@@ -430,7 +393,7 @@ def run(task: str, seeds: Sequence[int], *, kinds: Sequence[str] = KINDS, steps:
     t_seed = time.perf_counter()
     keys, batches = seed_inputs(base, int(seed), steps, vary)
     run_kind = lambda kind, **kw: trace_kind(base, kind, batches, keys=keys, program=progs[kind],
-                                             scale=PRECISIONS[precision][1], on_step=progress(kind), **kw)
+                                             on_step=progress(kind), **kw)
     ref, ref_params, _ = run_kind(REFERENCE)
     log(f'seed {seed}: {REFERENCE} {ref.seconds:.0f} s')
     entry = {'seed': int(seed), 'reference': dataclasses.asdict(ref), 'kinds': {}, 'seconds': 0.0}

@@ -352,7 +352,7 @@ def benchmark_loop(config: ml_collections.ConfigDict, info, workdir: str) -> tup
   parts, state = build_steps(run, info, None)
   num_steps = 1 << 30
   setup = Setup(config=config, run=run, workdir=workdir, prior=None, is_lead=jax.process_index() == 0,
-                num_steps=num_steps, policy=run.on_nonfinite, hooks=(), stop=signals_lib.StopSignals(),
+                num_steps=num_steps, policy=run.policy, hooks=(), stop=signals_lib.StopSignals(),
                 watch=Watch(signals_lib.Watchdog(), run), info=info, **parts)
   meta, _ = RunMeta.from_meta({}, 0, False, workdir_lib.now_iso())
   segment = Segment(start_step=0, last_saved=None, t0=time.monotonic(),

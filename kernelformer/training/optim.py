@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -146,14 +147,15 @@ def momentum_schedule(optim, num_train_steps: int) -> optax.Schedule | None:
                   int(optim.warmup_steps), num_train_steps, optim.schedule.split('-')[1])
 
 
-def make_optimizer(optim, num_train_steps: int,
+def make_optimizer(optim, num_train_steps: int, loss_scale: bool = False,
                    **member) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW at ``make_schedule``'s rate, after the optional clipping (``optim.grad_clip_value``:
   optax.clip, each gradient element to [-v, v], as torch ``clip_grad_value_``; then
   ``optim.grad_clip_norm``: optax.clip_by_global_norm). Under a one-cycle schedule beta1 follows
   ``momentum_schedule`` (optax.inject_hyperparams, so the optimizer state also holds the current
   rate and beta1). ``member`` (``population``): a member's ``schedule``, ``momentum`` (callables of
-  the step), ``b1``, ``b2``, ``weight_decay`` (traced) in place of ``optim``'s; same state tree."""
+  the step), ``b1``, ``b2``, ``weight_decay`` (traced) in place of ``optim``'s; same state tree.
+  ``loss_scale`` (a float16 model): wrapped in ``loss_scaled``."""
   schedule = member.get('schedule') or make_schedule(optim, num_train_steps)
   parts = []
   if optim.grad_clip_value > 0:
@@ -171,4 +173,50 @@ def make_optimizer(optim, num_train_steps: int,
         learning_rate=schedule, b1=b1, **adamw))
   # Gradient accumulation is done inside the train step (a scan over micro-batches of one global
   # batch), so steps, schedules and checkpoints always count optimizer updates.
-  return optax.chain(*parts), schedule
+  return (loss_scaled if loss_scale else lambda tx: tx)(optax.chain(*parts)), schedule
+
+
+# torch.amp.GradScaler, as Skyformer trains (pytorch/pytorch torch/amp/grad_scaler.py @ 0202916:
+# ``__init__`` defaults init_scale 2**16, growth_factor 2, backoff_factor 0.5, growth_interval 2000;
+# ``step`` skips optimizer.step when the unscaled gradients hold an inf/nan; ``update`` runs
+# ``_amp_update_scale_``: a skipped step halves the scale and resets the tracker, growth_interval
+# finite steps in a row double it). torch's LR scheduler steps whether or not the optimizer did: the
+# schedule's count advances on a skipped step, AdamW's moments and count do not.
+LOSS_SCALE_INIT, LOSS_SCALE_GROWTH_INTERVAL = 2.0 ** 16, 2000
+
+
+class LossScaleState(NamedTuple):
+  scale: jax.Array        # float32: the train step differentiates scale * loss (steps.value_and_grad)
+  good_steps: jax.Array   # finite steps since the scale last changed (torch's growth tracker)
+  inner: Any
+
+
+def loss_scaled(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """``tx`` behind torch's dynamic loss scale: a non-finite gradient skips the update (zero updates,
+  ``tx``'s state kept but for its schedule's count) and halves the scale. Not ``optax.apply_if_finite``:
+  it holds no scale and applies the update anyway after ``max_consecutive_errors``."""
+
+  def init(params):
+    return LossScaleState(jnp.float32(LOSS_SCALE_INIT), jnp.zeros((), jnp.int32), tx.init(params))
+
+  def update(grads, state, params=None):
+    finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)]))
+    updates, inner = tx.update(grads, state.inner, params)
+    good = jnp.where(finite, state.good_steps + 1, 0)
+    grow = good >= LOSS_SCALE_GROWTH_INTERVAL
+    scale = state.scale * jnp.where(finite, jnp.where(grow, 2.0, 1.0), 0.5)
+    return (jax.tree.map(lambda u: jnp.where(finite, u, 0), updates),
+            LossScaleState(scale, jnp.where(grow, 0, good), _skip(finite, inner, state.inner)))
+  return optax.GradientTransformation(init, update)
+
+
+def _skip(finite, new, old):
+  """``old`` where not ``finite``, except the schedule's count (and the hyperparameters it sets)."""
+  inject = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+  sched = (optax.ScaleByScheduleState, *inject)
+
+  def pick(n, o):
+    if isinstance(n, inject):
+      return n._replace(inner_state=_skip(finite, n.inner_state, o.inner_state))
+    return n if isinstance(n, sched) else jnp.where(finite, n, o)
+  return jax.tree.map(pick, new, old, is_leaf=lambda x: isinstance(x, sched))

@@ -182,7 +182,7 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
     for name in ('b1', 'b2', 'weight_decay'):
       if f'optim.{name}' in varying:
         member[name] = jnp.asarray([getattr(r.optim, name) for r in runs], jnp.float32)[index]
-    return optim_lib.make_optimizer(program.optim, n, **member)
+    return optim_lib.make_optimizer(program.optim, n, program.model.dtype == 'float16', **member)
 
   def init(index, member_keys):
     return steps_lib.initializer(model, optimizer(index)[0], info, member_keys)(member_keys['init'])
@@ -190,7 +190,7 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   def member_step(index, member_keys, state, window, batch, active):
     tx, schedule = optimizer(index)
     train_step, _ = steps_lib.make_steps(model, tx, schedule, program, member_keys)
-    loop_step = steps_lib.make_loop_step(train_step, program.on_nonfinite, program.log_every)
+    loop_step = steps_lib.make_loop_step(train_step, program.policy, program.log_every)
     with nn.intercept_methods(_dropout({r: k[index] for r, k in keep.items()})):
       new = loop_step(state, window, batch)
     return jax.tree.map(lambda n, o: jnp.where(active, n, o), new, (state, window))

@@ -71,12 +71,12 @@ def make_steps(model: nn.Module, tx: optax.GradientTransformation, schedule, run
   # Auxiliary losses sown by the model (Hedgehog's attention distillation, attention/distill.py): only
   # when asked for, so with weight 0 the step is the plain one.
   aux = (distill_lib.DISTILL_COLLECTION,) if run.model.attention.distills else ()
-  grad_fn = jax.value_and_grad(functools.partial(step_loss, model, keys['features'], lm, aux),
-                               has_aux=True)
+  loss_fn = functools.partial(step_loss, model, keys['features'], lm, aux)
   accum = run.optim.grad_accum_steps
 
   def train_step(state: TrainState, batch):
     dropout_key = jax.random.fold_in(keys['dropout'], state.step)
+    grad_fn = value_and_grad(loss_fn, state.opt_state)
     if accum == 1:
       (loss, (acc, model_state)), grads = grad_fn(state.params, state.model_state, batch,
                                                   state.step, dropout_key)
@@ -86,6 +86,21 @@ def make_steps(model: nn.Module, tx: optax.GradientTransformation, schedule, run
     return apply_update(tx, schedule, state, grads, loss, acc, model_state, bool(aux))
 
   return train_step, functools.partial(eval_sums, model, keys['features'], lm)
+
+
+def value_and_grad(loss_fn, opt_state):
+  """``jax.value_and_grad(loss_fn, has_aux=True)``; under a loss scale (``opt_state`` of
+  ``optim.loss_scaled``: a float16 model) the gradients of ``scale * loss``, divided by the scale
+  (torch GradScaler ``scale``, ``unscale_``), and the loss unscaled."""
+  if not isinstance(opt_state, optim_lib.LossScaleState):
+    return jax.value_and_grad(loss_fn, has_aux=True)
+  scale = opt_state.scale
+  grad_fn = jax.value_and_grad(lambda *a: (lambda l, e: (l * scale, e))(*loss_fn(*a)), has_aux=True)
+
+  def unscaled(*args):
+    (loss, extra), grads = grad_fn(*args)
+    return (loss / scale, extra), jax.tree.map(lambda g: g / scale, grads)
+  return unscaled
 
 
 def step_loss(model, features_key, lm: bool, aux: tuple, params, model_state, batch, step,
@@ -230,11 +245,13 @@ def make_loop_step(train_step, policy: str, log_every: int = 1):
     finite = jnp.isfinite(m['loss']) & jnp.isfinite(m['grad_norm'])
     halted = window['bad_step'] >= 0
     apply = finite & ~halted
+    # A loss-scaled optimizer (optim.loss_scaled) skips a non-finite update itself and halves its scale.
+    take = (finite | isinstance(state.opt_state, optim_lib.LossScaleState)) & ~halted
     done = (state.step + 1).astype(jnp.int32)
     consecutive = jnp.where(finite, 0, window['consecutive'] + 1).astype(jnp.int32)
     stops = ~finite if policy == 'stop' else consecutive >= MAX_CONSECUTIVE_SKIPS
     first_bad = ~halted & stops
-    kept = jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_state, state)
+    kept = jax.tree.map(lambda new, old: jnp.where(take, new, old), new_state, state)
     kept = kept.replace(step=jnp.where(halted | first_bad, state.step, state.step + 1))
     w = dict(window)
     for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm', 'aux_loss'):
@@ -304,10 +321,10 @@ def build_steps(run: run_config.Run, info, devices, fresh: bool = True) -> tuple
   validate.check_batches(run, mesh)
   model = build_model(run, info)
   keys = run_keys(run.seed)
-  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
   train_step, eval_step = make_steps(model, tx, schedule, run, keys)
   repl, data_sh = sharding.replicated(mesh), sharding.batch_sharded(mesh)
-  loop_step = jax.jit(make_loop_step(train_step, run.on_nonfinite, run.log_every),
+  loop_step = jax.jit(make_loop_step(train_step, run.policy, run.log_every),
                       in_shardings=(repl, repl, data_sh), out_shardings=(repl, repl), donate_argnums=0)
   eval_step = jax.jit(eval_step, in_shardings=(repl, data_sh), out_shardings=repl)
   state = init_state(model, tx, info, run, keys, mesh) if fresh else None

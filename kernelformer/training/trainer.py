@@ -128,7 +128,7 @@ def build(config: ml_collections.ConfigDict, run: run_config.Run, workdir: str, 
     task, info, parts, state = program
   setup = Setup(
       config=config, run=run, workdir=workdir, prior=prior, is_lead=is_lead,
-      num_steps=run.num_train_steps, policy=run.on_nonfinite, hooks=tuple(hooks),
+      num_steps=run.num_train_steps, policy=run.policy, hooks=tuple(hooks),
       stop=signals_lib.StopSignals(), watch=Watch(watchdog, run), info=info, task=task, **parts,
       val_source=task.source(run.data, 'val'),
       batches=input_pipeline.TrainBatches(task.source(run.data, 'train'), run.batch_size, run.seed),

@@ -103,6 +103,30 @@ def test_three_members_equal_their_single_runs(tmp_path, task):
   _check(task, tmp_path, overrides, (0, 1, 2), devices=jax.devices()[:1])
 
 
+def test_two_float16_members_equal_their_single_runs_and_keep_their_own_loss_scale(tmp_path,
+                                                                                   monkeypatch):
+  """Under float16 each member carries torch's loss scale (``optim.loss_scaled``); with a growth
+  interval of 3 it moves within the run, and each member's is its single run's."""
+  from kernelformer.training import optim as optim_lib  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(optim_lib, 'LOSS_SCALE_GROWTH_INTERVAL', 3)
+  c, info, source = _config('listops', tmp_path, 12)
+  with c.unlocked():
+    c.model.dtype = 'float16'
+  pop, state, window = population.build(c, info, source, population=THREE[:2],
+                                        devices=jax.devices()[:1])
+  state, window = _run(pop, state, window, 12)
+  for i in (0, 1):
+    single, single_window = _single(pop.configs[i], info, source, 12, jax.devices()[:1])
+    member = pop.member(state, i)
+    assert float(member.opt_state.scale) == float(single.opt_state.scale) != 2.0 ** 16
+    assert int(member.opt_state.good_steps) == int(single.opt_state.good_steps)
+    got, want = _leaves(member.params), _leaves(single.params)
+    for name in want:
+      np.testing.assert_allclose(got[name], want[name], rtol=0, atol=ATOL, err_msg=f'member {i} {name}')
+    assert steps_lib.window_values(pop.member(window, i))['skipped'] == \
+        steps_lib.window_values(single_window)['skipped']
+
+
 def test_eight_members_first_middle_last(tmp_path):
   overrides = [{'seed': s, 'optim.learning_rate': 1e-3 * (1 + s % 3)} for s in range(8)]
   _check('listops', tmp_path, overrides, (0, 4, 7), devices=jax.devices()[:1])
