@@ -59,9 +59,9 @@ def _config(task, data, members, steps=STEPS, **overrides):
   return c
 
 
-def _single(c, i, workdir):
+def _single(c, i, workdir, devices=ONE):
   """Member ``i``'s single run."""
-  return trainer.train_and_evaluate(population.members(c)[i], str(workdir), devices=ONE)
+  return trainer.train_and_evaluate(population.members(c)[i], str(workdir), devices=devices)
 
 
 def _results(workdir) -> dict:
@@ -124,9 +124,9 @@ def listops_three(tmp_path_factory):
   return c, root, workdirs, results
 
 
-def _compare_members(c, workdirs, root):
+def _compare_members(c, workdirs, root, devices=ONE):
   for i, w in enumerate(workdirs):
-    _single(c, i, root / f'single{i}')
+    _single(c, i, root / f'single{i}', devices)
     _same_outcome(_results(w), _results(root / f'single{i}'))
     _close(_params(c, w), _params(c, root / f'single{i}'), f'member {i}')
 
@@ -139,6 +139,17 @@ def test_three_listops_members_equal_their_single_runs(listops_three):
   _compare_members(c, workdirs, root)
   again = population_run.train_population(c, workdirs, devices=ONE)   # finished: not retrained
   assert [r.status for r in again] == ['finished'] * 3
+
+
+@pytest.mark.parametrize('devices,single_devices', [(2, 1), (4, 2)])
+def test_members_across_devices_equal_their_single_runs(tmp_path, devices, single_devices):
+  """The conftest forces 8 CPU devices. Two members on two devices train one each (a pod's slices);
+  on four, each member's batch is split two ways, as its single run's on two devices."""
+  c = _config('listops', tmp_path / 'data', MEMBERS[:2])
+  workdirs = [str(tmp_path / f'm{i}') for i in range(2)]
+  results = population_run.train_population(c, workdirs, devices=jax.devices()[:devices])
+  assert [r.status for r in results] == ['trained'] * 2
+  _compare_members(c, workdirs, tmp_path, jax.devices()[:single_devices])
 
 
 @pytest.mark.slow
