@@ -195,9 +195,12 @@ def _main(argv):
               ', '.join(f'{v} {k}' for k, v in counts.items()))
       if _EMIT.value:
         lines = sweeps.emit(runs)
-        with open(_EMIT.value, 'w', encoding='utf-8') as f:
-          f.write(f'# {len(lines)} runs of sweep {sweep.name}; run each from {sweeps.REPO_ROOT}\n')
-          f.write('\n'.join(lines) + ('\n' if lines else ''))
+        try:
+          with open(_EMIT.value, 'w', encoding='utf-8') as f:
+            f.write(f'# {len(lines)} runs of sweep {sweep.name}; run each from {sweeps.REPO_ROOT}\n')
+            f.write('\n'.join(lines) + ('\n' if lines else ''))
+        except OSError as e:
+          raise sweeps.SweepError(f'--emit {_EMIT.value}: {e.strerror}') from None
         sweeps.write_sweep_file(sweep, sweep_dir, runs)
         print(f'wrote {len(lines)} commands to {_EMIT.value}')
       return

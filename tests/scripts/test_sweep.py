@@ -257,6 +257,9 @@ def test_cli_dry_run_emit_and_parallel_failures(tmp_path):
   assert 'new    listops-tiny/kind=softmax' in proc.stdout and '2 runs: 0 done' in proc.stdout
   jobs = [l for l in (tmp_path / 'jobs.txt').read_text().splitlines() if not l.startswith('#')]
   assert len(jobs) == 2 and all('scripts/train.py' in j for j in jobs)
+  proc = _cli(*common, '--emit', str(tmp_path / 'missing' / 'jobs.txt'), cwd=str(tmp_path))
+  assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].endswith('missing/jobs.txt: No such file or directory')
   # Parallel subprocesses: both runs stop at the data check (so their flags parsed), are recorded
   # as failures, and the sweep exits non-zero after running both.
   proc = _cli(*common, '--parallel', '2', cwd=str(tmp_path))
