@@ -206,17 +206,21 @@ def loss_scaled(tx: optax.GradientTransformation) -> optax.GradientTransformatio
     grow = good >= LOSS_SCALE_GROWTH_INTERVAL
     scale = state.scale * jnp.where(finite, jnp.where(grow, 2.0, 1.0), 0.5)
     return (jax.tree.map(lambda u: jnp.where(finite, u, 0), updates),
-            LossScaleState(scale, jnp.where(grow, 0, good), _skip(finite, inner, state.inner)))
+            LossScaleState(scale, jnp.where(grow, 0, good), skip(finite, inner, state.inner)))
   return optax.GradientTransformation(init, update)
 
 
-def _skip(finite, new, old):
-  """``old`` where not ``finite``, except the schedule's count (and the hyperparameters it sets)."""
+def skip(applied, new, old, advance=True):
+  """Optimizer state ``new`` where ``applied``, else ``old`` -- except the schedule's count (and the
+  hyperparameters it sets), which is ``new`` where ``advance``: a skipped step still counts for the
+  schedule, as torch's scheduler steps, so the rate stays a function of the step."""
   inject = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
   sched = (optax.ScaleByScheduleState, *inject)
+  counted = lambda n, o: n if advance is True else jax.tree.map(
+      lambda a, b: jnp.where(advance, a, b), n, o)
 
   def pick(n, o):
     if isinstance(n, inject):
-      return n._replace(inner_state=_skip(finite, n.inner_state, o.inner_state))
-    return n if isinstance(n, sched) else jnp.where(finite, n, o)
+      return counted(n, o)._replace(inner_state=skip(applied, n.inner_state, o.inner_state, advance))
+    return counted(n, o) if isinstance(n, sched) else jnp.where(applied, n, o)
   return jax.tree.map(pick, new, old, is_leaf=lambda x: isinstance(x, sched))

@@ -251,8 +251,10 @@ def make_loop_step(train_step, policy: str, log_every: int = 1):
     consecutive = jnp.where(finite, 0, window['consecutive'] + 1).astype(jnp.int32)
     stops = ~finite if policy == 'stop' else consecutive >= MAX_CONSECUTIVE_SKIPS
     first_bad = ~halted & stops
+    advance = ~halted & ~first_bad
     kept = jax.tree.map(lambda new, old: jnp.where(take, new, old), new_state, state)
-    kept = kept.replace(step=jnp.where(halted | first_bad, state.step, state.step + 1))
+    kept = kept.replace(step=jnp.where(advance, state.step + 1, state.step),
+                        opt_state=optim_lib.skip(take, new_state.opt_state, state.opt_state, advance))
     w = dict(window)
     for k in ('loss', 'accuracy', 'learning_rate', 'grad_norm', 'aux_loss'):
       w[k] = window[k] + jnp.where(apply, m.get(k, jnp.zeros(())).astype(jnp.float32), 0.0)

@@ -13,6 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
@@ -146,10 +147,13 @@ def test_nonfinite_skip_policy_skips_updates_then_stops(tmp_path):
   # No validation or checkpoint before the skips run out (a checkpoint needs finite parameters).
   c = helpers.tiny_config(tmp_path / 'data', on_nonfinite='skip', num_train_steps=30, eval_every=30,
                           checkpoint_every=30, **{'optim.learning_rate': 1e30})
-  params = {}
+  params, counts = {}, {}
+  sched = lambda x: isinstance(x, optax.ScaleByScheduleState)
 
   def record(step, state):
     params[step] = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    [counts[step]] = [(int(x.count), int(state.step))
+                      for x in jax.tree.leaves(state.opt_state, is_leaf=sched) if sched(x)]
 
   with pytest.raises(workdir_lib.RunError, match='non-finite steps .loss or gradient norm. in a row') as e:
     trainer.train_and_evaluate(c, str(tmp_path / 'run'), hooks=[record])
@@ -157,6 +161,7 @@ def test_nonfinite_skip_policy_skips_updates_then_stops(tmp_path):
   skipped = [s for s in params if s > 1 and all(
       np.array_equal(a, b) for a, b in zip(params[s], params[s - 1]))]
   assert len(skipped) >= steps_lib.MAX_CONSECUTIVE_SKIPS - 1      # those updates were not applied
+  assert all(counts[s][0] == counts[s][1] for s in skipped)   # but the schedule counted them
   assert all(np.all(np.isfinite(a)) for a in params[max(params)])
 
 
