@@ -427,7 +427,7 @@ def time_train_step(variant: str, opts: Options) -> dict[str, Any]:
     info = lra_tasks.get('text').info(config.data)
     run = run_config.of(config)
     model = steps_lib.build_model(run, info)
-    tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+    tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
     keys = steps_lib.run_keys(config.seed)
     train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
     length = info.max_length

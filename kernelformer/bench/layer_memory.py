@@ -36,7 +36,7 @@ def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bo
   run = run_config.of(c)
   model = steps_lib.build_model(run, info)
   keys = steps_lib.run_keys(c.seed)
-  tx, schedule = optim.make_optimizer(run.optim, run.num_train_steps)
+  tx, schedule = optim.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
   train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
   tokens = jax.random.randint(jax.random.key(1), (batch, info.max_length), 1, info.vocab_size)
   variables = dict(jax.jit(lambda: model.init(

@@ -90,7 +90,7 @@ def accuracy_by_draw(workdir: str, draw_steps: Sequence[int], *, checkpoint: str
     manager.close()
   log(f'restored step {int(state.step)} of {workdir}')
 
-  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
   _, eval_step = steps_lib.make_steps(parts['model'], tx, schedule, run,
                                       steps_lib.run_keys(config.seed))
   at_draw = jax.jit(eval_step)

@@ -54,7 +54,7 @@ def _compiled_step(config: ml_collections.ConfigDict, info, batch):
   run = run_config.of(config)
   model = steps_lib.build_model(run, info)
   keys = steps_lib.run_keys(config.seed)
-  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps)
+  tx, schedule = optim_lib.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
   train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
   mesh = sharding.make_mesh(None)
   state = steps_lib.init_state(model, tx, info, run, keys, mesh)
