@@ -85,14 +85,17 @@ def stages_on_host(mesh) -> bool:
   return jax.process_count() == 1 and all(d.platform == 'cpu' for d in mesh.devices.flat)
 
 
-def placer(mesh):
-  """``batch -> batch on mesh``, sharded along its leading axis; the identity where the compiled step
-  places its numpy arguments itself (``stages_on_host``)."""
+def placer(mesh, whole: bool = False):
+  """``batch -> batch on mesh``, sharded along its leading axes; the identity where the compiled step
+  places its numpy arguments itself (``stages_on_host``). ``whole``: every process holds the whole
+  batch (a population's, ``TrainBatches(whole=True)``) and places the blocks of its devices."""
   if stages_on_host(mesh):
     return lambda b: b
+  data = sharding.batch_sharded(mesh)
   if jax.process_count() == 1:   # one call for the whole dict: half the time of shard_batch
-    data = sharding.batch_sharded(mesh)
     return lambda b: jax.device_put(b, data)
+  if whole:
+    return lambda b: {k: jax.make_array_from_callback(v.shape, data, v.__getitem__) for k, v in b.items()}
   return lambda b: sharding.shard_batch(b, mesh)
 
 
@@ -163,14 +166,14 @@ class _Ahead:
 class TrainBatches:
   """Process-local training batches of a source: ``batch(step)`` and iterators over steps."""
 
-  def __init__(self, source, global_batch: int, seed: int):
+  def __init__(self, source, global_batch: int, seed: int, whole: bool = False):
     self._n = len(source)
     if self._n == 0:
       raise ValueError('the training split is empty')
     self._source = source
     self._seed = int(seed)
     self._global_batch = global_batch
-    self._rows = sharding.local_slice(global_batch)
+    self._rows = slice(0, global_batch) if whole else sharding.local_slice(global_batch)
     self._orders: dict[int, np.ndarray] = {}   # the last few epochs' permutations
 
   def _order(self, epoch: int) -> np.ndarray:
@@ -209,10 +212,10 @@ class TrainBatches:
     return placed_ahead(self.batch, start, stop, mesh)
 
 
-def placed_ahead(batch_of_step, start: int, stop: int, mesh) -> Iterator[dict]:
+def placed_ahead(batch_of_step, start: int, stop: int, mesh, whole: bool = False) -> Iterator[dict]:
   """``batch_of_step(s)`` for steps ``start..stop-1``, placed on ``mesh`` (``placer``) by a background
   thread ``PREFETCH`` steps ahead of the consumer."""
-  place = placer(mesh)
+  place = placer(mesh, whole)
   return _Ahead(range(start, stop), lambda s: place(batch_of_step(s)), PREFETCH)
 
 

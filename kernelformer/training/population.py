@@ -148,7 +148,7 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   configs = members(config, population)
   runs = [validate.validate_config(c, jax.devices()[:1]) for c in configs]   # each field's range
   size, n = len(configs), runs[0].num_train_steps
-  batches = tuple(input_pipeline.TrainBatches(source, config.batch_size, int(c.seed))
+  batches = tuple(input_pipeline.TrainBatches(source, config.batch_size, int(c.seed), whole=True)
                   for c in configs) if source is not None else ()
   if size == 1:   # the single run's program: vmap, a reshape, even donation change XLA's rounding
     parts, state = steps_lib.build_steps(runs[0], info, devices)
@@ -200,7 +200,8 @@ def build(config: ml_collections.ConfigDict, info, source=None, *, population=No
   state = jax.jit(jax.vmap(init), out_shardings=members_sh)(index, keys)
   step = jax.jit(
       lambda *args: jax.vmap(member_step, spmd_axis_name='members')(index, keys, *args),
-      in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data')), members_sh),
+      in_shardings=(members_sh, members_sh, NamedSharding(mesh, P('members', 'data')),
+                    NamedSharding(mesh, P())),   # active: numpy, the same in every process
       out_shardings=(members_sh, members_sh), donate_argnums=0)
   window = jax.device_put(jnp.stack([steps_lib.empty_window()] * size), members_sh)
   return Population(configs=tuple(configs), mesh=mesh, step=step, batches=batches), state, window

@@ -96,7 +96,7 @@ def _train(config, runs, workdirs, hooks, devices, watchdog) -> list:
       if live:
         start, until = int(states[live[0]].step), runs[live[0]].num_train_steps
         state = run_members(pop, {i: loops[i] for i in live}, state, window, start, until,
-                            input_pipeline.placed_ahead(pop.batch, start, until, pop.mesh), hooks,
+                            input_pipeline.placed_ahead(pop.batch, start, until, pop.mesh, True), hooks,
                             stopped)
       for i in list(loops):
         results[i] = _finish(loops.pop(i), pop.member(state, i, mesh))

@@ -1,4 +1,5 @@
-"""Multi-host training: two processes on localhost equal one process with two devices.
+"""Multi-host training: two processes on localhost equal one process with two devices (a run, and a
+population of two members, one on each process's device, as a pod's slices train a packed sweep).
 
 Two CPU processes, one device each, joined as scripts/train.py joins them (``--coordinator_address``,
 ``--num_processes``, ``--process_id`` -> ``cli.maybe_initialize_distributed``: gloo collectives), train
@@ -157,3 +158,71 @@ def test_two_processes_equal_one_process_with_two_devices(tmp_path):
   assert train_steps.count(STEPS) == 1 and train_steps.count(5) == 1
   assert sorted(set(train_steps)) == list(range(1, STEPS + 1))
   assert json.loads((multi / 'results.json').read_text())['num_processes'] == 2
+
+
+POPULATION_DRIVER = r'''
+import json, os, sys
+mode, root, data_dir, out, crash_at = sys.argv[1:6]
+import jax
+jax.config.update('jax_default_matmul_precision', 'highest')
+from absl import flags
+from kernelformer.training import cli
+cli.define_distributed_flags()
+if mode == 'multi':
+  flags.FLAGS([sys.argv[0], f'--coordinator_address=localhost:{sys.argv[6]}', '--num_processes=2',
+               f'--process_id={sys.argv[7]}'])
+  cli.maybe_initialize_distributed()
+else:
+  flags.FLAGS.mark_as_parsed()
+from configs import listops
+from kernelformer.training import population_run
+c = listops.get_config('tiny')
+c.data.data_dir, c.progress, c.num_train_steps, c.eval_every, c.checkpoint_every = data_dir, False, 6, 3, 3
+c.population = ({'seed': 0}, {'seed': 1, 'optim.learning_rate': 3e-3})
+
+
+def hook(step, state):
+  if step == int(crash_at):
+    raise KeyboardInterrupt
+
+
+try:
+  results = population_run.train_population(c, [os.path.join(root, 'm0'), os.path.join(root, 'm1')],
+                                            hooks=[hook], devices=jax.devices()[:2])
+  code = 0 if [r.status for r in results] == ['trained'] * 2 else 1
+except KeyboardInterrupt:
+  code = 3
+if mode == 'multi':
+  jax.distributed.shutdown()
+sys.exit(code)
+'''
+
+
+def test_a_population_on_two_processes_equals_one_process_with_two_devices(tmp_path):
+  """Each process trains one member; interrupted after step 4 and resumed, each member's results and
+  checkpoints (their state digests) equal those of one process training both on two devices."""
+  driver = tmp_path / 'driver.py'
+  driver.write_text(POPULATION_DRIVER)
+  data = tmp_path / 'data'
+  config = listops.get_config('tiny')
+  config.data.data_dir = str(data)
+  lra_tasks.get('listops').prepare(config.data)
+  multi, single = tmp_path / 'multi', tmp_path / 'single'
+  for crash_at, codes in ((4, [3, 3, 0]), (-1, [0, 0])):
+    port = free_port()
+    logs = [tmp_path / f'p{i}_{crash_at}.log' for i in range(3)]
+    procs = [launch(driver, ['multi', multi, data, tmp_path, crash_at, port, i], 1, logs[i])
+             for i in range(2)]
+    if len(codes) == 3:
+      procs.append(launch(driver, ['single', single, data, tmp_path, -1], 2, logs[2]))
+    wait_all(procs, logs[:len(codes)], codes)
+  assert all(f'{multi / m}/checkpoints at step 3' in logs[0].read_text() for m in ('m0', 'm1'))
+  for member in ('m0', 'm1'):
+    got, want = (json.loads((d / member / 'results.json').read_text()) for d in (multi, single))
+    assert got['num_processes'] == 2 and want['num_processes'] == 1
+    for key in ('test_accuracy', 'test_loss', 'best_step', 'final_step', 'config_fingerprint'):
+      assert got[key] == want[key], (member, key)
+    for step in (3, 6):
+      digest = [json.loads((d / member / 'checkpoints' / str(step) / 'meta' / 'metadata').read_text())
+                ['state_sha256'] for d in (multi, single)]
+      assert digest[0] == digest[1], (member, step)
