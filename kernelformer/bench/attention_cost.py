@@ -1,16 +1,11 @@
 """Cost of attention mechanisms versus sequence length: time, compiled memory, FLOPs.
 
-What is measured, for every registry name asked for and every length, in one process (docs/benchmarks.md,
-"Cost versus length"): ``fwd`` (the module alone) and ``fwd+bwd`` (with the VJP for a fixed random
-cotangent, so XLA cannot simplify the backward of a sum); median wall time (``measure.time_compiled``),
-XLA's compiled memory (temp + arguments + outputs; temp separately), FLOPs, FLOP/s as a fraction of a
-dense matmul measured in the same run, and time and memory over softmax's at the same length and mode.
-The random-feature key and the variables are *arguments* of the compiled function, so XLA cannot
-constant-fold the projection draw (and its FLOPs) out of the timed program. The mechanisms are the
-papers' (Spectraformer eq. 7 linear attention, Luo et al. Algorithm 1 RPE by FFT, Skyformer eqs. 4-6,
-Nyströmformer, Linformer); this module drives them through ``registry.build`` with one option set, the
-feature budget M mapped to each one's own name for it (``num_features``, ``num_landmarks``,
-``linformer_k``).
+What is measured, for every registry name asked for and every length, in one process, and why:
+docs/benchmarks.md, "Cost versus length"; time and memory are also given over softmax's at the same
+length and mode. The mechanisms are the papers' (Spectraformer eq. 7 linear attention, Luo et al.
+Algorithm 1 RPE by FFT, Skyformer eqs. 4-6, Nyströmformer, Linformer), built by ``registry.build`` with
+one option set, the feature budget M mapped to each one's own name for it (``num_features``,
+``num_landmarks``, ``linformer_k``).
 
 Cells that would not fit are not run: one whose compiled memory exceeds ``max_memory_gb`` keeps its
 memory and FLOPs but no time; one whose time, extrapolated from the previous length, would exceed

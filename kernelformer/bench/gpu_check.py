@@ -3,19 +3,12 @@
     python scripts/gpu_check.py                    # on a GPU: <= ~14 min on one H100
     python scripts/gpu_check.py --dry_run --out_dir /tmp/gc   # on CPU: tiny shapes, same code paths
 
-Sections, each with its own time budget (what each runs: docs/pallas.md, "The GPU check"): 1.
-``correctness`` -- compiled ``feature_attention`` against the XLA path
-(``kernelformer.bench.pallas_reference``), outputs and gradients; a failure prints the case and the
-command exits non-zero. Tolerances (max error over the largest reference entry): float32 outputs 2e-4,
-gradients 2e-3; bfloat16 outputs 3e-2, gradients 6e-2 (bf16 operands in the large matmuls; the CPU unit
-tests hold the kernels to first-order rounding bounds). 2. ``attention`` -- fwd and fwd+bwd times of
-Pallas (block sizes tried per shape), the XLA path and cuDNN flash softmax; a length whose predicted
-time (linear in L from the previous one; quadratic for softmax) does not fit the budget is skipped.
-3. ``train`` -- one LRA-Text-shaped step. 4. report -- ``<out_dir>/gpu-<device>.md`` and ``.json`` and
-the validation entries (``kernelformer/pallas/validated.py``) of every (feature, mode, dtype) whose
-cases all passed compiled on a GPU, merged into ``validated.json`` unless ``--no_write_table``.
-``--dry_run`` (CPU): tiny shapes, Pallas interpret mode, XLA softmax in place of cuDNN (noted in every
-such row), no validation entries.
+Sections (correctness, attention, train, report), their budgets and the dry run: docs/pallas.md, "The
+GPU check". Correctness tolerances (max error over the largest reference entry,
+``kernelformer.bench.pallas_reference``): float32 outputs 2e-4, gradients 2e-3; bfloat16 outputs 3e-2,
+gradients 6e-2 (bf16 operands in the large matmuls; the CPU unit tests hold the kernels to first-order
+rounding bounds). The attention section's predicted time is linear in L from the previous length
+(quadratic for softmax).
 
 Model FLOPs (for the fraction of matmul peak; XLA's cost analysis cannot see inside a Pallas call):
 linear attention forward ``B H L (2 M' d (q and k features) + 4 M' dv)`` (``M'`` = 2M for trig), plus
