@@ -494,27 +494,24 @@ def decode_step(model: Decoder, params, cache, tokens, *, features_key) -> tuple
   return logits[:, 0], new['cache']
 
 
-def teacher_forced_logits(model: Decoder, params, tokens, *, features_key) -> Array:
-  """Step-by-step logits ``[B, L, V]`` for given ``tokens [B, L]`` (lax.scan over decode steps)."""
-  cache = init_cache(model, tokens.shape[0])
-
+def _feed(model: Decoder, params, tokens, features_key):
+  """The cache after ``tokens [B, L]``, fed one decode step at a time (lax.scan), and each step's
+  logits ``[L, B, V]``."""
   def body(c, tok):
     logits, c = decode_step(model, params, c, tok[:, None], features_key=features_key)
     return c, logits
 
-  _, logits = jax.lax.scan(body, cache, jnp.swapaxes(tokens, 0, 1))
-  return jnp.swapaxes(logits, 0, 1)
+  return jax.lax.scan(body, init_cache(model, tokens.shape[0]), jnp.swapaxes(tokens, 0, 1))
+
+
+def teacher_forced_logits(model: Decoder, params, tokens, *, features_key) -> Array:
+  """Step-by-step logits ``[B, L, V]`` for given ``tokens [B, L]`` (lax.scan over decode steps)."""
+  return jnp.swapaxes(_feed(model, params, tokens, features_key)[1], 0, 1)
 
 
 def generate(model: Decoder, params, prompt, num_tokens: int, *, features_key) -> Array:
   """Greedy continuation: ``prompt [B, P]`` -> ``[B, num_tokens]`` new tokens, one step per token."""
-  cache = init_cache(model, prompt.shape[0])
-
-  def feed(c, tok):
-    logits, c = decode_step(model, params, c, tok[:, None], features_key=features_key)
-    return c, logits
-
-  cache, logits = jax.lax.scan(feed, cache, jnp.swapaxes(prompt, 0, 1))
+  cache, logits = _feed(model, params, prompt, features_key)
   first = jnp.argmax(logits[-1], -1).astype(prompt.dtype)
 
   def body(carry, _):

@@ -319,7 +319,9 @@ class GeneratedSource:
 
 
 class _RecallTask(abc.ABC):
+  """A generated task: ``_batch(seed, split, idx, **_options(data))`` gives its examples."""
   name = ''
+  pad_id: Optional[int] = 0
 
   @abc.abstractmethod
   def _validate(self, data: Any) -> None:
@@ -328,7 +330,12 @@ class _RecallTask(abc.ABC):
   def info(self, data: Any) -> LMTaskInfo:
     self._validate(data)
     v = int(data.vocab_size)
-    return LMTaskInfo(num_classes=v, vocab_size=v, max_length=int(data.max_length))
+    return LMTaskInfo(num_classes=v, vocab_size=v, max_length=int(data.max_length), pad_id=self.pad_id)
+
+  def source(self, data: Any, split: str) -> GeneratedSource:
+    self._validate(data)
+    batch, kw, seed = self._batch, self._options(data), int(data.seed)
+    return GeneratedSource(lambda idx: batch(seed, split, idx, **kw), _split_size(data, split))
 
   def check(self, data: Any) -> list[str]:
     del data
@@ -342,11 +349,8 @@ class MQARTask(_RecallTask):
   """Zoology's MQAR (module docstring)."""
 
   name = 'mqar'
-
-  def info(self, data: Any) -> LMTaskInfo:
-    self._validate(data)
-    v = int(data.vocab_size)
-    return LMTaskInfo(num_classes=v, vocab_size=v, max_length=int(data.max_length), pad_id=None)
+  pad_id = None
+  _batch = staticmethod(zoology_mqar_batch)
 
   def _validate(self, data: Any) -> None:
     v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
@@ -363,21 +367,18 @@ class MQARTask(_RecallTask):
     if not a > 0:
       raise common.DataError(f'mqar: data.power_a={a} must be > 0 (1.0 = uniform gaps)')
 
-  def source(self, data: Any, split: str) -> GeneratedSource:
-    self._validate(data)
-    kw = dict(vocab_size=int(data.vocab_size), num_pairs=int(data.num_pairs),
-              length=int(data.max_length), power_a=float(data.get('power_a', 0.01)),
-              random_non_queries=bool(data.get('random_non_queries', False)),
-              query_targets=bool(data.get('query_targets', True)))
-    seed = int(data.seed)
-    return GeneratedSource(lambda idx: zoology_mqar_batch(seed, split, idx, **kw),
-                           _split_size(data, split))
+  def _options(self, data: Any) -> dict:
+    return dict(vocab_size=int(data.vocab_size), num_pairs=int(data.num_pairs),
+                length=int(data.max_length), power_a=float(data.get('power_a', 0.01)),
+                random_non_queries=bool(data.get('random_non_queries', False)),
+                query_targets=bool(data.get('query_targets', True)))
 
 
 class LegacyMQARTask(_RecallTask):
   """This repository's MQAR before it followed Zoology's generator (module docstring, ``mqar_legacy``)."""
 
   name = 'mqar_legacy'
+  _batch = staticmethod(mqar_legacy_batch)
 
   def _validate(self, data: Any) -> None:
     v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
@@ -393,17 +394,13 @@ class LegacyMQARTask(_RecallTask):
       raise common.DataError(f'mqar_legacy: data.vocab_size={v} gives {num_keys} keys, fewer than '
                              f'data.num_pairs={n} (need vocab_size >= 2 * num_pairs + 2)')
 
-  def source(self, data: Any, split: str) -> GeneratedSource:
-    self._validate(data)
-    kw = dict(vocab_size=int(data.vocab_size), num_pairs=int(data.num_pairs),
-              length=int(data.max_length))
-    seed = int(data.seed)
-    return GeneratedSource(lambda idx: mqar_legacy_batch(seed, split, idx, **kw),
-                           _split_size(data, split))
+  def _options(self, data: Any) -> dict:
+    return dict(vocab_size=int(data.vocab_size), num_pairs=int(data.num_pairs), length=int(data.max_length))
 
 
 class SelectiveCopyTask(_RecallTask):
   name = 'selective_copy'
+  _batch = staticmethod(selective_copy_batch)
 
   def _validate(self, data: Any) -> None:
     v, n, length = int(data.vocab_size), int(data.num_pairs), int(data.max_length)
@@ -411,13 +408,8 @@ class SelectiveCopyTask(_RecallTask):
       raise common.DataError(f'selective_copy: need vocab_size >= 4, num_pairs >= 1 (tokens to copy) '
                              f'and max_length >= 2 * num_pairs + 1; got {v}, {n}, {length}')
 
-  def source(self, data: Any, split: str) -> GeneratedSource:
-    self._validate(data)
-    kw = dict(vocab_size=int(data.vocab_size), num_tokens=int(data.num_pairs),
-              length=int(data.max_length))
-    seed = int(data.seed)
-    return GeneratedSource(lambda idx: selective_copy_batch(seed, split, idx, **kw),
-                           _split_size(data, split))
+  def _options(self, data: Any) -> dict:
+    return dict(vocab_size=int(data.vocab_size), num_tokens=int(data.num_pairs), length=int(data.max_length))
 
 
 TASK = MQARTask()

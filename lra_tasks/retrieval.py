@@ -131,9 +131,7 @@ def cached_arrays(data: Any, split: str) -> dict[str, np.ndarray] | None:
 
 def build_cache(data: Any, split: str) -> str:
   """Writes the cache of ``split`` (streaming, one row at a time); returns its directory."""
-  path = split_path(data, split)
-  if not os.path.isfile(path):
-    raise common.DataError('retrieval: data missing: ' + '; '.join(TASK.check(data)))
+  path = _check_file(data, split)
   max_length = common.positive_max_length(data, 'retrieval')
   c = split_cache(data, split)
   key = c.key(cache.fingerprint(data_root(data), [path]))

@@ -489,13 +489,8 @@ def exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *, mask: Arr
   ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask`` broadcastable to ``[..., S]``; ``proj`` a
   ``Projection`` without a head axis (vmap over heads outside). Same value as
   ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Spectraformer eq. 7 with the
-  stabilizer of ``components._exp_shifted``). Forward: one pass over key chunks accumulates
-  ``kv = phi(K)^T V`` and ``ksum`` with an online column shift (flash attention's running max: a column
-  is rescaled by ``exp(beta_old - beta_new)`` when a chunk raises it), then one pass over query chunks.
-  Backward (``jax.custom_vjp``): saves q, k, v, W, beta, ``kv, ksum`` and ``den`` -- O(L d + M Dv), not
-  O(L M) -- and recomputes the features chunk by chunk (``_bidirectional_backward``). The shifts get no
-  gradient (they cancel), nor does D where ``safe_normalizer``'s clamp acts. Gradients flow to every
-  floating leaf of ``proj`` (learned samplers' W, quadrature weights), none to integer leaves.
+  stabilizer of ``components._exp_shifted``); how: docs/architecture.md, "Exp-feature attention stores
+  no features". Gradients flow to every floating leaf of ``proj``, none to the shifts or integer leaves.
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, False)
@@ -603,16 +598,10 @@ def causal_exp_feature_attention(form, q: Array, k: Array, v: Array, proj, *,
   over heads outside). Same value as ``linear_attention(*component(q, k, proj, mask=mask,
   causal_chunk=C), v, mask=mask, causal=True, chunk_size=C, key_shift=...)`` (Spectraformer eq. 7,
   Katharopoulos et al.'s causal prefix sums, the per-row running stabilizer of
-  ``components._exp_shifted``), with nothing of size ``[L, M]`` formed. The scan carries ``gamma``, the
-  running key max up to the previous chunk, and the sums ``S [F, Dv]``, ``z [F]`` relative to it; a
-  chunk whose running max rises by at most ``span`` is formed on one shift (``_chunk_sums``), others
-  per row (``_shifted_blocks``): ``_exp_chunk``, one form for the whole batch under ``vmap``
-  (``_cond_every``); ``span=0`` takes the per-row form everywhere (docs/kernels.md "Degenerate rows").
-  Backward (``jax.custom_vjp``): the forward saves per chunk the incoming ``S``, ``z``, ``gamma``, the
-  output and the normalizer; a reverse scan recomputes the chunk's features and carries ``dS, dz``, by
-  hand in the one-shift form (``_chunk_sums_grads``), through ``jax.vjp`` in the per-row form. The
-  shifts get no gradient, nor does D where the clamp acts; the chunk size only groups the sums (same
-  value to float32 rounding). Gradients flow to every floating leaf of ``proj``.
+  ``components._exp_shifted``), with nothing of size ``[L, M]`` formed; how: docs/architecture.md,
+  "Causal exp-feature attention is one scan over chunks". A chunk whose running max rises by at most
+  ``span`` is formed on one shift, others per row; ``span=0``: per row everywhere (docs/kernels.md
+  "Degenerate rows"). Gradients flow to every floating leaf of ``proj``, none to the shifts.
   """
   if not 0.0 <= span <= MAX_SPAN:
     raise ValueError(f'span must be in [0, {MAX_SPAN:g}] (a rise of the running key max in nats); '
@@ -856,11 +845,8 @@ def feature_attention(component, q: Array, k: Array, v: Array, proj, *, mask: Ar
   (records with ``row_wise``); ``q [..., L, d]``, ``k [..., S, d]``, ``v [..., S, Dv]``, ``mask``
   broadcastable to ``[..., S]``; ``proj`` its parameters without a head axis, or None. Same value as
   ``linear_attention(*component(q, k, proj, mask=mask), v, mask=mask)`` (Katharopoulos et al. 2020
-  eq. 4 / Spectraformer eq. 7), in two passes: key chunks accumulate ``kv = phi(K)^T V [M', Dv]`` and
-  ``ksum [M']``, then query chunks. Peak memory O(chunk M' + M' Dv), not O(L M'); ``chunk_size`` None:
-  ``feature_chunk_rows(M')``. Backward (``jax.custom_vjp``): saves q, k, v, the parameters, ``kv``,
-  ``ksum`` and ``den`` and recomputes the features chunk by chunk (``_bidirectional_backward``);
-  gradients flow to q, k and every floating leaf of ``proj``, none to D where the clamp acts.
+  eq. 4 / Spectraformer eq. 7); ``chunk_size`` None: ``feature_chunk_rows(M')``; how:
+  docs/architecture.md, "Row-wise feature maps store no features either".
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, False)
@@ -918,12 +904,8 @@ def causal_feature_attention(component, q: Array, k: Array, v: Array, proj, *,
   ``component``, ``proj`` as ``feature_attention``; ``q, k [..., L, d]``, ``v [..., L, Dv]``, ``mask``
   broadcastable to ``[..., L]``. Same value as ``linear_attention(*component(q, k, proj, mask=mask), v,
   mask=mask, causal=True, chunk_size=C)`` -- Katharopoulos et al. 2020's causal prefix sums (eqs. 8-9)
-  chunked (``_chunk_sums``); the scan carries only ``S [M', Dv]`` and ``z [M']``. Backward
-  (``jax.custom_vjp``) with two-level checkpointing: the N = L/C chunks form segments of G =
-  ceil(sqrt(N)); the forward saves ``S, z`` at each segment's start, the output and the normalizer; the
-  backward rebuilds a segment's prefix states, then runs its chunks in reverse (``jax.vjp`` through the
-  recomputed features). Memory O((N/G + G) M' Dv + C M'); the sequence is padded with masked rows to
-  whole segments. Gradients flow to every floating leaf of ``proj``, none to D where the clamp acts.
+  chunked (``_chunk_sums``), checkpointed at segments of G = ceil(sqrt(L/C)) chunks (docs/architecture.md,
+  "Row-wise feature maps store no features either"); padded with masked rows to whole segments.
   """
   out_dtype = v.dtype
   lead, q, k, v, mask, treedef, is_float, diff, nondiff = _prepare(q, k, v, mask, proj, True)

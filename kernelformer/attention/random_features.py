@@ -242,18 +242,9 @@ class RandomFeatureAttention(nn.Module):
                        normalizer_eps(self.component, self.feature_eps))
 
   def _path(self, record, position_bias, q_shape, dtype, causal: bool) -> str:
-    """The one core that computes this call, chosen up front from what the map is:
-
-    * 'pallas': the fused kernels (``_use_pallas``);
-    * 'exp': maps with a ``LogSpaceForm`` (posrf, hyperbolic) -- ``linear.exp_feature_attention`` /
-      ``causal_exp_feature_attention``, features formed chunk by chunk (inside one scan that carries the
-      running key max and the ``[M', Dv]`` state when causal) and recomputed in the backward;
-    * 'row_wise': maps whose row's features depend on that row alone (Taylor, Hedgehog, T2R, DPFP,
-      ReBased, the elementwise maps, elu, relu, rks, grelu) -- the same two paths without a stabilizer,
-      so Taylor's 1 + d + d^2 features exist one chunk at a time;
-    * 'stored': every other map, a position bias (RPE), or ``STORED_FEATURES_ONLY`` -- phi(Q), phi(K)
-      formed whole, then ``linear.linear_attention`` or ``rpe.rpe_linear_attention``.
-    """
+    """The one core that computes this call, chosen up front from what the map is: 'pallas'
+    (``_use_pallas``), 'exp' (a ``LogSpaceForm``), 'row_wise' or 'stored' (docs/architecture.md, "The
+    attention module picks its path once")."""
     if self._use_pallas(position_bias, q_shape, dtype, causal):
       return 'pallas'
     if position_bias is not None or STORED_FEATURES_ONLY:

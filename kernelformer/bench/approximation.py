@@ -307,20 +307,29 @@ def plot_performer(rows, path: str) -> str:
       for comp, samp in variants:
         pts = sorted((r['num_features'], r['mse_mean'], r['mse_std']) for r in rows
                      if r['component'] == comp and r['sampler'] == samp and r['input_std'] == std)
-        if not pts:
-          continue
-        xs, mean, sd = (np.asarray(t) for t in zip(*pts))
-        line, = ax.plot(xs, mean, marker='o', label=f'{comp}-{samp}')
-        ax.fill_between(xs, np.maximum(mean - sd, mean * 1e-3), mean + sd, color=line.get_color(),
-                        alpha=0.2)
-      ax.set_xscale('log', base=2)
-      ax.set_yscale('log')
-      ax.set_xlabel('number of random features R')
-      ax.set_ylabel('attention output MSE vs softmax')
-      ax.set_title(f'{title}; q, k ~ N(0, {std:g}^2)')
-      ax.grid(True, which='both', alpha=0.3)
-      ax.legend()
+        if pts:
+          _band(ax, pts, f'{comp}-{samp}', alpha=0.2)
+      _log_axes(ax, 'number of random features R', 'attention output MSE vs softmax',
+                f'{title}; q, k ~ N(0, {std:g}^2)')
   return output.save_figure(fig, path)
+
+
+def _band(ax, pts, label: str, floor: float = 1e-3, alpha: float = 0.15) -> None:
+  """``pts`` = sorted (x, mean, std): the mean with markers and a band of +-std (cut at ``floor`` x mean)."""
+  xs, mean, sd = (np.asarray(t) for t in zip(*pts))
+  line, = ax.plot(xs, mean, marker='o', label=label)
+  ax.fill_between(xs, np.maximum(mean - sd, mean * floor), mean + sd, color=line.get_color(), alpha=alpha)
+
+
+def _log_axes(ax, xlabel: str, ylabel: str, title: str, ylog: bool = True, **legend) -> None:
+  ax.set_xscale('log', base=2)
+  if ylog:
+    ax.set_yscale('log')
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.grid(True, which='both', alpha=0.3)
+  ax.legend(**legend)
 
 
 def plot_luo(rows, path: str) -> str:
@@ -329,15 +338,9 @@ def plot_luo(rows, path: str) -> str:
   fig, ax = plt.subplots(figsize=(6.5, 4.5))
   for radius in sorted({r['radius'] for r in rows}):
     pts = sorted((r['num_features'], r['l1_mean'], r['l1_std']) for r in rows if r['radius'] == radius)
-    xs, mean, std = (np.asarray(t) for t in zip(*pts))
-    line, = ax.plot(xs, mean, marker='o', label=f'R = {radius:g}')
-    ax.fill_between(xs, np.maximum(mean - std, 0), mean + std, color=line.get_color(), alpha=0.15)
-  ax.set_xscale('log', base=2)
-  ax.set_xlabel('feature map dimension m')
-  ax.set_ylabel('||A - A_hat||_1 (PRF)')
-  ax.set_title('Luo et al. fig. 1b: PRF error vs query/key norm R')
-  ax.grid(True, which='both', alpha=0.3)
-  ax.legend()
+    _band(ax, pts, f'R = {radius:g}', floor=0.0)
+  _log_axes(ax, 'feature map dimension m', '||A - A_hat||_1 (PRF)',
+            'Luo et al. fig. 1b: PRF error vs query/key norm R', ylog=False)
   return output.save_figure(fig, path)
 
 
@@ -385,15 +388,7 @@ def plot_skyformer(rows, path: str) -> str:
     for method in dict.fromkeys(r['method'] for r in rows):
       pts = sorted((r['num_features'], r['rel_mean'], r['rel_std']) for r in rows
                    if r['method'] == method and r['length'] == length)
-      xs, mean, std = (np.asarray(t) for t in zip(*pts))
-      line, = ax.plot(xs, mean, marker='o', label=method)
-      ax.fill_between(xs, np.maximum(mean - std, mean * 1e-3), mean + std, color=line.get_color(),
-                      alpha=0.15)
-    ax.set_xscale('log', base=2)
-    ax.set_yscale('log')
-    ax.set_xlabel('number of features / landmarks / projected length')
-    ax.set_ylabel('||O_hat - O||_2 / ||O||_2')
-    ax.set_title(f'Skyformer fig. 1 setting, L = {length}')
-    ax.grid(True, which='both', alpha=0.3)
-    ax.legend(fontsize=8)
+      _band(ax, pts, method)
+    _log_axes(ax, 'number of features / landmarks / projected length', '||O_hat - O||_2 / ||O||_2',
+              f'Skyformer fig. 1 setting, L = {length}', fontsize=8)
   return output.save_figure(fig, path)

@@ -1,16 +1,11 @@
 """Cost of attention mechanisms versus sequence length: time, compiled memory, FLOPs.
 
-What is measured, for every registry name asked for and every length, in one process (docs/benchmarks.md,
-"Cost versus length"): ``fwd`` (the module alone) and ``fwd+bwd`` (with the VJP for a fixed random
-cotangent, so XLA cannot simplify the backward of a sum); median wall time (``measure.time_compiled``),
-XLA's compiled memory (temp + arguments + outputs; temp separately), FLOPs, FLOP/s as a fraction of a
-dense matmul measured in the same run, and time and memory over softmax's at the same length and mode.
-The random-feature key and the variables are *arguments* of the compiled function, so XLA cannot
-constant-fold the projection draw (and its FLOPs) out of the timed program. The mechanisms are the
-papers' (Spectraformer eq. 7 linear attention, Luo et al. Algorithm 1 RPE by FFT, Skyformer eqs. 4-6,
-Nyströmformer, Linformer); this module drives them through ``registry.build`` with one option set, the
-feature budget M mapped to each one's own name for it (``num_features``, ``num_landmarks``,
-``linformer_k``).
+What is measured, for every registry name asked for and every length, in one process, and why:
+docs/benchmarks.md, "Cost versus length"; time and memory are also given over softmax's at the same
+length and mode. The mechanisms are the papers' (Spectraformer eq. 7 linear attention, Luo et al.
+Algorithm 1 RPE by FFT, Skyformer eqs. 4-6, Nyströmformer, Linformer), built by ``registry.build`` with
+one option set, the feature budget M mapped to each one's own name for it (``num_features``,
+``num_landmarks``, ``linformer_k``).
 
 Cells that would not fit are not run: one whose compiled memory exceeds ``max_memory_gb`` keeps its
 memory and FLOPs but no time; one whose time, extrapolated from the previous length, would exceed
@@ -613,17 +608,25 @@ def _favor_pair(setup: Setup, length: int, causal: bool, keep_cotangent: bool):
 
 
 def _time_interleaved(compiled, args, row: dict, repeats: int) -> list[list[float]]:
-  """A warm-up call per side (its peak RSS into ``row``), then ``repeats`` rounds of one call each,
-  the order alternating between rounds; the seconds of each call, per side."""
-  times: list[list[float]] = [[], []]
+  """A warm-up call per side (its peak RSS into ``row``), then ``_rounds``."""
   for (c, _), side in zip(compiled, ('ours', 'official')):
     reset = _reset_peak_rss()
     jax.block_until_ready(c(*args))          # warm-up
     row[f'{side}_peak_rss_mib'] = measure.peak_rss_mib() if reset else None
+  return _rounds([c for c, _ in compiled], [args] * 2, repeats, warmup=False)
+
+
+def _rounds(compiled, args, repeats: int, warmup: bool = True) -> list[list[float]]:
+  """A warm-up call of each ``compiled[i](*args[i])`` (``warmup``), then ``repeats`` rounds of one call
+  of each, the order rotating between rounds; the seconds of each call, per function."""
+  for c, a in zip(compiled, args) if warmup else ():
+    jax.block_until_ready(c(*a))
+  times: list[list[float]] = [[] for _ in compiled]
+  n = max(1, len(compiled))
   for r in range(max(1, repeats)):
-    for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+    for i in [*range(r % n, len(compiled)), *range(r % n)]:
       start = time.perf_counter()
-      jax.block_until_ready(compiled[i][0](*args))
+      jax.block_until_ready(compiled[i](*args[i]))
       times[i].append(time.perf_counter() - start)
   return times
 
@@ -660,17 +663,7 @@ def _interleaved_medians(fns: Sequence[Callable[..., Any]], args: Sequence[Seque
   """Compiles every ``fns[i](*args[i])``, one warm-up each, then ``repeats`` rounds of one call of
   each (order rotating between rounds); the median seconds of each, in order."""
   compiled = [jax.jit(f).lower(*a).compile() for f, a in zip(fns, args)]
-  for c, a in zip(compiled, args):
-    jax.block_until_ready(c(*a))
-  times: list[list[float]] = [[] for _ in fns]
-  for r in range(max(1, repeats)):
-    order = list(range(len(fns)))
-    order = order[r % len(order):] + order[:r % len(order)]
-    for i in order:
-      start = time.perf_counter()
-      jax.block_until_ready(compiled[i](*args[i]))
-      times[i].append(time.perf_counter() - start)
-  return [statistics.median(t) for t in times]
+  return [statistics.median(t) for t in _rounds(compiled, args, repeats)]
 
 
 def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
@@ -689,7 +682,6 @@ def compare_projections(dims: Sequence[int], setup: Setup, *, rows: int = 16384,
   registry's posrf-orf, posrf-sorf and posrf-fastfood modules at d = 64, L = rows / (B H), the
   benchmark's fwd and fwd+bwd programs. Times in ms, medians of ``setup.repeats`` interleaved rounds.
   """
-  import os  # pylint: disable=g-import-not-at-top
   from kernelformer.features import hadamard, projection, weights  # pylint: disable=g-import-not-at-top
   out = []
   m = setup.num_features
@@ -817,7 +809,6 @@ def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
   hit all alike; the median is reported with the 1-minute load average at the end of the cell.
   Returns ``(rows, skipped)``; ``skipped``: kind -> one-line reason (unknown, or cannot be built).
   """
-  import os  # pylint: disable=g-import-not-at-top
   from unittest import mock  # pylint: disable=g-import-not-at-top
   from kernelformer.attention import random_features as rf  # pylint: disable=g-import-not-at-top
   variants, skipped = [], {}
@@ -865,32 +856,18 @@ def compare_maps(kinds: Sequence[str], lengths: Sequence[int], setup: Setup, *,
             del compiled
             continue
           programs.append((row, compiled, args))
-      for _, c, a in programs:
-        jax.block_until_ready(c(*a))                 # warm-up
-      times: list[list[float]] = [[] for _ in programs]
-      for r in range(max(1, setup.repeats)):
-        order = list(range(len(programs)))
-        order = order[r % max(1, len(order)):] + order[:r % max(1, len(order))]
-        for i in order:
-          start = time.perf_counter()
-          jax.block_until_ready(programs[i][1](*programs[i][2]))
-          times[i].append(time.perf_counter() - start)
+      times = _rounds([c for _, c, _ in programs], [a for _, _, a in programs], setup.repeats)
       load = _load_1min()
       for (row, _, _), t in zip(programs, times):
         row.update(time_ms=statistics.median(t) * 1e3, repeats=len(t))
-      for row in rows:
-        if row['length'] == length and row['causal'] == causal:
-          row['load_1min'] = load
-      lean_ms = {r['kind']: r.get('time_ms') for r in rows
-                 if r['length'] == length and r['causal'] == causal and r['path'] == 'lean'}
-      for row in rows:
-        if (row['length'] == length and row['causal'] == causal and row['path'] == 'stored'
-            and row.get('time_ms') and lean_ms.get(row['kind'])):
+      cell = [r for r in rows if r['length'] == length and r['causal'] == causal]
+      lean_ms = {r['kind']: r.get('time_ms') for r in cell if r['path'] == 'lean'}
+      for row in cell:
+        row['load_1min'] = load
+        if row['path'] == 'stored' and row.get('time_ms') and lean_ms.get(row['kind']):
           row['time_vs_lean'] = row['time_ms'] / lean_ms[row['kind']]
-      for row in rows:
-        if row['length'] == length and row['causal'] == causal:
-          log(f'{"causal" if causal else "bidirectional"} L={length} {row["kind"]} {row["path"]}: '
-              f'{row.get("time_ms") or float("nan"):.1f} ms, total {row["total_mib"]:.1f} MiB')
+        log(f'{"causal" if causal else "bidirectional"} L={length} {row["kind"]} {row["path"]}: '
+            f'{row.get("time_ms") or float("nan"):.1f} ms, total {row["total_mib"]:.1f} MiB')
       del programs
       gc.collect()
   return rows, skipped

@@ -3,19 +3,12 @@
     python scripts/gpu_check.py                    # on a GPU: <= ~14 min on one H100
     python scripts/gpu_check.py --dry_run --out_dir /tmp/gc   # on CPU: tiny shapes, same code paths
 
-Sections, each with its own time budget (what each runs: docs/pallas.md, "The GPU check"): 1.
-``correctness`` -- compiled ``feature_attention`` against the XLA path
-(``kernelformer.bench.pallas_reference``), outputs and gradients; a failure prints the case and the
-command exits non-zero. Tolerances (max error over the largest reference entry): float32 outputs 2e-4,
-gradients 2e-3; bfloat16 outputs 3e-2, gradients 6e-2 (bf16 operands in the large matmuls; the CPU unit
-tests hold the kernels to first-order rounding bounds). 2. ``attention`` -- fwd and fwd+bwd times of
-Pallas (block sizes tried per shape), the XLA path and cuDNN flash softmax; a length whose predicted
-time (linear in L from the previous one; quadratic for softmax) does not fit the budget is skipped.
-3. ``train`` -- one LRA-Text-shaped step. 4. report -- ``<out_dir>/gpu-<device>.md`` and ``.json`` and
-the validation entries (``kernelformer/pallas/validated.py``) of every (feature, mode, dtype) whose
-cases all passed compiled on a GPU, merged into ``validated.json`` unless ``--no_write_table``.
-``--dry_run`` (CPU): tiny shapes, Pallas interpret mode, XLA softmax in place of cuDNN (noted in every
-such row), no validation entries.
+Sections (correctness, attention, train, report), their budgets and the dry run: docs/pallas.md, "The
+GPU check". Correctness tolerances (max error over the largest reference entry,
+``kernelformer.bench.pallas_reference``): float32 outputs 2e-4, gradients 2e-3; bfloat16 outputs 3e-2,
+gradients 6e-2 (bf16 operands in the large matmuls; the CPU unit tests hold the kernels to first-order
+rounding bounds). The attention section's predicted time is linear in L from the previous length
+(quadratic for softmax).
 
 Model FLOPs (for the fraction of matmul peak; XLA's cost analysis cannot see inside a Pallas call):
 linear attention forward ``B H L (2 M' d (q and k features) + 4 M' dv)`` (``M'`` = 2M for trig), plus
@@ -93,15 +86,7 @@ class Budget:
 
 def compile_with_stats(fn, args, dry_run: bool):
   """``measure.compile_with_stats``; in a dry run compiled without backend optimizations (faster)."""
-  if not dry_run:
-    return measure.compile_with_stats(fn, *args)
-  compiled = jax.jit(fn).lower(*args).compile(DRY_COMPILER_OPTIONS)
-  mem = compiled.memory_analysis()
-  return compiled, measure.CompiledStats(
-      flops=None, transcendentals=None, bytes_accessed=None,
-      temp_bytes=int(getattr(mem, 'temp_size_in_bytes', 0)),
-      argument_bytes=int(getattr(mem, 'argument_size_in_bytes', 0)),
-      output_bytes=int(getattr(mem, 'output_size_in_bytes', 0)))
+  return measure.compile_with_stats(fn, *args, options=DRY_COMPILER_OPTIONS if dry_run else None)
 
 
 def environment(command: str) -> dict[str, Any]:
@@ -366,21 +351,21 @@ def _time(rows, impl, mode, length, causal) -> Optional[float]:
   return None
 
 
+def _versus(rows, other: str, causal: bool) -> list[tuple[int, float, float]]:
+  """``(L, Pallas ms, other ms)`` of fwd+bwd at every L where both ran."""
+  pairs = [(n, _time(rows, 'pallas', 'fwd+bwd', n, causal), _time(rows, other, 'fwd+bwd', n, causal))
+           for n in sorted({r['length'] for r in rows})]
+  return [(n, a, b) for n, a, b in pairs if a is not None and b is not None]
+
+
 def crossovers(rows) -> dict[str, Optional[int]]:
-  """Smallest measured L from which Pallas fwd+bwd is faster than the other impl at every longer L."""
+  """Smallest measured L from which Pallas fwd+bwd is faster than the other impl at every longer L
+  (bidirectional)."""
   out = {}
-  lengths = sorted({r['length'] for r in rows})
-  for causal in (False,):
-    for other in ('softmax', 'xla'):
-      pairs = [(n, _time(rows, 'pallas', 'fwd+bwd', n, causal), _time(rows, other, 'fwd+bwd', n, causal))
-               for n in lengths]
-      pairs = [(n, a, b) for n, a, b in pairs if a is not None and b is not None]
-      cross = None
-      for i, (n, _, _) in enumerate(pairs):
-        if all(a < b for _, a, b in pairs[i:]):
-          cross = n
-          break
-      out[f"{'causal' if causal else 'bidirectional'} vs {other}"] = cross
+  for other in ('softmax', 'xla'):
+    pairs = _versus(rows, other, False)
+    out[f'bidirectional vs {other}'] = next(
+        (n for i, (n, _, _) in enumerate(pairs) if all(a < b for _, a, b in pairs[i:])), None)
   return out
 
 
@@ -431,12 +416,7 @@ def time_train_step(variant: str, opts: Options) -> dict[str, Any]:
     keys = steps_lib.run_keys(config.seed)
     train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
     length = info.max_length
-    dummy = {'inputs': jnp.ones((1, length), jnp.int32)}
-    variables = dict(model.init({'params': keys['init'], 'dropout': keys['init'],
-                                 'features': keys['features']}, dummy, train=False))
-    params = variables.pop('params')
-    state = steps_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                               opt_state=tx.init(params), model_state=variables)
+    state = steps_lib.initializer(model, tx, info, keys)(keys['init'])
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, info.vocab_size, size=(config.batch_size, length)).astype(np.int32)
     tokens[1::2, length - length // 4:] = 0                  # padded reviews
@@ -582,9 +562,7 @@ def run(opts: Options, log=print) -> tuple[dict[str, Any], int]:
   # Validation entries: compiled GPU cases only; a feature measured slower than XLA is withheld.
   speed = {}
   for causal in (False, True):
-    times = [(n, _time(att_rows, 'pallas', 'fwd+bwd', n, causal), _time(att_rows, 'xla', 'fwd+bwd', n, causal))
-             for n in sorted({r['length'] for r in att_rows})]
-    times = [(n, a, b) for n, a, b in times if a is not None and b is not None]
+    times = _versus(att_rows, 'xla', causal)
     if times:
       speed[('exp', validated.mode_name(causal))] = times[-1][1] <= times[-1][2]
   out_dir = opts.out_dir

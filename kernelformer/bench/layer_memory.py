@@ -39,12 +39,7 @@ def compile_step(length: int, batch: int, kind: str, remat: str, scan_layers: bo
   tx, schedule = optim.make_optimizer(run.optim, run.num_train_steps, run.model.dtype == 'float16')
   train_step, _ = steps_lib.make_steps(model, tx, schedule, run, keys)
   tokens = jax.random.randint(jax.random.key(1), (batch, info.max_length), 1, info.vocab_size)
-  variables = dict(jax.jit(lambda: model.init(
-      {'params': keys['init'], 'dropout': keys['init'], 'features': keys['features']},
-      {'inputs': tokens[:1]}))())
-  params = variables.pop('params')
-  state = steps_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                             opt_state=tx.init(params), model_state=variables)
+  state = jax.jit(steps_lib.initializer(model, tx, info, keys))(keys['init'])
   batch_ = {'inputs': tokens, 'targets': jnp.zeros((batch,), jnp.int32)}
   compiled = jax.jit(train_step).lower(state, batch_).compile()
   return compiled, (state, batch_), compiled.memory_analysis().temp_size_in_bytes

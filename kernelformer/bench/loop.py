@@ -30,7 +30,6 @@ from typing import Optional, Sequence
 import jax
 
 import lra_tasks
-from lra_tasks import common as lra_common
 from kernelformer.bench import measure as measure_lib
 from kernelformer.bench import train_step
 from kernelformer.training import input_pipeline
@@ -155,11 +154,6 @@ def peak_resident_gib() -> Optional[float]:
   return None if mib is None else mib / 1024.0
 
 
-def _random_tokens(info, n: int, seed: int = 0) -> lra_common.ArraySource:
-  """A source of ``n`` examples: random tokens of the task's vocabulary and length."""
-  return lra_common.ArraySource(**train_step.random_batch(info, n, seed))
-
-
 class _Preloaded:
   """``TrainBatches``' interface over batches read beforehand (numpy, not yet on the devices)."""
 
@@ -189,7 +183,7 @@ class _Bench:
     self.loop, self.state = loop_lib.benchmark_loop(config, info, self.tmp)
     task = lra_tasks.get(config.data.task)
     data = (task.source(config.data, 'train') if SETTINGS[setting].task_data
-            else _random_tokens(info, 4 * config.batch_size))
+            else train_step.random_source(info, 4 * config.batch_size))
     self.pipeline = input_pipeline.TrainBatches(data, config.batch_size, config.seed)
     self.state = self.loop.run(self.state, 0, 2, self.pipeline)   # compiles, warms up
     self.start = 2                   # the first step of the next round

@@ -60,9 +60,9 @@ def _cost_dict(compiled) -> dict[str, float]:
   return dict(cost or {})
 
 
-def compile_with_stats(fn: Callable[..., Any], *args) -> tuple[Any, CompiledStats]:
-  """``jax.jit(fn)`` lowered and compiled for ``args``; returns ``(compiled, stats)``."""
-  compiled = jax.jit(fn).lower(*args).compile()
+def compile_with_stats(fn: Callable[..., Any], *args, options=None) -> tuple[Any, CompiledStats]:
+  """``jax.jit(fn)`` lowered and compiled (XLA ``options``) for ``args``; returns ``(compiled, stats)``."""
+  compiled = jax.jit(fn).lower(*args).compile(options)
   cost = _cost_dict(compiled)
   mem = compiled.memory_analysis()
   # XLA marks a count it does not know with a negative number (-1 for a cuBLAS custom call on GPU).

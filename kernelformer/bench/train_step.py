@@ -30,6 +30,7 @@ from kernelformer import run_config
 from kernelformer.training import optim as optim_lib
 from kernelformer.training import sharding
 from kernelformer.training import steps as steps_lib
+from lra_tasks import common as lra_common
 
 
 @dataclasses.dataclass
@@ -48,6 +49,16 @@ def random_batch(info, batch_size: int, seed: int = 0) -> dict:
            for name in steps_lib.input_names(info)}
   batch['targets'] = rng.integers(0, info.num_classes, size=(batch_size,)).astype(np.int32)
   return batch
+
+
+def random_source(info, n: int, seed: int = 0) -> lra_common.ArraySource:
+  """A source of ``n`` examples of ``random_batch``."""
+  return lra_common.ArraySource(**random_batch(info, n, seed))
+
+
+def train_source(task, data, info, n: int):
+  """The task's training split where its data is on disk (MQAR: generated), else ``random_source``."""
+  return task.source(data, 'train') if not task.check(data) else random_source(info, n)
 
 
 def _compiled_step(config: ml_collections.ConfigDict, info, batch):

@@ -242,7 +242,7 @@ def _compare_maps(args, setup, kinds, lengths, hw_before, argv) -> int:
 
 def _compare_projections(args, setup, hw_before, argv) -> int:
   """``--compare projections``: runs ``attention_cost.compare_projections`` and writes its tables."""
-  from kernelformer.bench import attention_cost, output  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import attention_cost  # pylint: disable=g-import-not-at-top
   dims = [int(x) for x in args.dims.split(',')]
   if args.quick:
     dims = dims[:2]
@@ -250,19 +250,9 @@ def _compare_projections(args, setup, hw_before, argv) -> int:
   rows = attention_cost.compare_projections(dims, setup, rows=rows_per_call,
                                             log=lambda s: print(s, flush=True))
   name = args.name or ('compare_projections_quick' if args.quick else 'compare_projections')
-  prefix = os.path.join(args.out_dir, name)
-  os.makedirs(args.out_dir, exist_ok=True)
-  output.write_csv(rows, prefix + '.csv', attention_cost.PROJECTION_FIELDS)
-  command = 'python scripts/benchmark_attention.py ' + ' '.join(sys.argv[1:] if argv is None else argv)
-  table = attention_cost.projections_markdown(rows)
-  with open(prefix + '.md', 'w') as f:
-    f.write('\n'.join([f'# Structured projections ({name})', '', f'Command: `{command.strip()}`', '',
-                       f'Hardware at start: {hw_before}', '', f'Hardware at end: {hardware()}', '',
-                       table, '']))
-  print()
-  print(table)
-  print('wrote ' + ', '.join([prefix + '.csv', prefix + '.md']))
-  return 0
+  return _write_comparison(args, name, f'Structured projections ({name})', rows,
+                           attention_cost.PROJECTION_FIELDS, attention_cost.projections_markdown(rows), [],
+                           hw_before, argv)
 
 
 if __name__ == '__main__':

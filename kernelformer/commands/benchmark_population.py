@@ -23,26 +23,19 @@ import time
 from kernelformer.commands import _common
 
 
-def _mib(compiled, members: int = 1) -> float:
-  m = compiled.memory_analysis()
-  return (m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes) / members / 2**20
-
-
 def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) -> list:
   import jax  # pylint: disable=g-import-not-at-top
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer import run_config  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import input_pipeline, population, steps as steps_lib  # pylint: disable=g-import-not-at-top
-  from lra_tasks import common as lra_common  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import input_pipeline, metrics, population, steps as steps_lib  # pylint: disable=g-import-not-at-top
   task, _, preset = spec.partition(':')
   config = importlib.import_module(f'kernelformer.configs.{task}').get_config(preset)
   with config.unlocked():
     config.batch_size, config.data.max_length = batch or config.batch_size, length or config.data.max_length
   task = lra_tasks.get(config.data.task)
   info = task.info(config.data)
-  source = (task.source(config.data, 'train') if not task.check(config.data) else
-            lra_common.ArraySource(**train_step.random_batch(info, 4 * config.batch_size)))
+  source = train_step.train_source(task, config.data, info, 4 * config.batch_size)
   parts, single = steps_lib.build_steps(run_config.of(config), info, None)
   window, data = steps_lib.empty_window(), input_pipeline.TrainBatches(source, config.batch_size, 0)
   pops = {p: population.build(config, info, source, population=[{'seed': s} for s in range(p)])
@@ -68,12 +61,13 @@ def measure(spec: str, sizes, steps: int, rounds: int, batch: int, length: int) 
         rates[p][0].append(p * steps / (t1 - t0))
         rates[p][1].append(p * steps / (t2 - t1))
     start += steps
-  single_mib = _mib(parts['loop_step'].lower(single, window, ones[0]).compile())
+  mib = lambda compiled, members=1: metrics.memory_of(compiled, total=True) / members / 2**20
+  single_mib = mib(parts['loop_step'].lower(single, window, ones[0]).compile())
   rows = []
   for p, (pop, state, pwindow) in pops.items():
-    compiled = pop.step.lower(state, pwindow, pop.batch(0), *pop.extra()).compile()
     rows.append((spec, p, statistics.median(rates[p][0]), statistics.median(rates[p][1]),
-                 statistics.median(a / b for a, b in zip(*rates[p])), _mib(compiled, p), single_mib))
+                 statistics.median(a / b for a, b in zip(*rates[p])),
+                 mib(pop.compile(state, pwindow, pop.batch(0)), p), single_mib))
   return rows
 
 

@@ -129,18 +129,19 @@ def _exp_shifted(zq: Array, zk: Array, mask: Optional[Array], stabilize: bool,
                        f'{zk.shape[-2]}')
     beta = _chunk_prefix_max(zk, 1, shift_init)                          # [..., S, F]: per row
     zq = zq + beta
-    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))
-    a = jnp.where(jnp.isfinite(a), a, 0.0)
-    return jnp.exp(zq - a), jnp.exp(zk - beta), beta
+    return jnp.exp(zq - _finite_max(zq, -1)), jnp.exp(zk - beta), beta
   if stabilize:
-    beta = jax.lax.stop_gradient(jnp.max(zk, axis=-2, keepdims=True))     # [..., 1, F]
     # Every key masked: the max is -inf; any finite shift is correct (all key features are 0).
-    beta = jnp.where(jnp.isfinite(beta), beta, 0.0)
+    beta = _finite_max(zk, -2)                                            # [..., 1, F]
     zq = zq + beta
-    a = jax.lax.stop_gradient(jnp.max(zq, axis=-1, keepdims=True))       # [..., L, 1]
-    a = jnp.where(jnp.isfinite(a), a, 0.0)
-    zq, zk = zq - a, zk - beta
+    zq, zk = zq - _finite_max(zq, -1), zk - beta                          # a: [..., L, 1]
   return jnp.exp(zq), jnp.exp(zk)
+
+
+def _finite_max(x: Array, axis: int) -> Array:
+  """The max over ``axis`` (kept) under ``stop_gradient``, 0 where it is not finite."""
+  m = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+  return jnp.where(jnp.isfinite(m), m, 0.0)
 
 
 def _with_shift(phi_q: Array, phi_k: Array, shift: list) -> tuple[Array, ...]:
@@ -452,11 +453,7 @@ def elu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional
   (bounded below by 0 and linear above: nothing overflows).
   """
   del proj, stabilize
-  dt = compute_dtype(q)
-  mask = key_mask(mask, k)
-  phi_q = jax.nn.elu(q.astype(dt)) + 1.0
-  phi_k = jax.nn.elu(k.astype(dt)) + 1.0
-  return phi_q.astype(q.dtype), zero_masked(phi_k, mask).astype(k.dtype)
+  return _elementwise(lambda x: jax.nn.elu(x) + 1.0, q, k, mask)
 
 
 def relu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optional[Array] = None,
@@ -468,11 +465,13 @@ def relu(q: Array, k: Array, proj: Optional[Projection] = None, *, mask: Optiona
   ``safe_normalizer`` keeps that row finite.
   """
   del proj, stabilize
-  dt = compute_dtype(q)
-  mask = key_mask(mask, k)
-  phi_q = jax.nn.relu(q.astype(dt))
-  phi_k = jax.nn.relu(k.astype(dt))
-  return phi_q.astype(q.dtype), zero_masked(phi_k, mask).astype(k.dtype)
+  return _elementwise(jax.nn.relu, q, k, mask)
+
+
+def _elementwise(fn: Callable[[Array], Array], q: Array, k: Array, mask: Optional[Array]):
+  """``fn`` of every entry (M' = d), in the compute dtype; masked keys' features 0."""
+  (out_q, out_k), q, k, mask, _ = _cast(q, k, mask)
+  return fn(q).astype(out_q), zero_masked(fn(k), mask).astype(out_k)
 
 
 # The additive constant of the official generalized attention (``kernel_epsilon=0.001``).

@@ -69,16 +69,11 @@ def chi(key: Array, df: int, shape: tuple[int, ...], dtype=jnp.float32) -> Array
 def serial_on_cpu(fn: Callable[[Array], object]) -> Callable[[Array], object]:
   """``fn`` (one matrix in, a pytree out) made to decompose a batch one matrix at a time on CPU.
 
-  Why: jaxlib >= 0.10 runs a *batched* LAPACK custom call (QR, SVD) by splitting the batch
-  over XLA's CPU intra-op thread pool (``ParallelBatchMap``) and blocking the calling pool thread until
-  the pieces finish. XLA's thunk executor also runs independent thunks concurrently on that same pool,
-  so when two or more batched decompositions are ready at once -- one per layer, since each layer's
-  projection depends only on its key -- every pool thread (2 on a 2-core machine) can end up blocked
-  inside ``BlockingCounter::Wait`` waiting for tasks no free thread can run: the train step never
-  returns, at 0% CPU. A single matrix is decomposed inline by the calling thread, so the wrapper gives
-  ``jax.vmap`` (and any batch axis) a ``lax.map`` over single matrices instead. The LAPACK routine is the
-  same, so the results are bit-identical to the batched call's (tested); the cost is a sequential
-  loop over a few d x d matrices per redraw. Other backends keep the batched call.
+  Why (docs/architecture.md, "LAPACK one matrix at a time on CPU"): jaxlib >= 0.10's batched LAPACK call
+  (``ParallelBatchMap``) blocks a pool thread per batched decomposition, and several ready at once could
+  block every thread (``BlockingCounter::Wait``, a step that never returns). A single matrix is
+  decomposed inline, so ``jax.vmap`` (any batch axis) gets a ``lax.map`` over single matrices: the same
+  LAPACK routine, bit-identical results (tested). Other backends keep the batched call.
   """
 
   @jax.custom_batching.custom_vmap

@@ -153,14 +153,12 @@ def measure(todo, seconds: float, budget: float, log=print) -> dict:
   import lra_tasks  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
   from kernelformer.training import population  # pylint: disable=g-import-not-at-top
-  from lra_tasks import common as lra_common  # pylint: disable=g-import-not-at-top
   rates, t_start = {}, time.perf_counter()
   for job in todo:
     c = config(job.spec, job.overrides)
     task = lra_tasks.get(c.data.task)
-    info = task.info(c.data)   # the task's data where it is there (MQAR: generated), else random tokens
-    source = (task.source(c.data, 'train') if not task.check(c.data) else
-              lra_common.ArraySource(**train_step.random_batch(info, 4 * c.batch_size)))
+    info = task.info(c.data)
+    source = train_step.train_source(task, c.data, info, 4 * c.batch_size)
     t0 = time.perf_counter()
     pop, state, window = population.build(c, info, source, population=list(job.members))
     batches = [pop.batch(i) for i in range(4)]

@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Optional
 
+from kernelformer.bench import output
 from kernelformer.reproduce import report
 
 MISSING = report.MISSING
@@ -166,9 +167,7 @@ def plot(rows: list[dict], path: str) -> bool:
   done = [r for r in rows if r['accuracy'] is not None]
   if not done:
     return False
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = output.pyplot()
   pairs_list = sorted({r['pairs'] for r in done})
   fig, axes = plt.subplots(1, len(pairs_list), figsize=(6 * len(pairs_list), 4.6), squeeze=False,
                            sharey=True)
@@ -200,9 +199,7 @@ def plot(rows: list[dict], path: str) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc='center right')
   axes[0][0].set_ylabel('test accuracy on queries (%)')
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  output.save_figure(fig, path)
   return True
 
 
@@ -275,9 +272,7 @@ def plot_best_of(rows: list[dict], path: str, column: str) -> bool:
   done = [r for r in rows if r['accuracy'] is not None]
   if not done:
     return False
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = output.pyplot()
   fig, ax = plt.subplots(figsize=(5, 4))
   for kind in dict.fromkeys(r['kind'] for r in done):
     cols = sorted({r['column'] for r in done if r['kind'] == kind})
@@ -289,9 +284,7 @@ def plot_best_of(rows: list[dict], path: str, column: str) -> bool:
   ax.set_ylim(0, 104)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  output.save_figure(fig, path)
   return True
 
 
@@ -509,9 +502,7 @@ def plot_state(rows: list[dict], path: str) -> bool:
   done = [r for r in rows if r['accuracy'] is not None]
   if not done:
     return False
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  plt = output.pyplot()
   points = _points(done)
   settings = sorted(points)
   # One colour per kind in every panel, Based's panel included (AllPoly, not run here: black, dotted).

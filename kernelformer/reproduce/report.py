@@ -507,9 +507,8 @@ def write_csv(report: Report, path: str) -> None:
 
 def plot(report: Report, path: str) -> bool:
   """The accuracy-vs-speed PNG; False (nothing written) when no run has finished."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from kernelformer.bench import output  # pylint: disable=g-import-not-at-top
+  plt = output.pyplot()
   panels = [t for t in report.tasks
             if any(report.cells[(l, t)].finished and report.cells[(l, t)].steps_per_sec
                    for l in report.labels)]

@@ -537,16 +537,11 @@ def packed(runs: Sequence[Run], size: int, sweep: Sweep, sweep_dir: str) -> list
 def step_bytes(config) -> int:
   """One device's bytes for ``config``'s population step by XLA's ``memory_analysis`` (compiled ahead)."""
   import lra_tasks  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from kernelformer.bench import train_step  # pylint: disable=g-import-not-at-top
-  from kernelformer.training import population  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import metrics, population  # pylint: disable=g-import-not-at-top
   info = lra_tasks.get(config.data.task).info(config.data)
-  pop, state, window = population.build(config, info)
-  batch = train_step.random_batch(info, config.batch_size)
-  size = len(config.population)
-  batch = batch if size == 1 else {k: np.stack([v] * size) for k, v in batch.items()}
-  m = pop.step.lower(state, window, batch, *pop.extra()).compile().memory_analysis()
-  return m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+  pop, state, window = population.build(config, info, train_step.random_source(info, config.batch_size))
+  return metrics.memory_of(pop.compile(state, window, pop.batch(0)), total=True)
 
 
 def device_memory() -> int:

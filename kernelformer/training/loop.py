@@ -285,7 +285,7 @@ def run_members(pop: Population, loops: dict, state, window, start: int, until: 
     done, lead, active = step + 1, loops[live[0]], pop.extra([i in live for i in range(len(pop.configs))])
     if lead.compiled is None:   # ahead of time, once: the same executable runs every step
       lead.setup.watch.compiling(f'compiling the train step (before step {done})')
-      compiled = pop.step.lower(state, window, batch, *active).compile()
+      compiled = pop.compile(state, window, batch, active)
       each(lambda i, loop: (setattr(loop, 'compiled', compiled),
                             loop.update(compiled_memory_bytes=metrics_lib.memory_of(compiled))))
       if stop.requested:

@@ -213,8 +213,9 @@ class StepTimer:
     return (self._s - self._s0) / (self._t - self._t0)
 
 
-def memory_of(compiled) -> Optional[dict]:
-  """XLA's memory analysis of a compiled executable (bytes), or None where the backend has none."""
+def memory_of(compiled, total: bool = False):
+  """XLA's memory analysis of a compiled executable (bytes), or None where the backend has none;
+  ``total``: temp + argument + output bytes, what the executable needs while it runs."""
   try:
     analysis = compiled.memory_analysis()
   except Exception:  # pylint: disable=broad-except  (some backends do not implement it)
@@ -223,4 +224,5 @@ def memory_of(compiled) -> Optional[dict]:
     return None
   fields = ('temp_size_in_bytes', 'argument_size_in_bytes', 'output_size_in_bytes',
             'generated_code_size_in_bytes')
-  return {f: int(getattr(analysis, f, 0)) for f in fields}
+  m = {f: int(getattr(analysis, f, 0)) for f in fields}
+  return sum(m[f] for f in fields[:3]) if total else m

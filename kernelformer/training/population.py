@@ -133,6 +133,11 @@ class Population:
     size = len(self.configs)
     return () if size == 1 else (np.ones(size, bool) if active is None else np.asarray(active),)
 
+  def compile(self, state, window, batch, extra=None):
+    """The step compiled ahead for these arguments (``extra``: default ``extra()``): the one executable
+    every step runs, and what XLA's memory analysis (``metrics.memory_of``) reads."""
+    return self.step.lower(state, window, batch, *(self.extra() if extra is None else extra)).compile()
+
   def stack(self, trees: list):
     """The population's state (or window) of its members' (``member``'s inverse)."""
     if len(trees) == 1:

@@ -162,3 +162,19 @@ def test_fields_that_change_the_program_are_refused(tmp_path, overrides, field):
   assert field in str(e.value) and '\n' not in str(e.value)
   with pytest.raises(population.PopulationError, match='empty'):
     population.members(c, [])
+
+
+def test_the_sweeps_step_bytes_are_the_compiled_steps_temp_argument_and_output(tmp_path):
+  """``sweeps.step_bytes`` (what packing fits) reads the executable ``Population.compile`` gives, the one
+  the trainer runs and records in results.json: temp + argument + output of its memory analysis."""
+  from kernelformer.reproduce import sweeps  # pylint: disable=g-import-not-at-top
+  from kernelformer.training import metrics  # pylint: disable=g-import-not-at-top
+  config, info, source = _config('listops', tmp_path)
+  config.population = [{'seed': 0}, {'seed': 1}]
+  pop, state, window = population.build(config, info, source)
+  compiled = pop.compile(state, window, pop.batch(0))
+  m = compiled.memory_analysis()
+  total = m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes
+  assert metrics.memory_of(compiled, total=True) == total == sum(
+      v for k, v in metrics.memory_of(compiled).items() if k != 'generated_code_size_in_bytes')
+  assert sweeps.step_bytes(config) == total
