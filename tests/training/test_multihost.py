@@ -114,15 +114,19 @@ def wait_all(procs, logs, codes):
         p.kill()
 
 
-def test_two_processes_equal_one_process_with_two_devices(tmp_path):
+def _setup(tmp_path, driver_text):
+  """The driver file and the tiny ListOps data, generated once here: the concurrent runs would
+  otherwise both write it."""
   driver = tmp_path / 'driver.py'
-  driver.write_text(DRIVER)
-  data = tmp_path / 'data'
-  # Generate the data once here: the concurrent runs below would otherwise both write it.
+  driver.write_text(driver_text)
   config = listops.get_config('tiny')
-  config.data.data_dir = str(data)
+  config.data.data_dir = str(tmp_path / 'data')
   lra_tasks.get('listops').prepare(config.data)
-  multi, single = tmp_path / 'multi', tmp_path / 'single'
+  return driver, tmp_path / 'data', tmp_path / 'multi', tmp_path / 'single'
+
+
+def test_two_processes_equal_one_process_with_two_devices(tmp_path):
+  driver, data, multi, single = _setup(tmp_path, DRIVER)
 
   # Leg 1: two processes, interrupted after step 4; meanwhile the single-process reference run.
   port = free_port()
@@ -201,13 +205,7 @@ sys.exit(code)
 def test_a_population_on_two_processes_equals_one_process_with_two_devices(tmp_path):
   """Each process trains one member; interrupted after step 4 and resumed, each member's results and
   checkpoints (their state digests) equal those of one process training both on two devices."""
-  driver = tmp_path / 'driver.py'
-  driver.write_text(POPULATION_DRIVER)
-  data = tmp_path / 'data'
-  config = listops.get_config('tiny')
-  config.data.data_dir = str(data)
-  lra_tasks.get('listops').prepare(config.data)
-  multi, single = tmp_path / 'multi', tmp_path / 'single'
+  driver, data, multi, single = _setup(tmp_path, POPULATION_DRIVER)
   for crash_at, codes in ((4, [3, 3, 0]), (-1, [0, 0])):
     port = free_port()
     logs = [tmp_path / f'p{i}_{crash_at}.log' for i in range(3)]
